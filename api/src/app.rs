@@ -1,0 +1,124 @@
+//! The application: shared state, the router, and `serve`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::auth::JwtKeys;
+use crate::routes;
+
+/// Limits and settings the handlers read.
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    /// Largest `input_text` accepted, in bytes.
+    pub max_input_bytes: usize,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
+    /// How long events stay replayable after a run ends (for events the API publishes).
+    pub stream_retention: std::time::Duration,
+}
+
+/// Everything a handler needs, cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// Postgres.
+    pub db: PgPool,
+    /// Redis streams and the live fan-out.
+    pub streams: crate::stream::Hub,
+    /// Fires on shutdown: open streams end.
+    pub shutdown: CancellationToken,
+    /// Token verification.
+    pub jwt: Arc<JwtKeys>,
+    /// Limits and settings.
+    pub config: Arc<ApiConfig>,
+}
+
+/// The full router with its middleware.
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config.max_body_bytes;
+    Router::new()
+        .merge(routes::health::router())
+        .merge(routes::threads::router())
+        .merge(routes::workflows::router())
+        .merge(routes::agents::router())
+        .merge(crate::stream::router())
+        .merge(crate::openapi::router())
+        .merge(crate::metrics::router())
+        .fallback(|| async {
+            crate::error::ApiError::not_found("route_not_found", "no such route")
+        })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn(crate::metrics::track))
+        .layer(cors(&state.config.cors_origins))
+        .layer(TraceLayer::new_for_http().make_span_with(
+            |request: &axum::http::Request<axum::body::Body>| {
+                // The path only: the query may carry `access_token`, which is never logged.
+                let span = tracing::info_span!("http", http.method = %request.method(),
+                    http.path = %request.uri().path());
+                // A caller's `traceparent` makes this request (and the run it enqueues) part of
+                // the caller's trace.
+                if let Some(traceparent) = request
+                    .headers()
+                    .get("traceparent")
+                    .and_then(|value| value.to_str().ok())
+                {
+                    spool_shared::telemetry::set_parent_from_traceparent(&span, traceparent);
+                }
+                span
+            },
+        ))
+        .with_state(state)
+}
+
+fn cors(origins: &[String]) -> CorsLayer {
+    use axum::http::{HeaderName, Method, header};
+    if origins.is_empty() {
+        return CorsLayer::new();
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            HeaderName::from_static("last-event-id"),
+            HeaderName::from_static("idempotency-key"),
+        ])
+        .expose_headers([header::LOCATION])
+}
+
+/// Serves the API on `listener` until `shutdown` fires, then lets open requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt as _;
+    // Without TCP_NODELAY, a small SSE event written right after another waits for the
+    // client's delayed ACK (Nagle): 40 ms added to a live event's delivery, measured by P2 of
+    // spool-bench (BENCHMARKS.md).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "TCP_NODELAY not set");
+        }
+    });
+    // `into_make_service`: each connection gets a clone of the router (an `Arc`). Serving the
+    // `Router` itself rebuilds every route per connection (`with_state`), about 30 KiB that an
+    // idle SSE subscriber holds for as long as it is connected (spool-bench P4, massif).
+    axum::serve(listener, router(state).into_make_service())
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}

@@ -1,0 +1,227 @@
+//! Authentication: HS256 JWTs signed with `SPOOL_JWT_SECRET`, claims `sub` (user), `tenant`,
+//! `exp` and optionally `admin`. The verified caller becomes an [`Owner`] that scopes every
+//! query. `GET .../stream` may pass the token as `?access_token=` (browsers' `EventSource`
+//! cannot set headers); that parameter is never logged.
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::HeaderMap;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use secrecy::{ExposeSecret as _, SecretString};
+use serde::{Deserialize, Serialize};
+
+use spool_shared::db::threads::Owner;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// The claims Spool reads and writes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Claims {
+    /// The user.
+    pub sub: String,
+    /// The tenant.
+    pub tenant: String,
+    /// Expiry, seconds since the epoch.
+    pub exp: u64,
+    /// Whether the caller may write agents.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
+}
+
+/// Signing and verification keys for one secret.
+#[derive(Clone)]
+pub struct JwtKeys {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
+}
+
+impl JwtKeys {
+    /// Keys for the HS256 secret.
+    pub fn new(secret: &SecretString) -> Self {
+        let bytes = secret.expose_secret().as_bytes();
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        validation.leeway = 5;
+        Self {
+            encoding: EncodingKey::from_secret(bytes),
+            decoding: DecodingKey::from_secret(bytes),
+            validation,
+        }
+    }
+
+    /// Signs a token for the claims.
+    pub fn sign(&self, claims: &Claims) -> anyhow::Result<String> {
+        Ok(jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &self.encoding,
+        )?)
+    }
+
+    /// Verifies a token and returns its claims.
+    pub fn verify(&self, token: &str) -> Result<Claims, ApiError> {
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(|err| match err.kind() {
+                ErrorKind::ExpiredSignature => {
+                    unauthorized("token_expired", "the token has expired")
+                }
+                _ => unauthorized("invalid_token", "the token is not valid"),
+            })?
+            .claims;
+        if claims.sub.is_empty() || claims.tenant.is_empty() {
+            return Err(unauthorized(
+                "invalid_token",
+                "the token lacks `sub` or `tenant`",
+            ));
+        }
+        Ok(claims)
+    }
+}
+
+fn unauthorized(code: &'static str, message: &str) -> ApiError {
+    ApiError::Unauthorized {
+        code,
+        message: message.to_owned(),
+    }
+}
+
+/// The authenticated caller.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    /// Tenant and user: the scope of every query.
+    pub owner: Owner,
+    /// Whether the caller may write agents.
+    pub admin: bool,
+}
+
+impl Caller {
+    fn from_claims(claims: Claims) -> Self {
+        Self {
+            owner: Owner {
+                tenant_id: claims.tenant,
+                user_id: claims.sub,
+            },
+            admin: claims.admin,
+        }
+    }
+
+    /// Fails unless the caller is an admin.
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        if self.admin {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden {
+                code: "admin_required",
+                message: "this operation needs an admin token".into(),
+            })
+        }
+    }
+
+    /// Authenticates from the `Authorization` header, or from `access_token` in the query
+    /// (for `EventSource`, which cannot set headers).
+    pub fn from_header_or_query(
+        headers: &HeaderMap,
+        keys: &JwtKeys,
+        access_token: Option<&str>,
+    ) -> Result<Self, ApiError> {
+        match bearer(headers)? {
+            Some(token) => keys.verify(token).map(Self::from_claims),
+            None => match access_token {
+                Some(token) => keys.verify(token).map(Self::from_claims),
+                None => Err(missing()),
+            },
+        }
+    }
+}
+
+fn missing() -> ApiError {
+    unauthorized("missing_token", "send `Authorization: Bearer <token>`")
+}
+
+fn bearer(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get(AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| unauthorized("invalid_token", "malformed header"))?;
+    match value.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() => {
+            Ok(Some(token.trim()))
+        }
+        _ => Err(unauthorized(
+            "invalid_token",
+            "expected `Authorization: Bearer <token>`",
+        )),
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let keys: &Arc<JwtKeys> = &state.jwt;
+        let token = bearer(&parts.headers)?.ok_or_else(missing)?;
+        keys.verify(token).map(Self::from_claims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(secret: &str) -> JwtKeys {
+        JwtKeys::new(&SecretString::from(secret.to_owned()))
+    }
+
+    fn claims(exp: u64) -> Claims {
+        Claims {
+            sub: "u".into(),
+            tenant: "t".into(),
+            exp,
+            admin: false,
+        }
+    }
+
+    fn now() -> u64 {
+        chrono::Utc::now()
+            .timestamp()
+            .try_into()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_signed_token_verifies_and_a_forged_one_does_not() -> anyhow::Result<()> {
+        let token = keys("right").sign(&claims(now() + 60))?;
+        assert_eq!(keys("right").verify(&token)?.tenant, "t");
+        let forged = keys("wrong").verify(&token);
+        assert!(matches!(
+            forged,
+            Err(ApiError::Unauthorized {
+                code: "invalid_token",
+                ..
+            })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn an_expired_token_is_refused_with_its_own_code() -> anyhow::Result<()> {
+        let token = keys("k").sign(&claims(now() - 3600))?;
+        let result = keys("k").verify(&token);
+        assert!(matches!(
+            result,
+            Err(ApiError::Unauthorized {
+                code: "token_expired",
+                ..
+            })
+        ));
+        Ok(())
+    }
+}

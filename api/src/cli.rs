@@ -1,0 +1,217 @@
+//! The `spool-api` command line: `serve`, `migrate`, `token`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use secrecy::SecretString;
+use tokio_util::sync::CancellationToken;
+
+use spool_shared::config::{DbArgs, RedisArgs, StreamArgs};
+use spool_shared::stream::StreamKeys;
+use spool_shared::telemetry::{self, LogFormat};
+
+use crate::app::{ApiConfig, AppState};
+use crate::auth::{Claims, JwtKeys};
+
+/// The secret used when `SPOOL_JWT_SECRET` is unset: fine on a laptop, refused on a public
+/// address.
+const DEV_SECRET: &str = "spool-insecure-development-secret";
+
+/// Spool's HTTP API and SSE gateway.
+#[derive(clap::Parser)]
+#[command(version, about)]
+pub enum Cli {
+    /// Serve the API (and, with `--embedded-worker N`, N workers in the same process).
+    Serve(Box<ServeArgs>),
+    /// Apply database migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+        db: DbArgs,
+    },
+    /// Print a signed token for a user of a tenant.
+    Token(TokenArgs),
+}
+
+/// Settings of `spool-api serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SPOOL_API_ADDR", default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+
+    /// HS256 secret that signs tokens. Unset: an insecure development secret (loopback only).
+    #[arg(long, env = "SPOOL_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<SecretString>,
+
+    /// Largest `input_text` accepted, in bytes.
+    #[arg(long, env = "SPOOL_MAX_INPUT_BYTES", default_value_t = 32 * 1024)]
+    pub max_input_bytes: usize,
+
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "SPOOL_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Origins allowed to call the API from a browser, comma-separated (`*` for any).
+    #[arg(long, env = "SPOOL_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
+    /// Live events buffered per streaming thread; a subscriber further behind is dropped.
+    #[arg(long, env = "SPOOL_SSE_BUFFER", default_value_t = 1024)]
+    pub sse_buffer: usize,
+
+    /// Run this many workers inside the API process (a one-command local start).
+    #[arg(long, env = "SPOOL_EMBEDDED_WORKERS", default_value_t = 0)]
+    pub embedded_worker: usize,
+
+    /// Log line format.
+    #[arg(long, env = "SPOOL_LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: LogFormat,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub db: DbArgs,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub redis: RedisArgs,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub stream: StreamArgs,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub worker: spool_worker::WorkerArgs,
+}
+
+/// Settings of `spool-api token`.
+#[derive(clap::Args)]
+pub struct TokenArgs {
+    /// The user (`sub` claim).
+    #[arg(long)]
+    pub sub: String,
+    /// The tenant (`tenant` claim).
+    #[arg(long)]
+    pub tenant: String,
+    /// May write agents.
+    #[arg(long)]
+    pub admin: bool,
+    /// Seconds until the token expires.
+    #[arg(long, default_value_t = 24 * 3600)]
+    pub ttl: u64,
+    /// HS256 secret (the same as the server's).
+    #[arg(long, env = "SPOOL_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<SecretString>,
+}
+
+fn secret_or_dev(secret: Option<SecretString>) -> (SecretString, bool) {
+    match secret {
+        Some(secret) => (secret, false),
+        None => (SecretString::from(DEV_SECRET.to_owned()), true),
+    }
+}
+
+/// Runs the command.
+pub async fn main(cli: Cli) -> anyhow::Result<()> {
+    match cli {
+        Cli::Serve(args) => serve(*args).await,
+        Cli::Migrate { db } => {
+            let _telemetry = telemetry::init(LogFormat::Pretty, "spool-api");
+            spool_shared::db::connect(&DbArgs {
+                skip_migrations: false,
+                ..db
+            })
+            .await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Cli::Token(args) => {
+            let (secret, _) = secret_or_dev(args.jwt_secret);
+            let exp = u64::try_from(chrono::Utc::now().timestamp())? + args.ttl;
+            let claims = Claims {
+                sub: args.sub,
+                tenant: args.tenant,
+                exp,
+                admin: args.admin,
+            };
+            println!("{}", JwtKeys::new(&secret).sign(&claims)?);
+            Ok(())
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Kept to the end of `serve`: dropping it flushes the spans not exported yet.
+    let _telemetry = telemetry::init(args.log_format, "spool-api");
+    spool_shared::metrics::install();
+    args.worker.validate()?;
+    let (secret, dev_secret) = secret_or_dev(args.jwt_secret);
+    if dev_secret {
+        anyhow::ensure!(
+            args.addr.ip().is_loopback(),
+            "SPOOL_JWT_SECRET is not set: refusing to serve on {} with the development secret",
+            args.addr
+        );
+        tracing::warn!("SPOOL_JWT_SECRET is not set: using the insecure development secret");
+    }
+    let db = spool_shared::db::connect(&args.db).await?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(spool_shared::shutdown::on_signal(shutdown.clone()));
+    let keys = StreamKeys::new(args.redis.redis_prefix.clone());
+    let streams = crate::stream::Hub::start(
+        &args.redis.redis_url,
+        keys.clone(),
+        args.sse_buffer,
+        shutdown.clone(),
+    )
+    .context("REDIS_URL")?;
+    let state = AppState {
+        db: db.clone(),
+        streams,
+        shutdown: shutdown.clone(),
+        jwt: Arc::new(JwtKeys::new(&secret)),
+        config: Arc::new(ApiConfig {
+            max_input_bytes: args.max_input_bytes,
+            max_body_bytes: args.max_body_bytes,
+            cors_origins: args.cors_origins.clone(),
+            stream_retention: args.stream.retention(),
+        }),
+    };
+
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..args.embedded_worker {
+        let streams = spool_worker::Streams::connect(
+            &args.redis.redis_url,
+            keys.clone(),
+            args.stream.retention(),
+        )
+        .context("REDIS_URL")?;
+        let worker = spool_worker::Worker::new(
+            db.clone(),
+            args.db.database_url.clone(),
+            args.worker.clone(),
+            streams,
+        )?;
+        workers.spawn(spool_worker::run(worker, shutdown.clone()));
+    }
+
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .with_context(|| format!("binding {}", args.addr))?;
+    tracing::info!(addr = %listener.local_addr()?, embedded_workers = args.embedded_worker,
+        "spool-api listening");
+    crate::app::serve(listener, state, shutdown.clone())
+        .await
+        .context("serving")?;
+    while let Some(result) = workers.join_next().await {
+        result
+            .context("embedded worker panicked")?
+            .context("embedded worker")?;
+    }
+    // Let in-flight log lines out before the runtime goes away.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    Ok(())
+}

@@ -1,0 +1,199 @@
+//! The API's one error type. Variants are HTTP outcomes; every response body is
+//! `{"error": {"code": "snake_case", "message": "human text", ...}}`. Internal causes are logged
+//! once, here, and never shown to the client.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+/// An error answered to a client.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The resource does not exist or belongs to someone else (never 403: invariant 9).
+    #[error("{message}")]
+    NotFound {
+        /// Machine-readable code.
+        code: &'static str,
+        /// Human text.
+        message: String,
+    },
+    /// No valid credentials.
+    #[error("{message}")]
+    Unauthorized {
+        /// Machine-readable code.
+        code: &'static str,
+        /// Human text.
+        message: String,
+    },
+    /// Valid credentials without the right (e.g. agent writes without `admin`).
+    #[error("{message}")]
+    Forbidden {
+        /// Machine-readable code.
+        code: &'static str,
+        /// Human text.
+        message: String,
+    },
+    /// The request conflicts with the current state; `details` are merged into the body.
+    #[error("{message}")]
+    Conflict {
+        /// Machine-readable code.
+        code: &'static str,
+        /// Human text.
+        message: String,
+        /// Extra fields of the error object.
+        details: Map<String, Value>,
+    },
+    /// The request is malformed or invalid (400, 413, 415 or 422).
+    #[error("{message}")]
+    Invalid {
+        /// The status: 400, 413, 415 or 422.
+        status: StatusCode,
+        /// Machine-readable code.
+        code: &'static str,
+        /// Human text.
+        message: String,
+    },
+    /// 422 with extra fields (e.g. every problem of an agent spec).
+    #[error("{message}")]
+    Unprocessable {
+        /// Machine-readable code.
+        code: &'static str,
+        /// Human text.
+        message: String,
+        /// Extra fields of the error object.
+        details: Map<String, Value>,
+    },
+    /// A dependency is down; retry after the given seconds.
+    #[error("{message}")]
+    Unavailable {
+        /// Machine-readable code.
+        code: &'static str,
+        /// Human text.
+        message: String,
+        /// Seconds for `Retry-After`.
+        retry_after: u32,
+    },
+    /// Anything else: logged, answered as a bare 500.
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    /// 422 with a code.
+    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400 with a code.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            status: StatusCode::BAD_REQUEST,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 404 with a code.
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::NotFound {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(err: sqlx::Error) -> Self {
+        // Postgres stores no NUL character (`\u0000`) in `text` (22021) or `jsonb` (22P05): the
+        // client's text is what is invalid, not the server.
+        if let sqlx::Error::Database(db) = &err
+            && matches!(db.code().as_deref(), Some("22021" | "22P05"))
+        {
+            return Self::unprocessable(
+                "invalid_body",
+                "text must not contain the NUL character (\\u0000)",
+            );
+        }
+        Self::Internal(err.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code, message, details, retry_after) = match self {
+            Self::NotFound { code, message } => {
+                (StatusCode::NOT_FOUND, code, message, Map::new(), None)
+            }
+            Self::Unauthorized { code, message } => {
+                (StatusCode::UNAUTHORIZED, code, message, Map::new(), None)
+            }
+            Self::Forbidden { code, message } => {
+                (StatusCode::FORBIDDEN, code, message, Map::new(), None)
+            }
+            Self::Conflict {
+                code,
+                message,
+                details,
+            } => (StatusCode::CONFLICT, code, message, details, None),
+            Self::Invalid {
+                status,
+                code,
+                message,
+            } => (status, code, message, Map::new(), None),
+            Self::Unprocessable {
+                code,
+                message,
+                details,
+            } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                code,
+                message,
+                details,
+                None,
+            ),
+            Self::Unavailable {
+                code,
+                message,
+                retry_after,
+            } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                code,
+                message,
+                Map::new(),
+                Some(retry_after),
+            ),
+            Self::Internal(err) => {
+                tracing::error!(error = format!("{err:#}"), "internal error");
+                let message = "internal error".to_owned();
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    message,
+                    Map::new(),
+                    None,
+                )
+            }
+        };
+        let mut error = Map::new();
+        error.insert("code".into(), code.into());
+        error.insert("message".into(), message.into());
+        error.extend(details);
+        let mut response = (status, Json(json!({ "error": error }))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}

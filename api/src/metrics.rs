@@ -1,0 +1,44 @@
+//! `GET /metrics` (Prometheus text format) and the middleware that counts requests by route
+//! template and status. The route is the matched template (`/v1/threads/{thread_id}`), never
+//! the concrete path, so label values stay bounded.
+
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::app::AppState;
+
+/// `/metrics`.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/metrics", get(get_metrics))
+}
+
+/// `GET /metrics`.
+async fn get_metrics(State(state): State<AppState>) -> Response {
+    let handle = spool_shared::metrics::install();
+    let body = spool_shared::metrics::render(&handle, &state.db).await;
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// Counts every request and times it, by method, route template and status.
+pub async fn track(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("spool_http_requests_total", "method" => method.clone(), "route" => route.clone(),
+        "status" => status)
+    .increment(1);
+    metrics::histogram!("spool_http_request_duration_seconds", "method" => method, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}

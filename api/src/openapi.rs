@@ -1,0 +1,255 @@
+//! The OpenAPI 3.1 document of the API, generated from the handlers' `#[utoipa::path]`
+//! attributes and the types' `ToSchema` derives, and `GET /openapi.json` (no auth) that serves
+//! it. `api/tests/api/openapi.rs` keeps the document and the router in sync.
+
+use std::collections::BTreeMap;
+
+use axum::routing::get;
+use axum::{Json, Router};
+use utoipa::OpenApi as _;
+use utoipa::openapi::schema::{AdditionalProperties, Schema};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Object, ObjectBuilder, OpenApi, RefOr, Type};
+
+use spool_shared::agent::FieldError;
+use spool_shared::model::RunStatus;
+use spool_shared::{AgentId, MessageId, ThreadId, WorkflowId};
+
+use crate::app::AppState;
+
+/// `GET /openapi.json`.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/openapi.json", get(openapi_json))
+}
+
+/// The OpenAPI document of every route, with the bearer scheme and every error body.
+pub fn document() -> OpenApi {
+    let mut document = ApiDoc::openapi();
+    // serde's `flatten` (an agent's spec in `AgentResponse`) and internally tagged enums of
+    // structs (`ToolSpec`) come out as `allOf` of a closed object (`deny_unknown_fields`) and
+    // the other fields, which no value satisfies; merge them into one object.
+    merge_all_of(&mut document);
+    document
+}
+
+/// The body of every error response: `{"error": {"code", "message", ...}}`.
+#[derive(Debug, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// An error's code and message, with the extra fields some codes carry.
+#[derive(Debug, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Machine-readable, `snake_case` (`thread_not_found`, `invalid_body`, ...).
+    pub code: String,
+    /// Human text.
+    pub message: String,
+    /// `thread_busy`: the active run.
+    pub active_workflow_id: Option<WorkflowId>,
+    /// `thread_busy`: where to stream the active run.
+    pub stream_url: Option<String>,
+    /// `run_not_waiting`: the run's status.
+    pub status: Option<RunStatus>,
+    /// `invalid_agent`: every problem of the spec, by field.
+    pub errors: Option<Vec<FieldError>>,
+    /// `missing_tool_outputs`: the pending calls without an output.
+    pub missing: Option<Vec<String>>,
+}
+
+/// One Server-Sent Event of `GET /v1/threads/{thread_id}/stream` (the schema of each event).
+#[derive(Debug, utoipa::ToSchema)]
+pub struct StreamEvent {
+    /// The stream entry id, the cursor to resume after (absent on gateway events such as
+    /// `stream_reset` and `message_not_streaming`).
+    pub id: Option<String>,
+    /// The event type: `message_start`, `text_delta`, `done`, `stream_reset`, ...
+    pub event: Option<String>,
+    /// The JSON envelope `{v, type, thread_id, workflow_id, message_id, attempt, data}`, or a
+    /// gateway event's JSON object.
+    pub data: Option<String>,
+    /// The reconnection delay suggested to clients, in milliseconds.
+    pub retry: Option<u64>,
+}
+
+/// The schema of `ThreadResponse.status`.
+pub(crate) fn thread_status() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some("`busy` while a run is active, else `idle`."))
+        .enum_values(Some(["idle", "busy"]))
+        .build()
+}
+
+/// The schema of `UserMessageResponse.status`.
+pub(crate) fn queued_status() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some("Always `queued`."))
+        .enum_values(Some(["queued"]))
+        .build()
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Spool",
+        description = "A durable agent runtime: post a user message, get `202` with a \
+            `workflow_id` at once, stream the run's events over SSE, read the messages over REST. \
+            Errors are `{\"error\": {\"code\", \"message\"}}`; another tenant's or user's ids are \
+            404, exactly as ids that do not exist."
+    ),
+    paths(
+        crate::routes::threads::post_thread,
+        crate::routes::threads::get_thread,
+        crate::routes::threads::list_messages,
+        crate::routes::threads::post_user_message,
+        crate::stream::stream_thread,
+        crate::routes::workflows::get_workflow,
+        crate::routes::workflows::cancel_workflow,
+        crate::routes::workflows::post_tool_outputs,
+        crate::routes::workflows::post_approval,
+        crate::routes::agents::post_agent,
+        crate::routes::agents::list_agents,
+        crate::routes::agents::get_agent,
+        crate::routes::agents::put_agent,
+        crate::routes::agents::delete_agent,
+        crate::routes::health::healthz,
+        crate::routes::health::readyz,
+        get_metrics,
+        openapi_json,
+    ),
+    components(schemas(
+        ErrorBody,
+        ErrorDetail,
+        ThreadId,
+        WorkflowId,
+        MessageId,
+        AgentId,
+        crate::routes::workflows::CancelRequest,
+    )),
+    modifiers(&Security),
+    tags(
+        (name = "threads", description = "Threads, their messages, the enqueue and the stream."),
+        (name = "workflows", description = "Runs: status, cancel, tool outputs and approvals."),
+        (name = "agents", description = "Stored agent configurations (writes need `admin`)."),
+        (name = "health", description = "Liveness, readiness, metrics and this document."),
+    )
+)]
+struct ApiDoc;
+
+/// Adds the security schemes the operations name.
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, openapi: &mut OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "An HS256 JWT with `sub`, `tenant` and `exp` (`admin: true` for agent \
+                         writes), e.g. from `spool-api token`.",
+                    ))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "access_token",
+            SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
+                "access_token",
+                "The same JWT as a query parameter, for `EventSource` (the stream only).",
+            ))),
+        );
+    }
+}
+
+/// The document itself.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "health",
+    responses((status = 200, description = "This OpenAPI document.", body = Object))
+)]
+async fn openapi_json() -> Json<OpenApi> {
+    Json(document())
+}
+
+/// Prometheus metrics.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    responses((status = 200, description = "Metrics in the Prometheus text format.",
+        content_type = "text/plain", body = String))
+)]
+#[expect(dead_code, reason = "documents the handler of `crate::metrics`")]
+fn get_metrics() {}
+
+/// Replaces each `allOf` of objects (inline or referenced), as a component schema or as a
+/// `oneOf` variant of one, by a single object with their properties and required fields,
+/// closed (`additionalProperties: false`) if any part was.
+fn merge_all_of(document: &mut OpenApi) {
+    let Some(components) = document.components.as_mut() else {
+        return;
+    };
+    let originals = components.schemas.clone();
+    for schema in components.schemas.values_mut() {
+        match schema {
+            RefOr::T(Schema::AllOf(_)) => merge(schema, &originals),
+            RefOr::T(Schema::OneOf(one_of)) => {
+                for variant in &mut one_of.items {
+                    merge(variant, &originals);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn merge(schema: &mut RefOr<Schema>, components: &BTreeMap<String, RefOr<Schema>>) {
+    let RefOr::T(Schema::AllOf(all_of)) = &*schema else {
+        return;
+    };
+    let mut parts = Vec::new();
+    for part in &all_of.items {
+        let part = match part {
+            RefOr::Ref(reference) => reference
+                .ref_location
+                .strip_prefix("#/components/schemas/")
+                .and_then(|name| components.get(name)),
+            inline => Some(inline),
+        };
+        match part {
+            Some(RefOr::T(Schema::Object(object))) => parts.push(object),
+            _ => return,
+        }
+    }
+    let Some((first, rest)) = parts.split_first() else {
+        return;
+    };
+    let mut merged: Object = (*first).clone();
+    for part in rest {
+        merged
+            .properties
+            .extend(part.properties.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for field in &part.required {
+            if !merged.required.contains(field) {
+                merged.required.push(field.clone());
+            }
+        }
+        if matches!(
+            part.additional_properties.as_deref(),
+            Some(AdditionalProperties::FreeForm(false))
+        ) {
+            merged.additional_properties = Some(Box::new(AdditionalProperties::FreeForm(false)));
+        }
+    }
+    merged.title = all_of.title.clone();
+    merged.description = all_of.description.clone();
+    *schema = RefOr::T(Schema::Object(merged));
+}

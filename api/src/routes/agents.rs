@@ -1,0 +1,222 @@
+//! Agents: stored configurations, per tenant. Anyone of the tenant may read them; writes need
+//! an `admin` token. A spec is validated before it is saved, and every problem comes back at
+//! once, by field path: `422 invalid_agent` with `errors: [{field, message}]`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Map, json};
+
+use spool_shared::AgentId;
+use spool_shared::agent::AgentSpec;
+use spool_shared::db::agents::{self, Agent};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiPath};
+use crate::openapi::ErrorBody;
+
+/// `/v1/agents/...`.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/agents", get(list_agents).post(post_agent))
+        .route(
+            "/v1/agents/{agent_id}",
+            get(get_agent).put(put_agent).delete(delete_agent),
+        )
+}
+
+/// An agent as clients see it: its spec, plus `id` and timestamps.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AgentResponse {
+    /// Its id.
+    pub id: AgentId,
+    /// Its configuration.
+    #[serde(flatten)]
+    pub spec: AgentSpec,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<Agent> for AgentResponse {
+    fn from(agent: Agent) -> Self {
+        Self {
+            id: agent.id,
+            spec: agent.spec.0,
+            created_at: agent.created_at,
+            updated_at: agent.updated_at,
+        }
+    }
+}
+
+/// A list of agents.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AgentsResponse {
+    /// The agents, oldest first.
+    pub agents: Vec<AgentResponse>,
+}
+
+fn validated(spec: AgentSpec) -> Result<AgentSpec, ApiError> {
+    let errors = spec.validate();
+    if errors.is_empty() {
+        return Ok(spec);
+    }
+    let mut details = Map::new();
+    details.insert("errors".into(), json!(errors));
+    Err(ApiError::Unprocessable {
+        code: "invalid_agent",
+        message: format!("the agent has {} problem(s); see `errors`", errors.len()),
+        details,
+    })
+}
+
+fn not_found() -> ApiError {
+    ApiError::not_found("agent_not_found", "no such agent")
+}
+
+/// Creates an agent (an `admin` token).
+#[utoipa::path(
+    post,
+    path = "/v1/agents",
+    tag = "agents",
+    security(("bearer" = [])),
+    request_body = AgentSpec,
+    responses(
+        (status = 201, description = "The new agent.", body = AgentResponse,
+            links(
+                ("GetAgent" = (operation_id = "get_agent",
+                    parameters(("agent_id" = "$response.body#/id")))),
+                ("PutAgent" = (operation_id = "put_agent",
+                    parameters(("agent_id" = "$response.body#/id")))),
+                ("DeleteAgent" = (operation_id = "delete_agent",
+                    parameters(("agent_id" = "$response.body#/id")))),
+            )),
+        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        (status = 403, description = "`admin_required`", body = ErrorBody),
+        (status = 413, description = "`body_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_agent` (with `errors: [{field, message}]`)", body = ErrorBody),
+    )
+)]
+async fn post_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(spec): ApiJson<AgentSpec>,
+) -> Result<(StatusCode, Json<AgentResponse>), ApiError> {
+    caller.require_admin()?;
+    let spec = validated(spec)?;
+    let agent = agents::insert(&state.db, AgentId::new(), &caller.owner.tenant_id, &spec).await?;
+    Ok((StatusCode::CREATED, Json(agent.into())))
+}
+
+/// The tenant's agents, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    tag = "agents",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The agents.", body = AgentsResponse),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+    )
+)]
+async fn list_agents(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<AgentsResponse>, ApiError> {
+    let agents = agents::list(&state.db, &caller.owner.tenant_id).await?;
+    Ok(Json(AgentsResponse {
+        agents: agents.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// An agent.
+#[utoipa::path(
+    get,
+    path = "/v1/agents/{agent_id}",
+    tag = "agents",
+    security(("bearer" = [])),
+    params(("agent_id" = AgentId, Path, description = "The agent.")),
+    responses(
+        (status = 200, description = "The agent.", body = AgentResponse),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
+    )
+)]
+async fn get_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(agent_id): ApiPath<AgentId>,
+) -> Result<Json<AgentResponse>, ApiError> {
+    let agent = agents::find(&state.db, agent_id, &caller.owner.tenant_id)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(Json(agent.into()))
+}
+
+/// Replaces an agent's spec (an `admin` token).
+#[utoipa::path(
+    put,
+    path = "/v1/agents/{agent_id}",
+    tag = "agents",
+    security(("bearer" = [])),
+    params(("agent_id" = AgentId, Path, description = "The agent.")),
+    request_body = AgentSpec,
+    responses(
+        (status = 200, description = "The agent.", body = AgentResponse),
+        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        (status = 403, description = "`admin_required`", body = ErrorBody),
+        (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
+        (status = 413, description = "`body_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_agent` (with `errors: [{field, message}]`)", body = ErrorBody),
+    )
+)]
+async fn put_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(agent_id): ApiPath<AgentId>,
+    ApiJson(spec): ApiJson<AgentSpec>,
+) -> Result<Json<AgentResponse>, ApiError> {
+    caller.require_admin()?;
+    let spec = validated(spec)?;
+    let agent = agents::update(&state.db, agent_id, &caller.owner.tenant_id, &spec)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(Json(agent.into()))
+}
+
+/// Deletes an agent (an `admin` token).
+#[utoipa::path(
+    delete,
+    path = "/v1/agents/{agent_id}",
+    tag = "agents",
+    security(("bearer" = [])),
+    params(("agent_id" = AgentId, Path, description = "The agent.")),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        (status = 403, description = "`admin_required`", body = ErrorBody),
+        (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
+    )
+)]
+async fn delete_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(agent_id): ApiPath<AgentId>,
+) -> Result<StatusCode, ApiError> {
+    caller.require_admin()?;
+    if agents::delete(&state.db, agent_id, &caller.owner.tenant_id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(not_found())
+    }
+}

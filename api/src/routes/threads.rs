@@ -1,0 +1,474 @@
+//! Threads and their messages, and `POST user_message`: the enqueue.
+//!
+//! The enqueue is one transaction: (idempotency key,) thread on first use, user message,
+//! assistant message, run, NOTIFY. A `202` therefore means all of it is committed (invariant 1),
+//! and any error before the commit leaves nothing behind (invariant 10).
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use spool_shared::db::messages::{self, Message};
+use spool_shared::db::runs::{self, NewRun};
+use spool_shared::db::threads::{self, Thread};
+use spool_shared::db::{self, agents, idempotency};
+use spool_shared::ids::AgentId;
+use spool_shared::model::{MessageStatus, Role};
+use spool_shared::{MessageId, ThreadId, WorkflowId};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::openapi::ErrorBody;
+use crate::routes::{stream_url, workflow_url};
+
+/// `/v1/threads/...`.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/threads", post(post_thread))
+        .route("/v1/threads/{thread_id}", get(get_thread))
+        .route("/v1/threads/{thread_id}/messages", get(list_messages))
+        .route(
+            "/v1/threads/{thread_id}/user_message",
+            post(post_user_message),
+        )
+}
+
+/// Body of `POST /v1/threads`.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateThreadRequest {
+    /// The agent that answers; the default agent if absent.
+    #[serde(default)]
+    pub agent_id: Option<AgentId>,
+    /// Caller-defined metadata.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+/// A thread as clients see it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ThreadResponse {
+    /// The thread's id.
+    pub id: ThreadId,
+    /// The agent that answers (`null`: the default agent).
+    pub agent_id: Option<AgentId>,
+    /// Caller-defined metadata.
+    #[schema(value_type = Object)]
+    pub metadata: Value,
+    /// `busy` while a run is active, else `idle`.
+    #[schema(schema_with = crate::openapi::thread_status)]
+    pub status: &'static str,
+    /// The active run, if any.
+    pub active_workflow_id: Option<WorkflowId>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<Thread> for ThreadResponse {
+    fn from(thread: Thread) -> Self {
+        Self {
+            id: thread.id,
+            agent_id: thread.agent_id,
+            metadata: thread.metadata.0,
+            status: if thread.active_workflow_id.is_some() {
+                "busy"
+            } else {
+                "idle"
+            },
+            active_workflow_id: thread.active_workflow_id,
+            created_at: thread.created_at,
+            updated_at: thread.updated_at,
+        }
+    }
+}
+
+async fn check_agent(
+    state: &AppState,
+    caller: &Caller,
+    agent_id: Option<AgentId>,
+) -> Result<(), ApiError> {
+    if let Some(agent_id) = agent_id
+        && !agents::exists(&state.db, agent_id, &caller.owner.tenant_id).await?
+    {
+        return Err(ApiError::not_found("agent_not_found", "no such agent"));
+    }
+    Ok(())
+}
+
+/// Creates a thread.
+#[utoipa::path(
+    post,
+    path = "/v1/threads",
+    tag = "threads",
+    security(("bearer" = [])),
+    request_body = CreateThreadRequest,
+    responses(
+        (status = 201, description = "The new thread.", body = ThreadResponse,
+            links(
+                ("GetThread" = (operation_id = "get_thread",
+                    parameters(("thread_id" = "$response.body#/id")))),
+                ("PostUserMessage" = (operation_id = "post_user_message",
+                    parameters(("thread_id" = "$response.body#/id")))),
+            )),
+        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        (status = 404, description = "`agent_not_found`", body = ErrorBody),
+        (status = 413, description = "`body_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`", body = ErrorBody),
+    )
+)]
+async fn post_thread(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(request): ApiJson<CreateThreadRequest>,
+) -> Result<(StatusCode, Json<ThreadResponse>), ApiError> {
+    check_agent(&state, &caller, request.agent_id).await?;
+    let metadata = Value::Object(request.metadata.unwrap_or_default());
+    let thread = threads::create(
+        &state.db,
+        ThreadId::new(),
+        &caller.owner,
+        request.agent_id,
+        &metadata,
+    )
+    .await?
+    .ok_or_else(|| anyhow::anyhow!("a fresh UUID v7 collided"))?;
+    Ok((StatusCode::CREATED, Json(thread.into())))
+}
+
+/// A thread, with its status and active run.
+#[utoipa::path(
+    get,
+    path = "/v1/threads/{thread_id}",
+    tag = "threads",
+    security(("bearer" = [])),
+    params(("thread_id" = ThreadId, Path, description = "The thread.")),
+    responses(
+        (status = 200, description = "The thread.", body = ThreadResponse),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        (status = 404, description = "`thread_not_found` (also another owner's), `not_found` (not a UUID)", body = ErrorBody),
+    )
+)]
+async fn get_thread(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(thread_id): ApiPath<ThreadId>,
+) -> Result<Json<ThreadResponse>, ApiError> {
+    let thread = threads::find(&state.db, thread_id, &caller.owner)
+        .await?
+        .ok_or_else(thread_not_found)?;
+    Ok(Json(thread.into()))
+}
+
+fn thread_not_found() -> ApiError {
+    ApiError::not_found("thread_not_found", "no such thread")
+}
+
+/// Query of `GET /v1/threads/{thread_id}/messages`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListMessagesQuery {
+    /// At most this many (1 to 200, default 50).
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<i64>,
+    /// Only messages older than this one.
+    #[serde(default)]
+    pub before: Option<MessageId>,
+}
+
+/// A page of messages, oldest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct MessagesResponse {
+    /// The messages.
+    pub messages: Vec<Message>,
+}
+
+/// A thread's messages, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/threads/{thread_id}/messages",
+    tag = "threads",
+    security(("bearer" = [])),
+    params(("thread_id" = ThreadId, Path, description = "The thread."), ListMessagesQuery),
+    responses(
+        (status = 200, description = "A page of messages.", body = MessagesResponse),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        (status = 404, description = "`thread_not_found`, `not_found`", body = ErrorBody),
+        (status = 422, description = "`invalid_limit`, `invalid_query`", body = ErrorBody),
+    )
+)]
+async fn list_messages(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(thread_id): ApiPath<ThreadId>,
+    ApiQuery(query): ApiQuery<ListMessagesQuery>,
+) -> Result<Json<MessagesResponse>, ApiError> {
+    let limit = query.limit.unwrap_or(50);
+    if !(1..=200).contains(&limit) {
+        return Err(ApiError::unprocessable(
+            "invalid_limit",
+            "limit must be between 1 and 200",
+        ));
+    }
+    threads::find(&state.db, thread_id, &caller.owner)
+        .await?
+        .ok_or_else(thread_not_found)?;
+    let messages = messages::list(&state.db, thread_id, limit, query.before).await?;
+    Ok(Json(MessagesResponse { messages }))
+}
+
+/// Body of `POST /v1/threads/{thread_id}/user_message`.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UserMessageRequest {
+    /// What the user said (not blank; at most the server's input limit in bytes).
+    #[schema(min_length = 1, pattern = "\\S")]
+    pub input_text: String,
+    /// The agent that answers this message; else the thread's, else the default.
+    #[serde(default)]
+    pub agent_id: Option<AgentId>,
+    /// Caller-defined metadata stored on the user message.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+/// The `202` body of `POST user_message`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UserMessageResponse {
+    /// The run that will answer.
+    pub workflow_id: WorkflowId,
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// The stored user message.
+    pub user_message_id: MessageId,
+    /// The assistant message that will stream.
+    pub message_id: MessageId,
+    /// Always `queued`.
+    #[schema(schema_with = crate::openapi::queued_status)]
+    pub status: &'static str,
+    /// Where to stream the events.
+    pub stream_url: String,
+}
+
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Enqueues a run that answers the message; answers 202 at once.
+///
+/// The thread is created on first use. With an `Idempotency-Key`, a repeat of the same request
+/// replays the first 202 (with `Idempotent-Replayed: true`).
+#[utoipa::path(
+    post,
+    path = "/v1/threads/{thread_id}/user_message",
+    tag = "threads",
+    security(("bearer" = [])),
+    params(
+        ("thread_id" = ThreadId, Path, description = "The thread (any UUID: created on first use)."),
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
+            description = "Replays the first 202 of a request with this key (1 to 255 visible ASCII characters)."),
+    ),
+    request_body = UserMessageRequest,
+    responses(
+        (status = 202, description = "The run is queued.", body = UserMessageResponse,
+            headers(
+                ("Location" = String, description = "The workflow: `/v1/workflows/{workflow_id}`."),
+                ("Idempotent-Replayed" = Option<String>, description = "`true` on a replay."),
+            ),
+            links(
+                ("GetWorkflow" = (operation_id = "get_workflow",
+                    parameters(("workflow_id" = "$response.body#/workflow_id")))),
+                ("CancelWorkflow" = (operation_id = "cancel_workflow",
+                    parameters(("workflow_id" = "$response.body#/workflow_id")))),
+                ("ListMessages" = (operation_id = "list_messages",
+                    parameters(("thread_id" = "$response.body#/thread_id")))),
+            )),
+        (status = 400, description = "`invalid_json`, `invalid_idempotency_key`", body = ErrorBody),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        (status = 404, description = "`thread_not_found` (another owner's), `agent_not_found`, `not_found`", body = ErrorBody),
+        (status = 409, description = "`thread_busy`, with `active_workflow_id` and `stream_url`", body = ErrorBody),
+        (status = 413, description = "`input_too_large`, `body_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`", body = ErrorBody),
+    )
+)]
+async fn post_user_message(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(thread_id): ApiPath<ThreadId>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<UserMessageRequest>,
+) -> Result<Response, ApiError> {
+    if request.input_text.trim().is_empty() {
+        return Err(ApiError::unprocessable(
+            "invalid_input_text",
+            "input_text must not be empty",
+        ));
+    }
+    if request.input_text.len() > state.config.max_input_bytes {
+        return Err(ApiError::Invalid {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "input_too_large",
+            message: format!("input_text is over {} bytes", state.config.max_input_bytes),
+        });
+    }
+    let key = idempotency_key(&headers)?;
+    check_agent(&state, &caller, request.agent_id).await?;
+    let owner = &caller.owner;
+    let hash = idempotency::request_hash(&[
+        owner.user_id.as_bytes(),
+        thread_id.to_string().as_bytes(),
+        &serde_json::to_vec(&request).map_err(anyhow::Error::from)?,
+    ]);
+    if let Some(key) = key
+        && let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key).await?
+    {
+        return replay(stored, &hash);
+    }
+
+    let mut tx = state.db.begin().await?;
+    if let Some(key) = key
+        && !idempotency::reserve(&mut *tx, &owner.tenant_id, key, &hash).await?
+    {
+        // A concurrent duplicate committed first (we waited on its row): replay it.
+        tx.rollback().await?;
+        let stored = idempotency::find(&state.db, &owner.tenant_id, key)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
+        return replay(stored, &hash);
+    }
+    let thread_agent = threads::ensure_owned(&mut *tx, thread_id, owner, request.agent_id)
+        .await?
+        .ok_or_else(thread_not_found)?;
+    let workflow_id = WorkflowId::new();
+    let user_message_id = MessageId::new();
+    let message_id = MessageId::new();
+    let metadata = Value::Object(request.metadata.clone().unwrap_or_default());
+    let no_metadata = json!({});
+    messages::insert(
+        &mut *tx,
+        user_message_id,
+        thread_id,
+        Role::User,
+        &request.input_text,
+        MessageStatus::Completed,
+        &metadata,
+        workflow_id,
+    )
+    .await?;
+    messages::insert(
+        &mut *tx,
+        message_id,
+        thread_id,
+        Role::Assistant,
+        "",
+        MessageStatus::Queued,
+        &no_metadata,
+        workflow_id,
+    )
+    .await?;
+    // The request's span context rides on the run, so the worker's attempt joins this trace.
+    let trace_context = spool_shared::telemetry::inject_traceparent();
+    let run = NewRun {
+        id: workflow_id,
+        thread_id,
+        owner,
+        agent_id: request.agent_id.or(thread_agent),
+        user_message_id,
+        assistant_message_id: message_id,
+        idempotency_key: key,
+        trace_context: trace_context.as_deref(),
+    };
+    if let Err(err) = runs::insert(&mut *tx, &run).await {
+        if db::is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) {
+            tx.rollback().await?;
+            return Err(thread_busy(&state, thread_id).await);
+        }
+        return Err(err.into());
+    }
+    let body = UserMessageResponse {
+        workflow_id,
+        thread_id,
+        user_message_id,
+        message_id,
+        status: "queued",
+        stream_url: stream_url(thread_id),
+    };
+    let body = serde_json::to_value(&body).map_err(anyhow::Error::from)?;
+    if let Some(key) = key {
+        idempotency::record(&mut *tx, &owner.tenant_id, key, 202, &body, workflow_id).await?;
+    }
+    db::notify_runs(&mut *tx).await?;
+    tx.commit().await?;
+    tracing::info!(thread.id = %thread_id, workflow.id = %workflow_id, "run enqueued");
+    Ok(accepted(StatusCode::ACCEPTED, body, workflow_id))
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(key) if (1..=255).contains(&key.len()) => Ok(Some(key)),
+        _ => Err(ApiError::bad_request(
+            "invalid_idempotency_key",
+            "Idempotency-Key must be 1 to 255 visible ASCII characters",
+        )),
+    }
+}
+
+fn replay(stored: idempotency::Stored, hash: &str) -> Result<Response, ApiError> {
+    if stored.request_hash != hash {
+        return Err(ApiError::unprocessable(
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request",
+        ));
+    }
+    let status = u16::try_from(stored.status_code)
+        .ok()
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or_else(|| anyhow::anyhow!("stored status {} is not valid", stored.status_code))?;
+    let workflow_id: WorkflowId = serde_json::from_value(stored.response.0["workflow_id"].clone())
+        .map_err(anyhow::Error::from)?;
+    let mut response = accepted(status, stored.response.0, workflow_id);
+    response
+        .headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    Ok(response)
+}
+
+fn accepted(status: StatusCode, body: Value, workflow_id: WorkflowId) -> Response {
+    let location = HeaderValue::try_from(workflow_url(workflow_id)).ok();
+    let mut response = (status, Json(body)).into_response();
+    if let Some(location) = location {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+async fn thread_busy(state: &AppState, thread_id: ThreadId) -> ApiError {
+    let active = match runs::find_active(&state.db, thread_id).await {
+        Ok(active) => active,
+        Err(err) => return err.into(),
+    };
+    let mut details = Map::new();
+    details.insert("active_workflow_id".into(), json!(active.map(|run| run.id)));
+    details.insert("stream_url".into(), json!(stream_url(thread_id)));
+    ApiError::Conflict {
+        code: "thread_busy",
+        message: "the thread already has an active run; wait for it to finish".into(),
+        details,
+    }
+}

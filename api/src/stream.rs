@@ -1,0 +1,411 @@
+//! The SSE gateway: `GET /v1/threads/{thread_id}/stream`.
+//!
+//! - No cursor: if a message is streaming (or queued), replay it from its `message_start` and
+//!   follow it live to its `done`, then close; otherwise `message_not_streaming`.
+//! - A cursor (`Last-Event-ID`, else `?last_entry_id=`): every entry after it, live until a
+//!   `done`, then close. Not an entry id: 400. Older than what Redis retains: `stream_reset`.
+//! - `?last_message_id=` of a finished message: `message_not_streaming` with that id.
+//!
+//! Subscribing never races the worker: the subscriber joins the thread's live feed first, then
+//! reads the backlog from its starting point, and drops live entries it has already sent. A
+//! gap is never silent: a lagging subscriber is disconnected (and resumes with its cursor), and
+//! a stream that has gone quiet while its run is terminal in Postgres (its `done` was lost with
+//! Redis) ends with `message_not_streaming`.
+
+pub mod hub;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+
+use spool_shared::db::{messages, runs, threads};
+use spool_shared::model::MessageStatus;
+use spool_shared::stream::{self as events, EntryId, RedisConn, StoredEvent};
+use spool_shared::{MessageId, ThreadId, WorkflowId};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::extract::{ApiPath, ApiQuery};
+
+pub use hub::Hub;
+
+/// Backlog entries read per round trip.
+const PAGE: usize = 500;
+/// The reconnection delay suggested to clients.
+const RETRY: Duration = Duration::from_secs(2);
+/// Comment interval that keeps proxies from closing idle streams.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Silence after which a followed run is checked in Postgres.
+const SILENCE: Duration = Duration::from_secs(15);
+
+/// `/v1/threads/{thread_id}/stream`.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/threads/{thread_id}/stream", get(stream_thread))
+}
+
+/// Query of the stream endpoint.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamQuery {
+    /// Resume after this entry id (the `Last-Event-ID` header wins).
+    #[serde(default)]
+    pub last_entry_id: Option<String>,
+    /// The message the client was following.
+    #[serde(default)]
+    pub last_message_id: Option<String>,
+    /// The token, for `EventSource` (which cannot set headers).
+    #[serde(default)]
+    pub access_token: Option<String>,
+}
+
+/// When a followed stream ends.
+#[derive(Clone, Debug)]
+enum Until {
+    /// After the `done` of this message.
+    DoneOf(String),
+    /// After the first `done`.
+    AnyDone,
+}
+
+fn unavailable(err: redis::RedisError) -> ApiError {
+    tracing::warn!(error = %err, "Redis unavailable for a stream");
+    ApiError::Unavailable {
+        code: "stream_unavailable",
+        message: "the event stream is temporarily unavailable; retry".into(),
+        retry_after: 2,
+    }
+}
+
+/// Server-Sent Events of the thread's run: replayed, then live until its `done`.
+///
+/// Each event has an `id:` (its stream entry id, the cursor to resume from), an `event:` (its
+/// type) and a `data:` line with the JSON envelope `{v, type, thread_id, workflow_id,
+/// message_id, attempt, data}`. A cursor Redis no longer covers gets one `stream_reset` event;
+/// nothing to follow gets one `message_not_streaming` event.
+#[utoipa::path(
+    get,
+    path = "/v1/threads/{thread_id}/stream",
+    tag = "threads",
+    security(("bearer" = []), ("access_token" = [])),
+    params(
+        ("thread_id" = spool_shared::ThreadId, Path, description = "The thread."),
+        ("Last-Event-ID" = Option<String>, Header, pattern = "^[0-9]{1,19}-[0-9]{1,19}$",
+            description = "Resume after this entry id (`1732262400123-0`); wins over `last_entry_id`."),
+        ("last_entry_id" = Option<String>, Query, pattern = "^[0-9]{1,19}-[0-9]{1,19}$",
+            description = "Resume after this entry id."),
+        ("last_message_id" = Option<spool_shared::MessageId>, Query,
+            description = "The message the client was following."),
+        ("access_token" = Option<String>, Query,
+            description = "The bearer token, for `EventSource` (which cannot set headers)."),
+    ),
+    responses(
+        (status = 200, description = "The event stream.", content_type = "text/event-stream",
+            body = crate::openapi::StreamEvent),
+        (status = 400, description = "`invalid_cursor`, `invalid_message_id`", body = crate::openapi::ErrorBody),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openapi::ErrorBody),
+        (status = 404, description = "`thread_not_found`, `not_found`", body = crate::openapi::ErrorBody),
+        (status = 422, description = "`invalid_query`", body = crate::openapi::ErrorBody),
+        (status = 503, description = "`stream_unavailable` (Redis is down)", body = crate::openapi::ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait."))),
+    )
+)]
+async fn stream_thread(
+    State(state): State<AppState>,
+    ApiPath(thread_id): ApiPath<ThreadId>,
+    ApiQuery(query): ApiQuery<StreamQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let caller = Caller::from_header_or_query(&headers, &state.jwt, query.access_token.as_deref())?;
+    threads::find(&state.db, thread_id, &caller.owner)
+        .await?
+        .ok_or_else(|| ApiError::not_found("thread_not_found", "no such thread"))?;
+    let cursor = match headers.get("last-event-id") {
+        Some(value) => Some(value.to_str().unwrap_or("").to_owned()),
+        None => query.last_entry_id.clone(),
+    };
+    let cursor = cursor
+        .map(|c| c.trim().parse::<EntryId>())
+        .transpose()
+        .map_err(|_| {
+            ApiError::bad_request("invalid_cursor", "the cursor is not a stream entry id")
+        })?;
+    let last_message = query
+        .last_message_id
+        .as_deref()
+        .map(str::parse::<MessageId>)
+        .transpose()
+        .map_err(|_| {
+            ApiError::bad_request("invalid_message_id", "last_message_id is not a UUID")
+        })?;
+
+    let hub = &state.streams;
+    let mut conn = hub.conn();
+    let key = hub.keys().events(thread_id);
+    let mut linger = None;
+    let (after, until, watch) = if let Some(cursor) = cursor {
+        let retention = events::inspect(&mut conn, hub.keys(), thread_id)
+            .await
+            .map_err(unavailable)?;
+        if !retention.retains(cursor) {
+            return Ok(control(
+                "stream_reset",
+                json!({"thread_id": thread_id,
+                "last_entry_id": cursor.to_string()}),
+            ));
+        }
+        let active = runs::find_active(&state.db, thread_id).await?;
+        if active.is_none() {
+            let last = events::last(&mut conn, &key).await.map_err(unavailable)?;
+            let Some(last) = last.filter(|last| last.id > cursor) else {
+                return Ok(control(
+                    "message_not_streaming",
+                    json!({"thread_id": thread_id}),
+                ));
+            };
+            linger = flushing(&state.db, thread_id, &last).await?;
+        }
+        (cursor, Until::AnyDone, active.map(|run| run.id))
+    } else {
+        // Read the end of the stream before asking Postgres, so a message_start written in
+        // between is after `tail` and is replayed.
+        let tail = events::tail(&mut conn, &key)
+            .await
+            .map_err(unavailable)?
+            .unwrap_or_default();
+        let target = match last_message {
+            Some(message) => messages::find_in_thread(&state.db, message, thread_id)
+                .await?
+                .filter(|m| matches!(m.status, MessageStatus::Queued | MessageStatus::Streaming))
+                .and_then(|m| m.workflow_id.map(|run| (m.id, run))),
+            None => runs::find_active(&state.db, thread_id)
+                .await?
+                .map(|run| (run.assistant_message_id, run.id)),
+        };
+        let Some((message, run)) = target else {
+            return Ok(control(
+                "message_not_streaming",
+                json!({"thread_id": thread_id,
+                "message_id": last_message}),
+            ));
+        };
+        let start = events::message_start(&mut conn, hub.keys(), thread_id, message)
+            .await
+            .map_err(unavailable)?;
+        let after = start.map_or(tail, EntryId::predecessor);
+        (after, Until::DoneOf(message.to_string()), Some(run))
+    };
+
+    let subscription = hub.subscribe(thread_id).await.map_err(unavailable)?;
+    let session = Session {
+        conn,
+        key,
+        db: state.db.clone(),
+        subscription,
+        position: after,
+        backlog: VecDeque::new(),
+        caught_up: false,
+        until,
+        watch,
+        linger,
+        shutdown: state.shutdown.clone(),
+        finished: false,
+        _open: OpenStream::new(),
+    };
+    Ok(sse(session.into_stream()))
+}
+
+/// How long after its run finished a stream whose last event is not a `done` is followed: a
+/// worker writes the run's end to Postgres first and publishes `message_end` and `done` after
+/// it, for at most this long. A client resuming in between must get the `done`, not a stream
+/// cut short (spool-bench P2 hit this).
+const FLUSH_WINDOW: Duration = spool_worker::run::FLUSH_TIMEOUT;
+
+/// With no run active and `last` after the cursor: until when to wait for more events. Only
+/// when `last` is not a `done` and its run (of this thread) changed within [`FLUSH_WINDOW`].
+async fn flushing(
+    db: &PgPool,
+    thread: ThreadId,
+    last: &StoredEvent,
+) -> Result<Option<tokio::time::Instant>, ApiError> {
+    if last.kind == "done" || last.is_marker() {
+        return Ok(None);
+    }
+    let envelope: Value = serde_json::from_str(&last.json).unwrap_or(Value::Null);
+    let Some(run) = envelope["workflow_id"]
+        .as_str()
+        .and_then(|id| id.parse::<WorkflowId>().ok())
+    else {
+        return Ok(None);
+    };
+    let age = runs::seconds_since_update(db, run, thread).await?;
+    Ok(age
+        .map(|age| FLUSH_WINDOW.saturating_sub(Duration::from_secs_f64(age.max(0.0))))
+        .filter(|left| !left.is_zero())
+        .map(|left| tokio::time::Instant::now() + left))
+}
+
+/// A response that sends one gateway event (no `id:`) and closes.
+fn control(kind: &'static str, data: Value) -> Response {
+    let event = SseEvent::default().event(kind).data(data.to_string());
+    sse(futures::stream::iter([Ok(event)]))
+}
+
+fn sse(stream: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static) -> Response {
+    let retry = futures::stream::once(async { Ok(SseEvent::default().retry(RETRY)) });
+    let mut response = Sse::new(futures::StreamExt::chain(retry, stream))
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+        .into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// One client's stream: backlog first, then live entries, until its `done`.
+struct Session {
+    conn: RedisConn,
+    key: String,
+    db: PgPool,
+    subscription: hub::Subscription,
+    /// The last entry sent or skipped; everything after it is still to come.
+    position: EntryId,
+    backlog: VecDeque<StoredEvent>,
+    caught_up: bool,
+    until: Until,
+    /// The run whose status is checked when the stream goes quiet; `None` when no run was
+    /// active (the backlog is replayed, then the stream ends).
+    watch: Option<WorkflowId>,
+    /// With no run active: until when to wait for the `done` of a run that has just finished
+    /// (see [`flushing`]).
+    linger: Option<tokio::time::Instant>,
+    shutdown: CancellationToken,
+    finished: bool,
+    _open: OpenStream,
+}
+
+/// Counts an open stream in `spool_sse_streams_open` for as long as it lives.
+struct OpenStream;
+
+impl OpenStream {
+    fn new() -> Self {
+        metrics::gauge!("spool_sse_streams_open").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        metrics::gauge!("spool_sse_streams_open").decrement(1.0);
+    }
+}
+
+impl Session {
+    fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+        futures::stream::unfold(self, |mut session| async move {
+            let event = session.next().await?;
+            Some((Ok(event), session))
+        })
+    }
+
+    async fn next(&mut self) -> Option<SseEvent> {
+        if self.finished {
+            return None;
+        }
+        loop {
+            if let Some(entry) = self.backlog.pop_front() {
+                if let Some(event) = self.emit(&entry) {
+                    return Some(event);
+                }
+                continue;
+            }
+            if !self.caught_up {
+                match events::read_after(&mut self.conn, &self.key, self.position, PAGE).await {
+                    Ok(page) => {
+                        self.caught_up = page.len() < PAGE;
+                        self.backlog.extend(page);
+                        continue;
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "backlog read failed; closing the stream");
+                        return None;
+                    }
+                }
+            }
+            // Nothing runs on the thread: no more events will come (a `done` lost with Redis
+            // included), so waiting would only hang the client; unless the run has only just
+            // finished and its worker is still publishing its last events.
+            let linger = match (self.watch, self.linger) {
+                (Some(_), _) => None,
+                (None, Some(until)) if tokio::time::Instant::now() < until => Some(until),
+                (None, _) => return None,
+            };
+            tokio::select! {
+                received = self.subscription.rx.recv() => match received {
+                    Ok(entry) => {
+                        if let Some(event) = self.emit(&entry) {
+                            return Some(event);
+                        }
+                    }
+                    Err(RecvError::Lagged(missed)) => {
+                        metrics::counter!("spool_sse_slow_subscriber_drops_total").increment(1);
+                        tracing::info!(missed, "slow subscriber dropped; it can resume");
+                        return None;
+                    }
+                    Err(RecvError::Closed) => return None,
+                },
+                () = tokio::time::sleep_until(linger.unwrap_or_else(tokio::time::Instant::now)),
+                    if linger.is_some() => return None,
+                () = tokio::time::sleep(SILENCE), if linger.is_none() => {
+                    if self.run_is_over().await {
+                        self.finished = true;
+                        let data = json!({"workflow_id": self.watch});
+                        return Some(SseEvent::default().event("message_not_streaming").data(data.to_string()));
+                    }
+                }
+                () = self.shutdown.cancelled() => return None,
+            }
+        }
+    }
+
+    /// The SSE event for an entry after the position, if it is one to send.
+    fn emit(&mut self, entry: &StoredEvent) -> Option<SseEvent> {
+        if entry.id <= self.position {
+            return None;
+        }
+        self.position = entry.id;
+        if entry.is_marker() {
+            return None;
+        }
+        if entry.kind == "done" {
+            self.finished = match &self.until {
+                Until::AnyDone => true,
+                Until::DoneOf(message) => *message == entry.message_id,
+            };
+        }
+        Some(
+            SseEvent::default()
+                .id(entry.id.to_string())
+                .event(&entry.kind)
+                .data(&entry.json),
+        )
+    }
+
+    async fn run_is_over(&self) -> bool {
+        let Some(run) = self.watch else { return false };
+        matches!(runs::status_of(&self.db, run).await, Ok(Some(status)) if status.is_terminal())
+    }
+}

@@ -1,0 +1,257 @@
+//! Fan-out: one live reader per active thread per process feeds all of that thread's
+//! subscribers, so Redis connections do not grow with clients (or with threads).
+//!
+//! Each thread with subscribers has a [`Feed`]: a task that reads new entries with a
+//! non-blocking `XRANGE` on the shared multiplexed connection and broadcasts them into a
+//! bounded ring (`tokio::sync::broadcast`). Its wake-ups come from one pub/sub connection per
+//! process subscribed to `{prefix}:notify`, on which the publish script announces the thread it
+//! wrote to; a poll every second covers notifications lost while that connection reconnects.
+//! A subscriber that falls more than the ring's capacity behind is dropped (its receiver
+//! reports `Lagged`) instead of growing memory; it reconnects with `Last-Event-ID`.
+//!
+//! Why not a blocking `XREAD` per thread on dedicated connections: that needs a connection per
+//! active thread (unbounded), and a multi-key blocking `XREAD` that multiplexes threads on a few
+//! connections is refused by Redis Cluster (`CROSSSLOT`: every thread has its own hash tag).
+//! Notify-then-read keeps the whole gateway at two Redis connections, standalone or Cluster,
+//! and never blocks the shared connection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+
+use spool_shared::ThreadId;
+use spool_shared::stream::{self, EntryId, RedisConn, StoredEvent, StreamKeys};
+
+/// Entries read per round trip.
+const PAGE: usize = 512;
+/// How often a feed reads even without a notification.
+const POLL: Duration = Duration::from_secs(1);
+
+/// The process's fan-out hub. Cheap to clone.
+#[derive(Clone)]
+pub struct Hub {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: RedisConn,
+    client: redis::Client,
+    keys: StreamKeys,
+    buffer: usize,
+    feeds: Mutex<HashMap<ThreadId, Entry>>,
+    shutdown: CancellationToken,
+}
+
+struct Entry {
+    feed: Arc<Feed>,
+    subscribers: usize,
+}
+
+struct Feed {
+    tx: broadcast::Sender<Arc<StoredEvent>>,
+    wake: Notify,
+    stop: CancellationToken,
+}
+
+/// One subscriber's view of a thread's live events. Dropping it unsubscribes; the last one
+/// stops the thread's reader.
+pub struct Subscription {
+    /// Live entries, in order, from the moment of subscribing.
+    pub rx: broadcast::Receiver<Arc<StoredEvent>>,
+    thread: ThreadId,
+    inner: Arc<Inner>,
+}
+
+impl Hub {
+    /// Starts the hub and its notification listener. Connects lazily: a hub starts while Redis
+    /// is down and works once it is back.
+    pub fn start(
+        redis_url: &str,
+        keys: StreamKeys,
+        buffer: usize,
+        shutdown: CancellationToken,
+    ) -> redis::RedisResult<Self> {
+        let inner = Arc::new(Inner {
+            conn: stream::connect(redis_url)?,
+            // Pub/sub goes to one node: in a cluster, PUBLISH reaches every node's subscribers.
+            client: redis::Client::open(
+                stream::nodes(redis_url)
+                    .first()
+                    .map_or(redis_url, String::as_str),
+            )?,
+            keys,
+            buffer: buffer.max(1),
+            feeds: Mutex::default(),
+            shutdown,
+        });
+        tokio::spawn(listen(inner.clone()));
+        Ok(Self { inner })
+    }
+
+    /// The shared multiplexed connection (never used for blocking commands).
+    pub fn conn(&self) -> RedisConn {
+        self.inner.conn.clone()
+    }
+
+    /// The key names.
+    pub fn keys(&self) -> &StreamKeys {
+        &self.inner.keys
+    }
+
+    /// Threads with a live reader in this process.
+    pub fn active_feeds(&self) -> usize {
+        lock(&self.inner.feeds).len()
+    }
+
+    /// Subscribes to the thread's live entries, starting a reader for it if none runs.
+    pub async fn subscribe(&self, thread: ThreadId) -> redis::RedisResult<Subscription> {
+        if let Some(subscription) = self.join(thread) {
+            return Ok(subscription);
+        }
+        // A new reader starts after the current end of the stream; the subscriber reads
+        // everything up to (and past) that point itself, after subscribing.
+        let start = stream::tail(&mut self.conn(), &self.inner.keys.events(thread))
+            .await?
+            .unwrap_or_default();
+        let mut feeds = lock(&self.inner.feeds);
+        if let Some(entry) = feeds.get_mut(&thread) {
+            entry.subscribers += 1;
+            let rx = entry.feed.tx.subscribe();
+            return Ok(Subscription {
+                rx,
+                thread,
+                inner: self.inner.clone(),
+            });
+        }
+        let (tx, rx) = broadcast::channel(self.inner.buffer);
+        let feed = Arc::new(Feed {
+            tx,
+            wake: Notify::new(),
+            stop: CancellationToken::new(),
+        });
+        feeds.insert(
+            thread,
+            Entry {
+                feed: feed.clone(),
+                subscribers: 1,
+            },
+        );
+        tokio::spawn(read_feed(self.inner.clone(), thread, feed, start));
+        Ok(Subscription {
+            rx,
+            thread,
+            inner: self.inner.clone(),
+        })
+    }
+
+    fn join(&self, thread: ThreadId) -> Option<Subscription> {
+        let mut feeds = lock(&self.inner.feeds);
+        let entry = feeds.get_mut(&thread)?;
+        entry.subscribers += 1;
+        Some(Subscription {
+            rx: entry.feed.tx.subscribe(),
+            thread,
+            inner: self.inner.clone(),
+        })
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut feeds = lock(&self.inner.feeds);
+        if let Some(entry) = feeds.get_mut(&self.thread) {
+            entry.subscribers -= 1;
+            if entry.subscribers == 0 {
+                entry.feed.stop.cancel();
+                feeds.remove(&self.thread);
+            }
+        }
+    }
+}
+
+fn lock(
+    feeds: &Mutex<HashMap<ThreadId, Entry>>,
+) -> std::sync::MutexGuard<'_, HashMap<ThreadId, Entry>> {
+    // Every update is one insert, remove or counter change: consistent even after a panic.
+    feeds.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One thread's reader: reads whatever is new, broadcasts it, sleeps until woken or polled.
+async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut last: EntryId) {
+    let key = inner.keys.events(thread);
+    let mut conn = inner.conn.clone();
+    loop {
+        loop {
+            match stream::read_after(&mut conn, &key, last, PAGE).await {
+                Ok(entries) => {
+                    let full = entries.len() == PAGE;
+                    for entry in entries {
+                        last = entry.id;
+                        if !entry.is_marker() {
+                            // No receivers left is fine: the feed is about to stop.
+                            let _ = feed.tx.send(Arc::new(entry));
+                        }
+                    }
+                    if !full {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(thread.id = %thread, error = %err, "feed read failed");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            () = feed.wake.notified() => {}
+            () = tokio::time::sleep(POLL) => {}
+            () = feed.stop.cancelled() => return,
+            () = inner.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// The notification listener: one pub/sub connection, reconnecting with backoff.
+async fn listen(inner: Arc<Inner>) {
+    let channel = inner.keys.notify_channel();
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match inner.client.get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                Ok(()) => {
+                    delay = Duration::from_millis(100);
+                    // Anything published while we were away: every feed reads once.
+                    for entry in lock(&inner.feeds).values() {
+                        entry.feed.wake.notify_one();
+                    }
+                    let mut messages = pubsub.into_on_message();
+                    loop {
+                        tokio::select! {
+                            message = messages.next() => {
+                                let Some(message) = message else { break };
+                                let Ok(payload) = message.get_payload::<String>() else { continue };
+                                let Ok(thread) = payload.parse::<ThreadId>() else { continue };
+                                if let Some(entry) = lock(&inner.feeds).get(&thread) {
+                                    entry.feed.wake.notify_one();
+                                }
+                            }
+                            () = inner.shutdown.cancelled() => return,
+                        }
+                    }
+                    tracing::warn!("Redis notification connection closed; reconnecting");
+                }
+                Err(err) => tracing::warn!(error = %err, "SUBSCRIBE failed"),
+            },
+            Err(err) => tracing::debug!(error = %err, "Redis unreachable for notifications"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = inner.shutdown.cancelled() => return,
+        }
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}

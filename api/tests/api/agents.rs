@@ -1,0 +1,152 @@
+//! The Agents API: admin-only writes, validation by field path, tenant isolation.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use spool_tests::{JWT_SECRET, token, token_with};
+
+use crate::common::{TestApp, worker_args};
+
+pub(crate) fn admin(tenant: &str) -> String {
+    token_with("root", tenant, true, 3600, JWT_SECRET)
+}
+
+impl TestApp {
+    pub(crate) async fn send(
+        &self,
+        method: reqwest::Method,
+        token: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, self.url(path)).bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.expect("request");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub(crate) async fn create_agent(&self, tenant: &str, spec: &Value) -> String {
+        let (status, agent) = self.post(&admin(tenant), "/v1/agents", spec).await;
+        assert_eq!(status, StatusCode::CREATED, "{agent}");
+        agent["id"].as_str().expect("id").to_owned()
+    }
+}
+
+#[tokio::test]
+async fn agents_are_created_read_listed_replaced_and_deleted_by_admins() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let spec = json!({"name": "support", "instructions": "Be brief.", "model": "demo",
+        "tools": [{"type": "http", "name": "lookup", "url": "https://tools.example.com/lookup",
+                   "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]});
+    let user = token("alice", "acme");
+    let (status, body) = app.post(&user, "/v1/agents", &spec).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(body["error"]["code"], "admin_required");
+    assert_eq!(app.db.count("agents").await, 0);
+
+    let id = app.create_agent("acme", &spec).await;
+    let (status, read) = app.get(&user, &format!("/v1/agents/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(read["name"], "support");
+    assert_eq!(read["max_steps"], 25, "defaults are filled in");
+    assert_eq!(read["tools"][0]["method"], "POST");
+    assert!(read["created_at"].is_string());
+    let (_, list) = app.get(&user, "/v1/agents").await;
+    assert_eq!(list["agents"].as_array().map(Vec::len), Some(1));
+
+    let mut changed = spec.clone();
+    changed["instructions"] = json!("Be thorough.");
+    let (status, _) = app
+        .send(
+            reqwest::Method::PUT,
+            &user,
+            &format!("/v1/agents/{id}"),
+            Some(&changed),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, put) = app
+        .send(
+            reqwest::Method::PUT,
+            &admin("acme"),
+            &format!("/v1/agents/{id}"),
+            Some(&changed),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(put["instructions"], "Be thorough.");
+
+    // Another tenant, even an admin, cannot see or touch it.
+    let (status, _) = app.get(&admin("other"), &format!("/v1/agents/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = app
+        .send(
+            reqwest::Method::DELETE,
+            &admin("other"),
+            &format!("/v1/agents/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let (status, _) = app
+        .send(
+            reqwest::Method::DELETE,
+            &admin("acme"),
+            &format!("/v1/agents/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = app.get(&user, &format!("/v1/agents/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let spec = json!({"name": "bad", "model": "demo", "max_steps": 500, "tool_choice": "ghost",
+        "tools": [
+            {"type": "http", "name": "dup", "url": "http://", "parameters": {"type": 12}},
+            {"type": "client", "name": "dup"},
+            {"type": "mcp", "name": "gh", "url": "https://mcp.example.com/mcp"},
+            {"type": "http", "name": "gh_search", "url": "https://x.example.com"}]});
+    let (status, body) = app.post(&admin("acme"), "/v1/agents", &spec).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["code"], "invalid_agent");
+    let fields: Vec<&str> = body["error"]["errors"]
+        .as_array()
+        .expect("errors")
+        .iter()
+        .filter_map(|e| e["field"].as_str())
+        .collect();
+    for field in [
+        "max_steps",
+        "tool_choice",
+        "tools[0].url",
+        "tools[0].parameters",
+        "tools[1].name",
+        "tools[3].name",
+    ] {
+        assert!(fields.contains(&field), "{field} not in {fields:?}");
+    }
+    let (status, body) = app
+        .post(&admin("acme"), "/v1/agents", &json!({"name": "x"}))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "a missing model is named: {body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("model"))
+    );
+    assert_eq!(app.db.count("agents").await, 0);
+    app.stop().await;
+}

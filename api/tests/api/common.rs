@@ -1,0 +1,233 @@
+//! A Spool API (and optionally workers) in this process, on a database of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use spool_api::auth::JwtKeys;
+use spool_api::stream::Hub;
+use spool_api::{ApiConfig, AppState};
+use spool_shared::stream::StreamKeys;
+use spool_tests::{JWT_SECRET, TestDb, poll_until};
+use spool_worker::WorkerArgs;
+
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
+
+pub(crate) struct TestApp {
+    pub(crate) base: String,
+    pub(crate) db: TestDb,
+    pub(crate) http: reqwest::Client,
+    shutdown: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+    worker_shutdown: CancellationToken,
+    workers: tokio::task::JoinSet<()>,
+    retention: Duration,
+    pub(crate) streams: Hub,
+    pub(crate) keys: StreamKeys,
+}
+
+/// Worker settings as the command line would give them: defaults, a 5 s lease with a 1 s
+/// heartbeat, and the demo model's length and pace.
+pub(crate) fn worker_args(demo_tokens: usize, demo_delay_ms: u64) -> WorkerArgs {
+    worker_args_with(demo_tokens, demo_delay_ms, &[])
+}
+
+/// The same with extra flags (`["--llm-base-url", url]`, ...).
+pub(crate) fn worker_args_with(
+    demo_tokens: usize,
+    demo_delay_ms: u64,
+    extra: &[&str],
+) -> WorkerArgs {
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        worker: WorkerArgs,
+    }
+    let tokens = demo_tokens.to_string();
+    let delay = demo_delay_ms.to_string();
+    let mut args = vec![
+        "worker",
+        "--concurrency",
+        "8",
+        "--poll-interval-ms",
+        "100",
+        "--shutdown-grace-secs",
+        "5",
+        "--max-reclaims",
+        "3",
+        "--demo-tokens",
+        &tokens,
+        "--demo-delay-ms",
+        &delay,
+        "--lease-secs",
+        "5",
+        "--heartbeat-secs",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    <Command as clap::Parser>::parse_from(args).worker
+}
+
+impl TestApp {
+    /// An API with `workers` in-process workers running the demo model with these settings.
+    pub(crate) async fn start(workers: usize, args: WorkerArgs) -> Self {
+        Self::start_with_retention(workers, args, 3600).await
+    }
+
+    /// The same, with a stream retention window of `retention_secs`.
+    pub(crate) async fn start_with_retention(
+        workers: usize,
+        args: WorkerArgs,
+        retention_secs: u64,
+    ) -> Self {
+        let db = TestDb::new().await.expect("test database");
+        spool_shared::metrics::install();
+        let shutdown = CancellationToken::new();
+        let keys = StreamKeys::new(spool_tests::redis_prefix());
+        let streams = Hub::start(
+            &spool_tests::redis_url(),
+            keys.clone(),
+            64,
+            shutdown.clone(),
+        )
+        .expect("redis");
+        let state = AppState {
+            db: db.pool.clone(),
+            streams: streams.clone(),
+            shutdown: shutdown.clone(),
+            jwt: Arc::new(JwtKeys::new(&SecretString::from(JWT_SECRET.to_owned()))),
+            config: Arc::new(ApiConfig {
+                max_input_bytes: 32 * 1024,
+                max_body_bytes: 1 << 20,
+                cors_origins: vec!["https://app.example".into()],
+                stream_retention: Duration::from_secs(retention_secs),
+            }),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                let _ = spool_api::serve(listener, state, shutdown).await;
+            }
+        });
+        let worker_shutdown = shutdown.child_token();
+        let mut app = Self {
+            base,
+            db,
+            http: reqwest::Client::new(),
+            shutdown,
+            tasks,
+            worker_shutdown,
+            workers: tokio::task::JoinSet::new(),
+            streams,
+            keys,
+            retention: Duration::from_secs(retention_secs),
+        };
+        for _ in 0..workers {
+            app.spawn_worker(args.clone());
+        }
+        app
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub(crate) async fn get(&self, token: &str, path: &str) -> (StatusCode, Value) {
+        let response = self
+            .http
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub(crate) async fn post(&self, token: &str, path: &str, body: &Value) -> (StatusCode, Value) {
+        let response = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub(crate) async fn send_message(
+        &self,
+        token: &str,
+        thread: uuid::Uuid,
+        text: &str,
+    ) -> (StatusCode, Value) {
+        self.post(
+            token,
+            &format!("/v1/threads/{thread}/user_message"),
+            &json!({"input_text": text}),
+        )
+        .await
+    }
+
+    /// Waits until the workflow reaches `status`.
+    pub(crate) async fn wait_for_status(&self, token: &str, workflow: &str, status: &str) -> Value {
+        poll_until(
+            &format!("workflow {workflow} to be {status}"),
+            TIMEOUT,
+            || async {
+                let (code, body) = self.get(token, &format!("/v1/workflows/{workflow}")).await;
+                (code == StatusCode::OK && body["status"] == status).then_some(body)
+            },
+        )
+        .await
+    }
+
+    /// Adds an in-process worker to a running app.
+    pub(crate) async fn with_worker(mut self, args: WorkerArgs) -> Self {
+        self.spawn_worker(args);
+        self
+    }
+
+    fn spawn_worker(&mut self, args: WorkerArgs) {
+        let streams = spool_worker::Streams::connect(
+            &spool_tests::redis_url(),
+            self.keys.clone(),
+            self.retention,
+        )
+        .expect("redis");
+        let worker =
+            spool_worker::Worker::new(self.db.pool.clone(), self.db.url.clone(), args, streams)
+                .expect("worker");
+        let shutdown = self.worker_shutdown.clone();
+        self.workers.spawn(async move {
+            let _ = spool_worker::run(worker, shutdown).await;
+        });
+    }
+
+    /// Stops every worker (gracefully) and starts `count` new ones: a restart.
+    pub(crate) async fn restart_workers(&mut self, count: usize, args: WorkerArgs) {
+        self.worker_shutdown.cancel();
+        while self.workers.join_next().await.is_some() {}
+        self.worker_shutdown = self.shutdown.child_token();
+        for _ in 0..count {
+            self.spawn_worker(args.clone());
+        }
+    }
+
+    pub(crate) async fn stop(mut self) {
+        self.shutdown.cancel();
+        while self.workers.join_next().await.is_some() {}
+        while self.tasks.join_next().await.is_some() {}
+    }
+}

@@ -1,0 +1,318 @@
+//! Hooks: every kind (http, rule, approval) and event, and fail-open.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode as AxumStatus;
+use axum::routing::post;
+use serde_json::{Value, json};
+
+use spool_tests::fake_llm::{self, FakeLlm};
+use spool_tests::{poll_until, token};
+
+use crate::agent_loop::{Tools, app_with, ask, finished, http_tool};
+use crate::pauses::weather_then_echo;
+
+type Decide = Arc<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
+
+#[derive(Clone)]
+struct HookServer {
+    seen: Arc<Mutex<Vec<Value>>>,
+    decide: Decide,
+}
+
+/// A hook endpoint that records every event and answers with `decide(event)`.
+async fn hook_server(
+    decide: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
+) -> (Arc<Mutex<Vec<Value>>>, String) {
+    let server = HookServer {
+        seen: Arc::default(),
+        decide: Arc::new(decide),
+    };
+    let seen = server.seen.clone();
+    let app = axum::Router::new()
+        .route(
+            "/hook",
+            post(
+                |State(server): State<HookServer>, Json(event): Json<Value>| async move {
+                    server.seen.lock().expect("lock").push(event.clone());
+                    let (status, body) = (server.decide)(&event);
+                    (
+                        AxumStatus::from_u16(status).unwrap_or(AxumStatus::OK),
+                        Json(body),
+                    )
+                },
+            ),
+        )
+        .with_state(server);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (seen, url)
+}
+
+/// The upstream: calls get_weather(Paris) first, then repeats what the tool said.
+async fn weather_model() -> FakeLlm {
+    FakeLlm::start(weather_then_echo()).await
+}
+
+fn last_tool_message(fake: &FakeLlm) -> String {
+    let requests = fake.requests();
+    requests
+        .last()
+        .and_then(fake_llm::last_tool_result)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_deny_rule_blocks_the_call_and_the_model_sees_why() {
+    let fake = weather_model().await;
+    let (tools, base) = Tools::start().await;
+    let app = app_with(&fake).await;
+    let agent = app.create_agent("acme", &json!({"name": "ruled", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [
+            {"event": "pre_tool_use", "type": "rule", "matcher": "get_.*", "message": "Paris is off limits",
+             "conditions": [{"argument": "city", "operator": "starts_with", "value": "Par"}]},
+            {"event": "pre_tool_use", "type": "rule", "message": "never reached",
+             "conditions": [{"argument": "city", "operator": "in", "value": ["Paris"]}]}]})).await;
+    let (_, accepted) = ask(&app, &agent, "weather?").await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert!(tools.calls().is_empty(), "the denied call was not made");
+    let seen = last_tool_message(&fake);
+    assert!(
+        seen.contains("Paris is off limits") && !seen.contains("never reached"),
+        "{seen}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn http_hooks_rewrite_arguments_and_results() {
+    let fake = weather_model().await;
+    let (tools, base) = Tools::start().await;
+    let (seen, hook) = hook_server(|event| match event["event"].as_str() {
+        Some("pre_tool_use") => (
+            200,
+            json!({"decision": "modify", "arguments": {"city": "Lyon"}}),
+        ),
+        Some("post_tool_use") => (
+            200,
+            json!({"decision": "modify", "output": "rewritten result"}),
+        ),
+        _ => (200, json!({"decision": "allow"})),
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let agent = app.create_agent("acme", &json!({"name": "rewrite", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "pre_tool_use", "type": "http", "url": hook},
+                  {"event": "post_tool_use", "type": "http", "url": hook, "matcher": "get_weather"}]})).await;
+    let (_, accepted) = ask(&app, &agent, "weather?").await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert_eq!(
+        tools.calls()[0].2,
+        json!({"city": "Lyon"}),
+        "the tool got the rewritten arguments"
+    );
+    assert_eq!(last_tool_message(&fake), "rewritten result");
+    let events: Vec<Value> = seen.lock().expect("lock").clone();
+    assert_eq!(events[0]["event"], "pre_tool_use");
+    assert_eq!(events[0]["tool_name"], "get_weather");
+    assert_eq!(events[0]["arguments"]["city"], "Paris");
+    assert_eq!(events[0]["workflow_id"], accepted["workflow_id"]);
+    assert_eq!(events[1]["event"], "post_tool_use");
+    assert!(
+        events[1]["output"]
+            .as_str()
+            .is_some_and(|o| o.contains("sunny in Lyon"))
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn failing_or_dead_http_hooks_fail_open() {
+    let fake = weather_model().await;
+    let (tools, base) = Tools::start().await;
+    let (_, broken) = hook_server(|_| (500, json!({"decision": "deny"}))).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let app = app_with(&fake).await;
+    let agent = app.create_agent("acme", &json!({"name": "open", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "pre_tool_use", "type": "http", "url": broken},
+                  {"event": "pre_tool_use", "type": "http", "url": format!("http://{dead}/hook"), "timeout_secs": 1},
+                  {"event": "on_run_start", "type": "http", "url": broken}]})).await;
+    let (_, accepted) = ask(&app, &agent, "weather?").await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert_eq!(tools.calls().len(), 1, "a failing hook allows the call");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn on_run_start_can_block_the_run_before_any_model_call() {
+    let fake = weather_model().await;
+    let (_, hook) = hook_server(|event| {
+        if event["input_text"] == "forbidden topic" {
+            (
+                200,
+                json!({"decision": "deny", "reason": "topic not allowed"}),
+            )
+        } else {
+            (200, json!({"decision": "allow"}))
+        }
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "gate", "model": "gpt-4o-mini",
+        "hooks": [{"event": "on_run_start", "type": "http", "url": hook}]}),
+        )
+        .await;
+    let (_, accepted) = ask(&app, &agent, "forbidden topic").await;
+    let run = finished(&app, &accepted).await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["error"]["code"], "blocked_by_hook");
+    assert_eq!(run["error"]["message"], "topic not allowed");
+    assert!(fake.requests().is_empty());
+    let (_, allowed) = ask(&app, &agent, "fine topic").await;
+    assert_eq!(finished(&app, &allowed).await["status"], "completed");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn pre_response_rewrites_or_blocks_the_final_text_before_anyone_sees_it() {
+    let fake = FakeLlm::start(|request, _| {
+        let text = request["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("")
+            .to_owned();
+        fake_llm::text(&format!("secret answer to {text}"), 3)
+    })
+    .await;
+    let (_, hook) = hook_server(|event| {
+        let text = event["text"].as_str().unwrap_or("");
+        if text.contains("block") {
+            (200, json!({"decision": "deny", "reason": "leaks a secret"}))
+        } else {
+            (
+                200,
+                json!({"decision": "modify", "text": text.replace("secret", "[redacted]")}),
+            )
+        }
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "filter", "model": "gpt-4o-mini",
+        "hooks": [{"event": "pre_response", "type": "http", "url": hook}]}),
+        )
+        .await;
+    let (thread, accepted) = ask(&app, &agent, "q1").await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let key = app.keys.events(spool_shared::ThreadId(thread));
+    let stored =
+        spool_shared::stream::read_after(&mut app.streams.conn(), &key, Default::default(), 1000)
+            .await
+            .expect("xrange");
+    let streamed: String = stored
+        .iter()
+        .filter(|e| e.kind == "text_delta")
+        .filter_map(|e| serde_json::from_str::<Value>(&e.json).ok())
+        .filter_map(|e| e["data"]["delta"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        streamed, "[redacted] answer to q1",
+        "the original text never went out"
+    );
+    let (_, page) = app
+        .get(
+            &token("alice", "acme"),
+            &format!("/v1/threads/{thread}/messages"),
+        )
+        .await;
+    assert_eq!(page["messages"][1]["content"], "[redacted] answer to q1");
+
+    let (_, blocked) = ask(&app, &agent, "block me").await;
+    let run = finished(&app, &blocked).await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["error"]["code"], "response_blocked");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn on_run_complete_is_told_how_the_run_ended() {
+    let fake = FakeLlm::start(|_, _| fake_llm::text("all done", 1)).await;
+    let (seen, hook) = hook_server(|_| (200, json!({}))).await;
+    let app = app_with(&fake).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "notify", "model": "gpt-4o-mini",
+        "hooks": [{"event": "on_run_complete", "type": "http", "url": hook}]}),
+        )
+        .await;
+    let (_, accepted) = ask(&app, &agent, "hi").await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let event = poll_until("the completion hook", Duration::from_secs(10), || async {
+        seen.lock().expect("lock").first().cloned()
+    })
+    .await;
+    assert_eq!(event["event"], "on_run_complete");
+    assert_eq!(event["status"], "completed");
+    assert_eq!(event["content"], "all done");
+    assert_eq!(event["workflow_id"], accepted["workflow_id"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_approval_hook_holds_a_matching_call_until_it_is_approved() {
+    let fake = weather_model().await;
+    let (tools, base) = Tools::start().await;
+    let app = app_with(&fake).await;
+    let agent = app.create_agent("acme", &json!({"name": "held", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "pre_tool_use", "type": "approval", "matcher": "get_weather", "timeout_secs": 600}]})).await;
+    let (_, accepted) = ask(&app, &agent, "weather?").await;
+    let alice = token("alice", "acme");
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    let paused = poll_until("the approval", Duration::from_secs(10), || async {
+        let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
+        (run["status"] == "awaiting_approval").then_some(run)
+    })
+    .await;
+    let expires: chrono::DateTime<chrono::Utc> = paused["pending_action"]["expires_at"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("expires_at");
+    assert!(
+        expires > chrono::Utc::now() + chrono::Duration::seconds(500),
+        "the hook's timeout applies"
+    );
+    assert!(tools.calls().is_empty());
+    let (status, _) = app
+        .post(
+            &alice,
+            &format!("/v1/workflows/{workflow}/approvals/call_w"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED);
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert_eq!(tools.calls().len(), 1);
+    app.stop().await;
+}

@@ -1,0 +1,213 @@
+//! `GET /openapi.json` documents exactly the routes the router serves: every documented
+//! operation is routed (no 404 `route_not_found`, no 405), every method the document does not
+//! list on a documented path is a 405, every path the sources route is documented, and the
+//! operations are exactly the expected list below (add a route: add it here and document it).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use spool_tests::{JWT_SECRET, token_with};
+
+use crate::common::{TestApp, worker_args};
+
+/// Every operation of the API, as `METHOD path`.
+const EXPECTED: &[&str] = &[
+    "GET /healthz",
+    "GET /metrics",
+    "GET /openapi.json",
+    "GET /readyz",
+    "GET /v1/agents",
+    "POST /v1/agents",
+    "DELETE /v1/agents/{agent_id}",
+    "GET /v1/agents/{agent_id}",
+    "PUT /v1/agents/{agent_id}",
+    "POST /v1/threads",
+    "GET /v1/threads/{thread_id}",
+    "GET /v1/threads/{thread_id}/messages",
+    "GET /v1/threads/{thread_id}/stream",
+    "POST /v1/threads/{thread_id}/user_message",
+    "GET /v1/workflows/{workflow_id}",
+    "POST /v1/workflows/{workflow_id}/approvals/{tool_call_id}",
+    "POST /v1/workflows/{workflow_id}/cancel",
+    "POST /v1/workflows/{workflow_id}/tool_outputs",
+];
+
+const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
+
+/// The documented operations, as `METHOD path`.
+fn operations(document: &Value) -> BTreeSet<String> {
+    let paths = document["paths"].as_object().expect("paths");
+    paths
+        .iter()
+        .flat_map(|(path, item)| {
+            METHODS
+                .iter()
+                .filter(|m| item.get(m.to_lowercase()).is_some())
+                .map(move |m| format!("{m} {path}"))
+        })
+        .collect()
+}
+
+/// Every path literal given to `.route(` in the API's sources.
+fn routed_paths() -> BTreeSet<String> {
+    fn visit(dir: &Path, paths: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                visit(&path, paths);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let source = std::fs::read_to_string(&path).expect("read");
+                for (at, _) in source.match_indices(".route(") {
+                    let rest = source[at + ".route(".len()..].trim_start();
+                    if let Some(literal) = rest.strip_prefix('"') {
+                        let end = literal.find('"').expect("closing quote");
+                        paths.insert(literal[..end].to_owned());
+                    }
+                }
+            }
+        }
+    }
+    let mut paths = BTreeSet::new();
+    visit(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut paths,
+    );
+    paths
+}
+
+/// A concrete path: every `{param}` replaced by a fresh UUID.
+fn concrete(template: &str) -> String {
+    let mut path = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        let end = rest[start..].find('}').expect("closing brace") + start;
+        path.push_str(&rest[..start]);
+        path.push_str(&Uuid::new_v4().to_string());
+        rest = &rest[end + 1..];
+    }
+    path.push_str(rest);
+    path
+}
+
+#[tokio::test]
+async fn the_document_lists_exactly_the_routes_the_router_serves() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let response = app
+        .http
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), StatusCode::OK, "no auth needed");
+    let document: Value = response.json().await.expect("the document is JSON");
+    assert!(
+        document["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.")),
+        "{}",
+        document["openapi"]
+    );
+    let bearer = &document["components"]["securitySchemes"]["bearer"];
+    assert_eq!(bearer["type"], "http");
+    assert_eq!(bearer["scheme"], "bearer");
+    assert_eq!(bearer["bearerFormat"], "JWT");
+
+    // Exactly the expected operations, and every routed path is documented.
+    let documented = operations(&document);
+    let expected: BTreeSet<String> = EXPECTED.iter().map(|&s| s.to_owned()).collect();
+    assert_eq!(documented, expected, "document vs. expected operations");
+    let documented_paths: BTreeSet<String> = document["paths"]
+        .as_object()
+        .expect("paths")
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(
+        routed_paths(),
+        documented_paths,
+        "routed vs. documented paths"
+    );
+
+    // Every /v1 operation needs the bearer token; the stream also takes `access_token`.
+    for operation in &documented {
+        let (method, path) = operation.split_once(' ').expect("METHOD path");
+        let op = &document["paths"][path][method.to_lowercase()];
+        let security = op["security"].as_array().cloned().unwrap_or_default();
+        if path.starts_with("/v1/") {
+            assert!(security.contains(&json!({"bearer": []})), "{operation}");
+        } else {
+            assert!(security.is_empty(), "{operation} needs no auth");
+        }
+        // Every error answer is documented with the one error body.
+        for (status, response) in op["responses"].as_object().expect("responses") {
+            if status.as_str() >= "400" {
+                assert_eq!(
+                    response.pointer("/content/application~1json/schema/$ref"),
+                    Some(&json!("#/components/schemas/ErrorBody")),
+                    "{operation} {status}"
+                );
+            }
+        }
+    }
+    let stream = &document["paths"]["/v1/threads/{thread_id}/stream"]["get"];
+    assert!(
+        stream["parameters"]
+            .as_array()
+            .expect("parameters")
+            .iter()
+            .any(|p| p["name"] == "access_token" && p["in"] == "query")
+    );
+
+    // Every documented operation is routed; every other method on its path is a 405.
+    let admin = token_with("ops", "acme", true, 3600, JWT_SECRET);
+    let mut routed = BTreeSet::new();
+    for path in &documented_paths {
+        for method in METHODS {
+            let operation = format!("{method} {path}");
+            let mut request = app
+                .http
+                .request(
+                    Method::from_bytes(method.as_bytes()).expect("method"),
+                    app.url(&concrete(path)),
+                )
+                .bearer_auth(&admin);
+            if method == "POST" || method == "PUT" {
+                request = request.json(&json!({}));
+            }
+            let response = request.send().await.expect("request");
+            let status = response.status();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            let is_routed = status != StatusCode::METHOD_NOT_ALLOWED
+                && !(status == StatusCode::NOT_FOUND && body["error"]["code"] == "route_not_found");
+            assert_eq!(
+                is_routed,
+                documented.contains(&operation),
+                "{operation}: {status} {body}"
+            );
+            if is_routed {
+                routed.insert(operation);
+            }
+        }
+    }
+    assert_eq!(routed, documented);
+
+    // The schemas no value could satisfy (a closed `allOf` part) are merged.
+    let schemas = &document["components"]["schemas"];
+    for name in [
+        "AgentResponse",
+        "ErrorBody",
+        "ThreadResponse",
+        "WorkflowResponse",
+    ] {
+        assert_eq!(schemas[name]["type"], "object", "{name}");
+    }
+    for variant in schemas["ToolSpec"]["oneOf"].as_array().expect("oneOf") {
+        assert_eq!(variant["type"], "object");
+        assert!(variant["properties"]["type"].is_object());
+    }
+    app.stop().await;
+}

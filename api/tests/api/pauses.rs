@@ -1,0 +1,286 @@
+//! Durable pauses: client tools and approvals hold no worker, survive a worker restart, and
+//! resume from the saved step.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
+use spool_tests::{poll_until, token};
+
+use crate::agent_loop::{Tools, app_with, ask, finished, http_tool};
+use crate::common::{TestApp, worker_args_with};
+
+async fn wait_status(app: &TestApp, accepted: &Value, status: &str) -> Value {
+    let alice = token("alice", "acme");
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    poll_until(
+        &format!("the run to be {status}"),
+        Duration::from_secs(20),
+        || async {
+            let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
+            (run["status"] == status).then_some(run)
+        },
+    )
+    .await
+}
+
+fn client_tool() -> Value {
+    json!({"type": "client", "name": "read_local_file", "description": "Reads a file on the user's machine",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}})
+}
+
+#[tokio::test]
+async fn a_client_tool_pauses_the_run_survives_a_worker_restart_and_resumes_with_the_outputs() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("call_f", "read_local_file", r#"{"path": "notes.txt"}"#)]),
+        _ => {
+            let output = fake_llm::last_tool_result(request)
+                .unwrap_or("?")
+                .to_owned();
+            fake_llm::text(&format!("The file says: {output}"), 2)
+        }
+    })
+    .await;
+    let mut app = app_with(&fake).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "files", "model": "gpt-4o-mini", "tools": [client_tool()]}),
+        )
+        .await;
+    let (thread, accepted) = ask(&app, &agent, "what is in notes.txt?").await;
+    let alice = token("alice", "acme");
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    let paused = wait_status(&app, &accepted, "requires_action").await;
+    assert_eq!(paused["pending_action"]["type"], "submit_tool_outputs");
+    assert_eq!(
+        paused["pending_action"]["tool_calls"][0]["tool_call_id"],
+        "call_f"
+    );
+    assert_eq!(
+        paused["pending_action"]["tool_calls"][0]["arguments"]["path"],
+        "notes.txt"
+    );
+    let (_, thread_state) = app.get(&alice, &format!("/v1/threads/{thread}")).await;
+    assert_eq!(
+        thread_state["status"], "busy",
+        "a paused run keeps the thread busy"
+    );
+    let (status, busy) = app.send_message(&alice, thread, "hello?").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(busy["error"]["code"], "thread_busy");
+    let stored = app.stored(thread).await;
+    assert_eq!(
+        stored.last().map(|(_, k)| k.as_str()),
+        Some("requires_action")
+    );
+
+    // The run holds no worker: restart them all while it waits.
+    app.restart_workers(
+        1,
+        worker_args_with(1, 0, &["--llm-base-url", &fake.base_url]),
+    )
+    .await;
+
+    let path = format!("/v1/workflows/{workflow}/tool_outputs");
+    let (status, body) = app.post(&alice, &path, &json!({"tool_outputs": []})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["code"], "missing_tool_outputs");
+    assert_eq!(body["error"]["missing"], json!(["call_f"]));
+    let (status, body) = app
+        .post(
+            &alice,
+            &path,
+            &json!({"tool_outputs": [{"tool_call_id": "nope", "output": "x"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["code"], "unknown_tool_call");
+    let (status, _) = app
+        .post(
+            &token("mallory", "acme"),
+            &path,
+            &json!({"tool_outputs": [{"tool_call_id": "call_f", "output": "x"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another user's run");
+    assert_eq!(fake.requests().len(), 1, "refused outputs resumed nothing");
+
+    let (status, resumed) = app
+        .post(
+            &alice,
+            &path,
+            &json!({
+        "tool_outputs": [{"tool_call_id": "call_f", "output": "buy milk"}],
+        "tool_choice": "none"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{resumed}");
+    let run = finished(&app, &accepted).await;
+    assert_eq!(run["status"], "completed");
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1]["tool_choice"], "none",
+        "the override reached the next step"
+    );
+    let tool_message = requests[1]["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "tool"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            tool_message["role"].as_str(),
+            tool_message["content"].as_str()
+        ),
+        (Some("tool"), Some("buy milk"))
+    );
+    let (_, page) = app
+        .get(&alice, &format!("/v1/threads/{thread}/messages"))
+        .await;
+    assert_eq!(page["messages"][1]["content"], "The file says: buy milk");
+    let (status, again) = app
+        .post(
+            &alice,
+            &path,
+            &json!({"tool_outputs": [{"tool_call_id": "call_f", "output": "x"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(again["error"]["code"], "run_not_waiting");
+    let kinds: Vec<String> = app
+        .stored(thread)
+        .await
+        .into_iter()
+        .map(|(_, k)| k)
+        .collect();
+    assert!(
+        !kinds.contains(&"attempt_restarted".to_owned()),
+        "a resumed pause is not a restart: {kinds:?}"
+    );
+    assert_eq!(kinds.last().map(String::as_str), Some("done"));
+    app.stop().await;
+}
+
+async fn approval_app(fake: &FakeLlm, base: &str, timeout_secs: u32) -> (TestApp, String) {
+    let app = app_with(fake).await;
+    let mut tool = http_tool("get_weather", format!("{base}/weather"));
+    tool["requires_approval"] = json!(true);
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "careful", "model": "gpt-4o-mini",
+        "approval_timeout_secs": timeout_secs, "tools": [tool]}),
+        )
+        .await;
+    (app, agent)
+}
+
+pub(crate) fn weather_then_echo()
+-> impl Fn(&Value, usize) -> fake_llm::Reply + Send + Sync + 'static {
+    |request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("call_w", "get_weather", r#"{"city": "Paris"}"#)]),
+        _ => {
+            let output = fake_llm::last_tool_result(request)
+                .unwrap_or("?")
+                .to_owned();
+            fake_llm::text(&format!("Tool said: {output}"), 1)
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_approved_call_runs_and_a_denied_one_reaches_the_model_as_an_error() {
+    let fake = FakeLlm::start(weather_then_echo()).await;
+    let (tools, base) = Tools::start().await;
+    let (app, agent) = approval_app(&fake, &base, 300).await;
+    let alice = token("alice", "acme");
+
+    let (thread, accepted) = ask(&app, &agent, "approve me").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    let paused = wait_status(&app, &accepted, "awaiting_approval").await;
+    assert_eq!(paused["pending_action"]["tool_call_id"], "call_w");
+    assert_eq!(paused["pending_action"]["arguments"]["city"], "Paris");
+    assert!(paused["pending_action"]["expires_at"].is_string());
+    let requested = app.stored(thread).await;
+    assert_eq!(
+        requested.last().map(|(_, k)| k.as_str()),
+        Some("approval_requested")
+    );
+    assert!(tools.calls().is_empty(), "nothing runs before the approval");
+    let path = format!("/v1/workflows/{workflow}/approvals/call_w");
+    let (status, _) = app
+        .post(&token("alice", "other"), &path, &json!({"approved": true}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another tenant's approval");
+    let (status, _) = app
+        .post(
+            &alice,
+            &format!("/v1/workflows/{workflow}/approvals/ghost"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = app.post(&alice, &path, &json!({"approved": true})).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert_eq!(tools.calls().len(), 1);
+
+    let (_, denied) = ask(&app, &agent, "deny me").await;
+    wait_status(&app, &denied, "awaiting_approval").await;
+    let path = format!(
+        "/v1/workflows/{}/approvals/call_w",
+        denied["workflow_id"].as_str().expect("id")
+    );
+    let (status, _) = app
+        .post(
+            &alice,
+            &path,
+            &json!({"approved": false, "reason": "not on weekends"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(finished(&app, &denied).await["status"], "completed");
+    assert_eq!(tools.calls().len(), 1, "the denied call was not made");
+    let last = fake.requests().last().cloned().expect("request");
+    let tool_message = last["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "tool"))
+        .cloned()
+        .expect("tool");
+    assert!(
+        tool_message["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("denied") && c.contains("not on weekends"))
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_approval_nobody_answers_counts_as_denied_when_it_expires() {
+    let fake = FakeLlm::start(weather_then_echo()).await;
+    let (tools, base) = Tools::start().await;
+    let (app, agent) = approval_app(&fake, &base, 1).await;
+    let (_, accepted) = ask(&app, &agent, "anyone?").await;
+    wait_status(&app, &accepted, "awaiting_approval").await;
+    // Nobody calls: the system itself picks the run up once the approval expires.
+    let run = finished(&app, &accepted).await;
+    assert_eq!(run["status"], "completed");
+    assert!(tools.calls().is_empty());
+    let last = fake.requests().last().cloned().expect("request");
+    let tool_message = last["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "tool"))
+        .cloned()
+        .expect("tool");
+    assert!(
+        tool_message["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("No one approved")),
+        "{tool_message}"
+    );
+    app.stop().await;
+}

@@ -1,0 +1,115 @@
+//! Stored agent configurations, per tenant.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+use sqlx::types::Json;
+
+use crate::agent::AgentSpec;
+use crate::ids::AgentId;
+
+/// A stored agent.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct Agent {
+    /// Its id.
+    pub id: AgentId,
+    /// Its configuration.
+    pub spec: Json<AgentSpec>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Stores a new agent for the tenant.
+pub async fn insert(
+    executor: impl PgExecutor<'_>,
+    id: AgentId,
+    tenant_id: &str,
+    spec: &AgentSpec,
+) -> sqlx::Result<Agent> {
+    sqlx::query_as(
+        "INSERT INTO agents (id, tenant_id, name, spec) VALUES ($1, $2, $3, $4)
+         RETURNING id, spec, created_at, updated_at",
+    )
+    .bind(id)
+    .bind(tenant_id)
+    .bind(&spec.name)
+    .bind(Json(spec))
+    .fetch_one(executor)
+    .await
+}
+
+/// Replaces an agent's configuration; `None` if the tenant has no such agent.
+pub async fn update(
+    executor: impl PgExecutor<'_>,
+    id: AgentId,
+    tenant_id: &str,
+    spec: &AgentSpec,
+) -> sqlx::Result<Option<Agent>> {
+    sqlx::query_as(
+        "UPDATE agents SET name = $3, spec = $4, updated_at = now()
+          WHERE id = $1 AND tenant_id = $2
+      RETURNING id, spec, created_at, updated_at",
+    )
+    .bind(id)
+    .bind(tenant_id)
+    .bind(&spec.name)
+    .bind(Json(spec))
+    .fetch_optional(executor)
+    .await
+}
+
+/// The tenant's agent, if it exists.
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    id: AgentId,
+    tenant_id: &str,
+) -> sqlx::Result<Option<Agent>> {
+    sqlx::query_as(
+        "SELECT id, spec, created_at, updated_at FROM agents WHERE id = $1 AND tenant_id = $2",
+    )
+    .bind(id)
+    .bind(tenant_id)
+    .fetch_optional(executor)
+    .await
+}
+
+/// The tenant's agents, oldest first.
+pub async fn list(executor: impl PgExecutor<'_>, tenant_id: &str) -> sqlx::Result<Vec<Agent>> {
+    sqlx::query_as(
+        "SELECT id, spec, created_at, updated_at FROM agents WHERE tenant_id = $1
+          ORDER BY created_at, id",
+    )
+    .bind(tenant_id)
+    .fetch_all(executor)
+    .await
+}
+
+/// Deletes the tenant's agent; `false` if there was none.
+pub async fn delete(
+    executor: impl PgExecutor<'_>,
+    id: AgentId,
+    tenant_id: &str,
+) -> sqlx::Result<bool> {
+    let result = sqlx::query("DELETE FROM agents WHERE id = $1 AND tenant_id = $2")
+        .bind(id)
+        .bind(tenant_id)
+        .execute(executor)
+        .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Whether the tenant has an agent with this id.
+pub async fn exists(
+    executor: impl PgExecutor<'_>,
+    id: AgentId,
+    tenant_id: &str,
+) -> sqlx::Result<bool> {
+    let (exists,): (bool,) =
+        sqlx::query_as("SELECT EXISTS (SELECT 1 FROM agents WHERE id = $1 AND tenant_id = $2)")
+            .bind(id)
+            .bind(tenant_id)
+            .fetch_one(executor)
+            .await?;
+    Ok(exists)
+}

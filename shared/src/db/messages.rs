@@ -1,0 +1,148 @@
+//! Messages. An assistant message is inserted with its run (status `queued`) and written once
+//! more when the run ends, by a statement fenced on the run's attempt.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgExecutor;
+use sqlx::types::Json;
+
+use crate::ids::{MessageId, ThreadId, WorkflowId};
+use crate::model::{MessageStatus, Role};
+
+/// A message as stored and returned by the API.
+#[derive(Clone, Debug, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
+pub struct Message {
+    /// The message's id.
+    pub id: MessageId,
+    /// Its thread.
+    pub thread_id: ThreadId,
+    /// Who wrote it.
+    pub role: Role,
+    /// Its text.
+    pub content: String,
+    /// Structured content: text blocks, tool steps, citations.
+    #[schema(value_type = Vec<Object>)]
+    pub parts: Json<Value>,
+    /// Whether the content is final.
+    pub status: MessageStatus,
+    /// Token usage (assistant messages).
+    #[schema(value_type = Option<Object>)]
+    pub usage: Option<Json<Value>>,
+    /// Caller-defined metadata (user messages).
+    #[schema(value_type = Object)]
+    pub metadata: Json<Value>,
+    /// The run that produced it (assistant) or that it started (user).
+    pub workflow_id: Option<WorkflowId>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+macro_rules! columns {
+    () => {
+        "id, thread_id, role, content, parts, status, usage, metadata, workflow_id, created_at, \
+         updated_at"
+    };
+}
+
+/// Inserts a message.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one column each; called from one place"
+)]
+pub async fn insert(
+    executor: impl PgExecutor<'_>,
+    id: MessageId,
+    thread_id: ThreadId,
+    role: Role,
+    content: &str,
+    status: MessageStatus,
+    metadata: &Value,
+    workflow_id: WorkflowId,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(id)
+    .bind(thread_id)
+    .bind(role)
+    .bind(content)
+    .bind(status)
+    .bind(Json(metadata))
+    .bind(workflow_id)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// Up to `limit` messages of the thread, oldest first; with `before`, those older than it.
+/// The caller has checked that the thread is the owner's.
+pub async fn list(
+    executor: impl PgExecutor<'_>,
+    thread_id: ThreadId,
+    limit: i64,
+    before: Option<MessageId>,
+) -> sqlx::Result<Vec<Message>> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM (
+             SELECT * FROM messages
+              WHERE thread_id = $1
+                AND ($3::uuid IS NULL
+                     OR seq < (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
+              ORDER BY seq DESC
+              LIMIT $2) newest
+          ORDER BY seq ASC"
+    );
+    sqlx::query_as(SQL)
+        .bind(thread_id)
+        .bind(limit)
+        .bind(before)
+        .fetch_all(executor)
+        .await
+}
+
+/// One message by id within a thread.
+pub async fn find_in_thread(
+    executor: impl PgExecutor<'_>,
+    id: MessageId,
+    thread_id: ThreadId,
+) -> sqlx::Result<Option<Message>> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM messages WHERE id = $1 AND thread_id = $2"
+    ))
+    .bind(id)
+    .bind(thread_id)
+    .fetch_optional(executor)
+    .await
+}
+
+/// The conversation a run answers: up to `depth` completed messages of the thread, oldest
+/// first, ending with the run's user message, as `(role, content)`.
+pub async fn history(
+    executor: impl PgExecutor<'_>,
+    thread_id: ThreadId,
+    user_message_id: MessageId,
+    depth: i64,
+) -> sqlx::Result<Vec<(Role, String)>> {
+    sqlx::query_as(
+        "SELECT role, content FROM (
+             SELECT role, content, seq FROM messages
+              WHERE thread_id = $1
+                AND seq <= (SELECT seq FROM messages WHERE id = $2)
+                AND status = 'completed' AND content <> ''
+              ORDER BY seq DESC
+              LIMIT $3) recent
+          ORDER BY seq",
+    )
+    .bind(thread_id)
+    .bind(user_message_id)
+    .bind(depth.max(1))
+    .fetch_all(executor)
+    .await
+}

@@ -1,0 +1,519 @@
+//! Runs: the durable job queue.
+//!
+//! - `claim_next` is one statement: it picks a claimable run with `FOR UPDATE SKIP LOCKED`
+//!   (queued, or running with an expired lease), bumps `attempt`, and sets the lease from the
+//!   database clock. Concurrent workers never claim the same run at once.
+//! - `attempt` is the fencing token. Every later write of an attempt (`heartbeat`, `complete`,
+//!   `fail`, `release`, message updates) says `WHERE id = $1 AND attempt = $2 AND status =
+//!   'running'`: once another worker has reclaimed the run, the old worker's writes match no
+//!   row and it learns that it lost the lease.
+//! - Lease times are `now() + lease` in SQL; a worker's own clock is never trusted (invariant 5).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgExecutor;
+use sqlx::postgres::types::PgInterval;
+use sqlx::types::Json;
+
+use crate::db::threads::Owner;
+use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
+use crate::model::RunStatus;
+
+/// The name of the unique index that allows one active run per thread.
+pub const ONE_ACTIVE_PER_THREAD: &str = "runs_one_active_per_thread";
+
+/// A run as stored.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct Run {
+    /// The workflow id clients see.
+    pub id: WorkflowId,
+    /// Its thread.
+    pub thread_id: ThreadId,
+    /// The tenant that owns the thread.
+    pub tenant_id: String,
+    /// The user that owns the thread.
+    pub owner_id: String,
+    /// The agent that answers; `None` is the configured default.
+    pub agent_id: Option<AgentId>,
+    /// The message that started it.
+    pub user_message_id: MessageId,
+    /// The assistant message it produces.
+    pub assistant_message_id: MessageId,
+    /// Where it is in its life.
+    pub status: RunStatus,
+    /// The fencing token: how many times it has been claimed.
+    pub attempt: i32,
+    /// How many claims took it from a worker whose lease had expired.
+    pub reclaims: i32,
+    /// The worker holding the lease (after the run ends: the last one that held it).
+    pub lease_owner: Option<String>,
+    /// When the lease runs out (database clock).
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// The last renewal.
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    /// When cancellation was asked for.
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// `{code, message}` of a failed run.
+    pub error: Option<Json<Value>>,
+    /// Token usage.
+    pub usage: Option<Json<Value>>,
+    /// W3C traceparent of the request that enqueued it.
+    pub trace_context: Option<String>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When it was first claimed.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it reached a terminal status.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// What a paused run waits for.
+    pub pending_action: Option<Json<Value>>,
+    /// When an unanswered approval counts as denied.
+    pub approval_expires_at: Option<DateTime<Utc>>,
+    /// Whether the next attempt continues after a pause (rather than after a crash).
+    pub resumed: bool,
+    /// Overrides given with tool outputs.
+    pub overrides: Option<Json<Value>>,
+    /// Why cancellation was asked for.
+    pub cancel_reason: Option<String>,
+    /// Who asked for cancellation.
+    pub cancelled_by: Option<String>,
+    /// When it last became claimable.
+    pub queued_at: DateTime<Utc>,
+}
+
+// One list for every statement that returns whole runs (`r.`-prefixed where a join needs it).
+#[rustfmt::skip]
+macro_rules! columns {
+    ("") => {
+        "id, thread_id, tenant_id, owner_id, agent_id, user_message_id, assistant_message_id, \
+         status, attempt, reclaims, lease_owner, lease_expires_at, heartbeat_at, \
+         cancel_requested_at, error, usage, trace_context, created_at, started_at, finished_at, \
+         updated_at, pending_action, approval_expires_at, resumed, overrides, cancel_reason, \
+         cancelled_by, queued_at"
+    };
+    ("r.") => {
+        "r.id, r.thread_id, r.tenant_id, r.owner_id, r.agent_id, r.user_message_id, \
+         r.assistant_message_id, r.status, r.attempt, r.reclaims, r.lease_owner, \
+         r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage, \
+         r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at, \
+         r.pending_action, r.approval_expires_at, r.resumed, r.overrides, r.cancel_reason, \
+         r.cancelled_by, r.queued_at"
+    };
+}
+
+/// What a new run is made of.
+#[derive(Clone, Debug)]
+pub struct NewRun<'a> {
+    /// The workflow id.
+    pub id: WorkflowId,
+    /// Its thread.
+    pub thread_id: ThreadId,
+    /// The thread's owner.
+    pub owner: &'a Owner,
+    /// The agent that answers.
+    pub agent_id: Option<AgentId>,
+    /// The message that starts it.
+    pub user_message_id: MessageId,
+    /// The assistant message it will produce.
+    pub assistant_message_id: MessageId,
+    /// The request's Idempotency-Key, if any.
+    pub idempotency_key: Option<&'a str>,
+    /// The request's W3C traceparent, if any.
+    pub trace_context: Option<&'a str>,
+}
+
+/// Inserts a queued run. Fails with a unique violation of [`ONE_ACTIVE_PER_THREAD`] if the
+/// thread already has an active run.
+pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
+                           assistant_message_id, idempotency_key, trace_context)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(run.id)
+    .bind(run.thread_id)
+    .bind(&run.owner.tenant_id)
+    .bind(&run.owner.user_id)
+    .bind(run.agent_id)
+    .bind(run.user_message_id)
+    .bind(run.assistant_message_id)
+    .bind(run.idempotency_key)
+    .bind(run.trace_context)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// The owner's run, or `None` if it does not exist or is someone else's.
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    owner: &Owner,
+) -> sqlx::Result<Option<Run>> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(""),
+        " FROM runs WHERE id = $1 AND tenant_id = $2 AND owner_id = $3"
+    ))
+    .bind(id)
+    .bind(&owner.tenant_id)
+    .bind(&owner.user_id)
+    .fetch_optional(executor)
+    .await
+}
+
+/// The thread's active run, if any.
+pub async fn find_active(
+    executor: impl PgExecutor<'_>,
+    thread_id: ThreadId,
+) -> sqlx::Result<Option<Run>> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(""),
+        " FROM runs WHERE thread_id = $1
+            AND status IN ('queued', 'running', 'requires_action', 'awaiting_approval')"
+    ))
+    .bind(thread_id)
+    .fetch_optional(executor)
+    .await
+}
+
+/// The status of a run, if it exists.
+pub async fn status_of(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+) -> sqlx::Result<Option<RunStatus>> {
+    let row: Option<(RunStatus,)> = sqlx::query_as("SELECT status FROM runs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
+    Ok(row.map(|(status,)| status))
+}
+
+/// Seconds since a run of `thread` last changed (by the database clock), if it exists.
+pub async fn seconds_since_update(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    thread: ThreadId,
+) -> sqlx::Result<Option<f64>> {
+    let row: Option<(f64,)> = sqlx::query_as(
+        "SELECT extract(epoch FROM now() - updated_at)::float8 FROM runs \
+         WHERE id = $1 AND thread_id = $2",
+    )
+    .bind(id)
+    .bind(thread)
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|(age,)| age))
+}
+
+/// A run a worker has just claimed.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct Claimed {
+    /// The run, with its new attempt and lease.
+    #[sqlx(flatten)]
+    pub run: Run,
+    /// The status before the claim: `running` means the previous holder's lease expired.
+    pub previous_status: RunStatus,
+}
+
+/// Claims the oldest claimable run for `worker`: a queued run, a running run whose lease has
+/// expired, or a run whose approval has expired (so an unanswered approval is enforced even if
+/// no client ever calls again). Bumps `attempt` (and `reclaims` for an expired lease) and sets
+/// a fresh lease.
+pub async fn claim_next(
+    executor: impl PgExecutor<'_>,
+    worker: &str,
+    lease: Duration,
+) -> sqlx::Result<Option<Claimed>> {
+    sqlx::query_as(concat!(
+        "WITH candidate AS (
+             SELECT id, status AS previous_status
+               FROM runs
+              WHERE status IN ('queued', 'running', 'awaiting_approval')
+                AND (status = 'queued'
+                     OR (status = 'running' AND lease_expires_at < now())
+                     OR (status = 'awaiting_approval' AND approval_expires_at < now()))
+              ORDER BY queued_at
+              LIMIT 1
+                FOR UPDATE SKIP LOCKED)
+         UPDATE runs r
+            SET status = 'running',
+                attempt = r.attempt + 1,
+                reclaims = r.reclaims + (candidate.previous_status = 'running')::int,
+                resumed = r.resumed OR candidate.previous_status = 'awaiting_approval',
+                pending_action = NULL,
+                approval_expires_at = NULL,
+                lease_owner = $1,
+                lease_expires_at = now() + $2,
+                heartbeat_at = now(),
+                started_at = coalesce(r.started_at, now()),
+                updated_at = now()
+           FROM candidate
+          WHERE r.id = candidate.id
+      RETURNING ",
+        columns!("r."),
+        ", candidate.previous_status"
+    ))
+    .bind(worker)
+    .bind(interval(lease))
+    .fetch_optional(executor)
+    .await
+}
+
+/// A lease the heartbeat renewed.
+#[derive(Clone, Copy, Debug, sqlx::FromRow)]
+pub struct Renewed {
+    /// The run.
+    pub id: WorkflowId,
+    /// The attempt whose lease was renewed.
+    pub attempt: i32,
+    /// Whether someone asked to cancel the run.
+    pub cancel_requested: bool,
+}
+
+/// Renews the leases of all `(run, attempt)` pairs still held, in one statement. A pair missing
+/// from the result has lost its lease (reclaimed, or no longer running): its worker must stop.
+pub async fn heartbeat(
+    executor: impl PgExecutor<'_>,
+    held: &[(WorkflowId, i32)],
+    lease: Duration,
+) -> sqlx::Result<Vec<Renewed>> {
+    let ids: Vec<WorkflowId> = held.iter().map(|(id, _)| *id).collect();
+    let attempts: Vec<i32> = held.iter().map(|(_, attempt)| *attempt).collect();
+    sqlx::query_as(
+        "UPDATE runs r
+            SET lease_expires_at = now() + $3, heartbeat_at = now()
+           FROM unnest($1::uuid[], $2::int[]) AS held(id, attempt)
+          WHERE r.id = held.id AND r.attempt = held.attempt AND r.status = 'running'
+      RETURNING r.id, r.attempt, r.cancel_requested_at IS NOT NULL AS cancel_requested",
+    )
+    .bind(ids)
+    .bind(attempts)
+    .bind(interval(lease))
+    .fetch_all(executor)
+    .await
+}
+
+/// Pauses a running run (fenced): `requires_action` or `awaiting_approval`, releasing its lease.
+/// `false` if this attempt no longer holds it.
+pub async fn pause(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    attempt: i32,
+    status: RunStatus,
+    pending_action: &Value,
+    approval_expires_at: Option<DateTime<Utc>>,
+) -> sqlx::Result<bool> {
+    let result = sqlx::query(
+        "UPDATE runs
+            SET status = $3, pending_action = $4, approval_expires_at = $5, resumed = false,
+                overrides = NULL, lease_expires_at = NULL, queued_at = now(), updated_at = now()
+          WHERE id = $1 AND attempt = $2 AND status = 'running'",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(status)
+    .bind(Json(pending_action))
+    .bind(approval_expires_at)
+    .execute(executor)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Re-queues a paused run after its pause was answered, with optional overrides. `false` if it
+/// is not in `expected` status (answered twice, cancelled meanwhile).
+pub async fn resume(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    expected: RunStatus,
+    overrides: Option<&Value>,
+) -> sqlx::Result<bool> {
+    let result = sqlx::query(
+        "UPDATE runs
+            SET status = 'queued', pending_action = NULL, approval_expires_at = NULL,
+                resumed = true, overrides = $3, queued_at = now(), updated_at = now()
+          WHERE id = $1 AND status = $2",
+    )
+    .bind(id)
+    .bind(expected)
+    .bind(overrides.map(Json))
+    .execute(executor)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// The owner's run locked for an update, if it exists.
+pub async fn find_for_update(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    owner: &Owner,
+) -> sqlx::Result<Option<Run>> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(""),
+        " FROM runs WHERE id = $1 AND tenant_id = $2 AND owner_id = $3 FOR UPDATE"
+    ))
+    .bind(id)
+    .bind(&owner.tenant_id)
+    .bind(&owner.user_id)
+    .fetch_optional(executor)
+    .await
+}
+
+/// Records a cancel request (the first reason and requester stick) on a run that is not
+/// terminal. Returns the run's status, or `None` if it is terminal (or not the owner's).
+pub async fn request_cancel(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    owner: &Owner,
+    reason: Option<&str>,
+) -> sqlx::Result<Option<RunStatus>> {
+    let row: Option<(RunStatus,)> = sqlx::query_as(
+        "UPDATE runs
+            SET cancel_requested_at = coalesce(cancel_requested_at, now()),
+                cancel_reason = coalesce(cancel_reason, $4),
+                cancelled_by = coalesce(cancelled_by, $3),
+                updated_at = now()
+          WHERE id = $1 AND tenant_id = $2 AND owner_id = $3
+            AND status NOT IN ('completed', 'failed', 'cancelled')
+      RETURNING status",
+    )
+    .bind(id)
+    .bind(&owner.tenant_id)
+    .bind(&owner.user_id)
+    .bind(reason)
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|(status,)| status))
+}
+
+/// Cancels a run that no worker holds (queued or paused), with its message (the text of its
+/// saved steps). Returns the attempt whose stream it ends, or `None` if a worker holds it now.
+pub async fn cancel_unclaimed(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+) -> sqlx::Result<Option<i32>> {
+    let row: Option<(i32,)> = sqlx::query_as(
+        "WITH cancelled AS (
+             UPDATE runs
+                SET status = 'cancelled', finished_at = now(), updated_at = now(),
+                    pending_action = NULL, approval_expires_at = NULL
+              WHERE id = $1 AND status IN ('queued', 'requires_action', 'awaiting_approval')
+          RETURNING id, attempt, assistant_message_id),
+         partial AS (
+             SELECT coalesce(string_agg(s.data->'assistant'->>'text', E'\n\n' ORDER BY s.step)
+                        FILTER (WHERE s.data->'assistant'->>'text' <> ''), '') AS content
+               FROM run_steps s, cancelled c WHERE s.workflow_id = c.id)
+         UPDATE messages m
+            SET status = 'cancelled', content = partial.content, updated_at = now()
+           FROM cancelled, partial
+          WHERE m.id = cancelled.assistant_message_id
+      RETURNING cancelled.attempt",
+    )
+    .bind(id)
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|(attempt,)| attempt))
+}
+
+/// Marks the run's assistant message as streaming. Fenced: `false` if the lease is lost.
+pub async fn start_streaming(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    attempt: i32,
+) -> sqlx::Result<bool> {
+    let result = sqlx::query(
+        "UPDATE messages m
+            SET status = 'streaming', updated_at = now()
+           FROM runs r
+          WHERE r.id = $1 AND r.attempt = $2 AND r.status = 'running'
+            AND m.id = r.assistant_message_id",
+    )
+    .bind(id)
+    .bind(attempt)
+    .execute(executor)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// How a run ended, with the assistant message it leaves.
+#[derive(Clone, Debug)]
+pub struct Outcome<'a> {
+    /// `Completed`, `Failed` or `Cancelled`.
+    pub status: RunStatus,
+    /// The assistant message's final text (partial for failed and cancelled runs).
+    pub content: &'a str,
+    /// Its structured parts.
+    pub parts: &'a Value,
+    /// Token usage.
+    pub usage: &'a Value,
+    /// `{code, message}` for a failed run.
+    pub error: Option<&'a Value>,
+}
+
+/// Finishes the run and writes its assistant message, in one statement fenced on the attempt:
+/// the message is written exactly once however many attempts there were (invariant 8). Returns
+/// `false` (and changes nothing) if this attempt no longer holds the run.
+pub async fn finish(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    attempt: i32,
+    outcome: &Outcome<'_>,
+) -> sqlx::Result<bool> {
+    debug_assert!(outcome.status.is_terminal());
+    let updated: Option<(MessageId,)> = sqlx::query_as(
+        "WITH finished AS (
+             UPDATE runs
+                SET status = $3, error = $7, usage = $6, finished_at = now(), updated_at = now(),
+                    lease_expires_at = NULL
+              WHERE id = $1 AND attempt = $2 AND status = 'running'
+          RETURNING assistant_message_id)
+         UPDATE messages m
+            SET content = $4, parts = $5, usage = $6, status = $3, updated_at = now()
+           FROM finished
+          WHERE m.id = finished.assistant_message_id
+      RETURNING m.id",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(outcome.status)
+    .bind(outcome.content)
+    .bind(Json(outcome.parts))
+    .bind(Json(outcome.usage))
+    .bind(outcome.error.map(Json))
+    .fetch_optional(executor)
+    .await?;
+    Ok(updated.is_some())
+}
+
+/// Gives a running run back to the queue without counting a crash (graceful shutdown). Fenced;
+/// returns `false` if this attempt no longer holds it.
+pub async fn release(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    attempt: i32,
+) -> sqlx::Result<bool> {
+    let result = sqlx::query(
+        "UPDATE runs
+            SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+          WHERE id = $1 AND attempt = $2 AND status = 'running'",
+    )
+    .bind(id)
+    .bind(attempt)
+    .execute(executor)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+fn interval(duration: Duration) -> PgInterval {
+    PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: i64::try_from(duration.as_micros()).unwrap_or(i64::MAX),
+    }
+}

@@ -1,0 +1,95 @@
+//! Statuses and roles as the database stores them and clients see them.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a run is in its life. Terminal statuses never change again (invariant 3).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Waiting for a worker to claim it.
+    Queued,
+    /// Claimed by a worker that holds its lease.
+    Running,
+    /// Paused until the client posts tool outputs.
+    RequiresAction,
+    /// Paused until a person approves or denies a tool call.
+    AwaitingApproval,
+    /// Finished with an assistant message.
+    Completed,
+    /// Finished with an error.
+    Failed,
+    /// Stopped on request.
+    Cancelled,
+}
+
+impl RunStatus {
+    /// Whether the run can never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The status as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::RequiresAction => "requires_action",
+            Self::AwaitingApproval => "awaiting_approval",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The state of a message's content.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum MessageStatus {
+    /// An assistant message whose run has not started.
+    Queued,
+    /// An assistant message being produced.
+    Streaming,
+    /// Final.
+    Completed,
+    /// Its run failed; the content is what was produced before the failure.
+    Failed,
+    /// Its run was cancelled; the content is what was produced before the cancel.
+    Cancelled,
+}
+
+/// Who wrote a message.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum Role {
+    /// The person using the chat product.
+    User,
+    /// The agent.
+    Assistant,
+}
+
+/// Token usage of one or more model calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the prompts.
+    pub input_tokens: u64,
+    /// Tokens generated.
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Adds another call's usage to this one.
+    pub fn add(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}

@@ -1,0 +1,62 @@
+-- Publishes one attempt's batch of events to a thread's stream, fenced on the attempt.
+-- KEYS: stream, fence hash, starts hash (one hash tag: one Cluster slot).
+-- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, then (type, message_id,
+--       json) for each event.
+local stream, fence, starts = KEYS[1], KEYS[2], KEYS[3]
+local attempt = tonumber(ARGV[2])
+local current = tonumber(redis.call('HGET', fence, ARGV[1]) or '0')
+if current > attempt then
+  return redis.error_reply('SPOOL_FENCED ' .. current)
+end
+if current < attempt then
+  redis.call('HSET', fence, ARGV[1], ARGV[2])
+end
+if redis.call('EXISTS', stream) == 0 then
+  -- Marks the stream's birth, so a cursor from before it (an expired or lost stream) is seen
+  -- as a gap.
+  redis.call('XADD', stream, '*', 't', 'stream_start')
+end
+local retention = tonumber(ARGV[3])
+local ids = {}
+for i = 6, #ARGV, 3 do
+  local kind, message, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local id = false
+  if kind == 'message_start' then
+    id = redis.call('HGET', starts, message)
+  end
+  if not id then
+    id = redis.call('XADD', stream, '*', 't', kind, 'm', message, 'e', payload)
+  end
+  if kind == 'message_start' then
+    redis.call('HSET', starts, message, id)
+    redis.call('PERSIST', stream)
+    redis.call('PERSIST', fence)
+    redis.call('PERSIST', starts)
+  elseif kind == 'done' then
+    local now = redis.call('TIME')
+    local min_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - retention
+    local start = redis.call('HGET', starts, message)
+    if start then
+      local start_ms = tonumber(string.match(start, '^(%d+)'))
+      if start_ms < min_ms then
+        min_ms = start_ms
+      end
+    end
+    if min_ms > 0 then
+      local threshold = string.format('%d', min_ms)
+      -- Remember the newest entry trimmed: a cursor before it has lost events. (Redis's own
+      -- max-deleted-entry-id does not move on XTRIM.)
+      local newest_trimmed = redis.call('XREVRANGE', stream, '(' .. threshold, '-', 'COUNT', 1)
+      if #newest_trimmed > 0 then
+        redis.call('XTRIM', stream, 'MINID', threshold)
+        redis.call('HSET', starts, ':trimmed', newest_trimmed[1][1])
+      end
+    end
+    redis.call('PEXPIRE', stream, retention)
+    redis.call('PEXPIRE', fence, retention)
+    redis.call('PEXPIRE', starts, retention)
+  end
+  ids[#ids + 1] = id
+end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return ids

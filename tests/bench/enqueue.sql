@@ -1,0 +1,90 @@
+-- pgbench script: the enqueue transaction of `POST /v1/threads/{id}/user_message` for a NEW
+-- thread, with no Idempotency-Key, no agent_id and no metadata.
+--
+-- Mirrors, statement for statement and in this order (one round trip each, as sqlx does):
+--   1 BEGIN                state.db.begin()        api/src/routes/threads.rs post_user_message
+--   2 WITH ins AS (INSERT threads ...) SELECT ...
+--                          threads::ensure_owned   shared/src/db/threads.rs
+--   3 INSERT INTO messages messages::insert        shared/src/db/messages.rs (user, completed)
+--   4 INSERT INTO messages messages::insert        (assistant, '', queued)
+--   5 INSERT INTO runs     runs::insert            shared/src/db/runs.rs
+--   6 SELECT pg_notify     db::notify_runs         shared/src/db.rs
+--   7 COMMIT               tx.commit()
+-- Not issued on this path: agents::exists (only with an agent_id) and idempotency::find /
+-- reserve / record (only with an Idempotency-Key). The auth extractor does no SQL.
+--
+-- KEEP IN SYNC with those functions: when their SQL changes, change this file and the copy of
+-- this transaction at the top of tests/bench/lifecycle.sql.
+--
+-- Differences that cannot be avoided in pgbench:
+-- * Spool makes its ids client-side with Uuid::now_v7() and binds them. Here they are derived
+--   server-side from one random number, with no extra round trip: a UUIDv7-like value whose
+--   first 48 bits are now() in ms (constant within the transaction, so every statement computes
+--   the same id) and whose rest is md5(r || '-<kind>'). Time-ordered like v7, so the primary-key
+--   indexes see the same right-edge inserts as with Spool's ids.
+-- * Values Spool binds as $n (tenant, owner, role, status, content, metadata, NULLs) are
+--   literals here: pgbench has no string variables. The statement shapes are unchanged.
+-- * Not reproducible: sqlx pings each idle connection it takes from the pool
+--   (test_before_acquire, on by default and not turned off in shared/src/db.rs connect): a
+--   protocol Sync round trip without SQL, once per enqueue (at begin()).
+-- Run it with -M prepared: sqlx prepares each statement once per connection and reuses it.
+
+\set r random(1, 9000000000000000000)
+
+BEGIN;
+
+-- threads::ensure_owned($1 thread_id, $2 tenant_id, $3 owner_id, $4 agent_id = NULL)
+WITH ins AS (
+     INSERT INTO threads (id, tenant_id, owner_id, agent_id)
+     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+              || substr(md5(:r::text || '-thread'), 13))::uuid,
+             'bench', 'bench-user', NULL)
+     ON CONFLICT (id) DO NOTHING
+     RETURNING agent_id)
+ SELECT agent_id FROM ins
+  UNION ALL
+ SELECT agent_id FROM threads
+  WHERE id = (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+              || substr(md5(:r::text || '-thread'), 13))::uuid
+    AND tenant_id = 'bench' AND owner_id = 'bench-user'
+  LIMIT 1;
+
+-- messages::insert: the user message (role user, status completed; metadata {} when none given)
+INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-user'), 13))::uuid,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+        'user', 'Hello!', 'completed', '{}'::jsonb,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid);
+
+-- messages::insert: the assistant message (empty content, status queued, metadata {})
+INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-assistant'), 13))::uuid,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+        'assistant', '', 'queued', '{}'::jsonb,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid);
+
+-- runs::insert: agent_id NULL (the new thread's agent: the default), idempotency_key NULL (no
+-- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry)
+INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
+                  assistant_message_id, idempotency_key, trace_context)
+VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+        'bench', 'bench-user', NULL,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-user'), 13))::uuid,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-assistant'), 13))::uuid,
+        NULL, NULL);
+
+-- db::notify_runs (RUNS_CHANNEL = 'spool_runs', empty payload)
+SELECT pg_notify('spool_runs', '');
+
+COMMIT;

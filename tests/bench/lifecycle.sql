@@ -1,0 +1,191 @@
+-- pgbench script: the whole SQL life of one run, as Spool does it for a message posted to a new
+-- thread and answered by the default agent with the built-in `demo` model (no tools, no hooks,
+-- first attempt). One pgbench transaction = the API's enqueue transaction + one worker claim +
+-- the worker's statements for the run it claimed.
+--
+-- Mirrors, in this order (one round trip each):
+--  API, api/src/routes/threads.rs post_user_message (identical to tests/bench/enqueue.sql):
+--   1 BEGIN                               state.db.begin()
+--   2 WITH ins AS (INSERT threads) SELECT threads::ensure_owned      shared/src/db/threads.rs
+--   3 INSERT INTO messages (user)         messages::insert           shared/src/db/messages.rs
+--   4 INSERT INTO messages (assistant)    messages::insert
+--   5 INSERT INTO runs                    runs::insert               shared/src/db/runs.rs
+--   6 SELECT pg_notify('spool_runs', '')  db::notify_runs            shared/src/db.rs
+--   7 COMMIT                              tx.commit()
+--  Worker (autocommit statements on the pool):
+--   8 WITH candidate AS (... FOR UPDATE SKIP LOCKED) UPDATE runs ... RETURNING
+--                                         runs::claim_next           shared/src/db/runs.rs,
+--                                         called by claim::run       worker/src/claim.rs
+--   9 UPDATE messages SET status='streaming' FROM runs
+--                                         runs::start_streaming      called by run::attempt
+--                                                                    worker/src/run.rs
+--  10 SELECT role, content FROM (... messages ...)
+--                                         messages::history          called by agent::run
+--                                                                    worker/src/agent.rs
+--  11 SELECT step, data FROM run_steps    steps::load                shared/src/db/steps.rs,
+--                                                                    called by agent::run
+--  12 WITH finished AS (UPDATE runs) UPDATE messages
+--                                         runs::finish               called by run::end
+-- Not issued for such a run: agents::find (agent::run and agent::run_completed, only when the
+-- run has an agent_id), steps::save (only for steps with tool calls), runs::pause / release.
+-- Not mirrored: runs::heartbeat (the lease keeper renews all held leases in one statement every
+-- SPOOL_HEARTBEAT_SECS, not per run) and the LISTEN connections; events go to Redis, not here.
+--
+-- KEEP IN SYNC with those functions: when their SQL or the worker's sequence changes, change this
+-- file (and tests/bench/enqueue.sql for statements 1-7).
+--
+-- Differences that cannot be avoided in pgbench (see also enqueue.sql):
+-- * Ids: UUIDv7-like values computed server-side from one random number (Spool binds
+--   Uuid::now_v7() values); values bound as $n in Rust are literals here where pgbench has no
+--   string variables (lease owner, lease interval, the final status, content, parts, usage).
+-- * The claim takes the oldest claimable run, which may be another client's, as a worker does.
+--   Its RETURNING row is kept with \aset (not \gset) because under concurrency it can
+--   legitimately return no row: a run visible in its snapshot was taken by a concurrent claim,
+--   and a run committed after its snapshot started is invisible to it. \gset would abort the
+--   client on that; the worker gets Ok(None) and does nothing, which the \if below reproduces
+--   (the run left queued is claimed by a later transaction).
+-- * The content, parts and usage written by the finish are exactly what the demo model
+--   produces for the input 'Hello!' with the default SPOOL_DEMO_TOKENS=32: its deltas, one text
+--   part, {input_tokens: 1 (words of the input), output_tokens: 32}.
+-- * Not reproducible: sqlx pings each idle connection it takes from the pool
+--   (test_before_acquire, on by default and not turned off in shared/src/db.rs connect): a
+--   protocol Sync round trip without SQL, at begin() and before each of statements 8-12.
+-- Run it with -M prepared: sqlx prepares each statement once per connection and reuses it.
+
+\set r random(1, 9000000000000000000)
+
+BEGIN;
+
+-- threads::ensure_owned($1 thread_id, $2 tenant_id, $3 owner_id, $4 agent_id = NULL)
+WITH ins AS (
+     INSERT INTO threads (id, tenant_id, owner_id, agent_id)
+     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+              || substr(md5(:r::text || '-thread'), 13))::uuid,
+             'bench', 'bench-user', NULL)
+     ON CONFLICT (id) DO NOTHING
+     RETURNING agent_id)
+ SELECT agent_id FROM ins
+  UNION ALL
+ SELECT agent_id FROM threads
+  WHERE id = (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+              || substr(md5(:r::text || '-thread'), 13))::uuid
+    AND tenant_id = 'bench' AND owner_id = 'bench-user'
+  LIMIT 1;
+
+-- messages::insert: the user message (role user, status completed; metadata {} when none given)
+INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-user'), 13))::uuid,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+        'user', 'Hello!', 'completed', '{}'::jsonb,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid);
+
+-- messages::insert: the assistant message (empty content, status queued, metadata {})
+INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-assistant'), 13))::uuid,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+        'assistant', '', 'queued', '{}'::jsonb,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid);
+
+-- runs::insert: agent_id NULL (the new thread's agent: the default), idempotency_key NULL (no
+-- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry)
+INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
+                  assistant_message_id, idempotency_key, trace_context)
+VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+        'bench', 'bench-user', NULL,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-user'), 13))::uuid,
+        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-assistant'), 13))::uuid,
+        NULL, NULL);
+
+-- db::notify_runs (RUNS_CHANNEL = 'spool_runs', empty payload)
+SELECT pg_notify('spool_runs', '');
+
+COMMIT;
+
+-- The worker's lease (SPOOL_LEASE_SECS, default 30) and messages::history's depth (the default
+-- agent's history_depth, 10). c_attempt stays 0 when the claim finds nothing.
+\set history_depth 10
+\set c_attempt 0
+
+-- runs::claim_next($1 worker id, $2 lease): every column of the run, plus previous_status
+WITH candidate AS (
+     SELECT id, status AS previous_status
+       FROM runs
+      WHERE status IN ('queued', 'running', 'awaiting_approval')
+        AND (status = 'queued'
+             OR (status = 'running' AND lease_expires_at < now())
+             OR (status = 'awaiting_approval' AND approval_expires_at < now()))
+      ORDER BY queued_at
+      LIMIT 1
+        FOR UPDATE SKIP LOCKED)
+ UPDATE runs r
+    SET status = 'running',
+        attempt = r.attempt + 1,
+        reclaims = r.reclaims + (candidate.previous_status = 'running')::int,
+        resumed = r.resumed OR candidate.previous_status = 'awaiting_approval',
+        pending_action = NULL,
+        approval_expires_at = NULL,
+        lease_owner = 'pgbench',
+        lease_expires_at = now() + interval '30 seconds',
+        heartbeat_at = now(),
+        started_at = coalesce(r.started_at, now()),
+        updated_at = now()
+   FROM candidate
+  WHERE r.id = candidate.id
+RETURNING r.id, r.thread_id, r.tenant_id, r.owner_id, r.agent_id, r.user_message_id,
+          r.assistant_message_id, r.status, r.attempt, r.reclaims, r.lease_owner,
+          r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage,
+          r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at,
+          r.pending_action, r.approval_expires_at, r.resumed, r.overrides, r.cancel_reason,
+          r.cancelled_by, r.queued_at, candidate.previous_status
+\aset c_
+
+\if :c_attempt > 0
+
+-- runs::start_streaming($1 id, $2 attempt)
+UPDATE messages m
+   SET status = 'streaming', updated_at = now()
+  FROM runs r
+ WHERE r.id = :c_id AND r.attempt = :c_attempt AND r.status = 'running'
+   AND m.id = r.assistant_message_id;
+
+-- messages::history($1 thread_id, $2 user_message_id, $3 depth)
+SELECT role, content FROM (
+     SELECT role, content, seq FROM messages
+      WHERE thread_id = :c_thread_id
+        AND seq <= (SELECT seq FROM messages WHERE id = :c_user_message_id)
+        AND status = 'completed' AND content <> ''
+      ORDER BY seq DESC
+      LIMIT :history_depth) recent
+ ORDER BY seq;
+
+-- steps::load($1 workflow_id)
+SELECT step, data FROM run_steps WHERE workflow_id = :c_id ORDER BY step;
+
+-- runs::finish($1 id, $2 attempt, $3 'completed', $4 content, $5 parts, $6 usage, $7 error NULL)
+WITH finished AS (
+     UPDATE runs
+        SET status = 'completed', error = NULL, usage = '{"input_tokens":1,"output_tokens":32}'::jsonb,
+            finished_at = now(), updated_at = now(), lease_expires_at = NULL
+      WHERE id = :c_id AND attempt = :c_attempt AND status = 'running'
+  RETURNING assistant_message_id)
+ UPDATE messages m
+    SET content = '[demo] You said "Hello!". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole',
+        parts = '[{"text":"[demo] You said \"Hello!\". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole","type":"text"}]'::jsonb,
+        usage = '{"input_tokens":1,"output_tokens":32}'::jsonb,
+        status = 'completed', updated_at = now()
+   FROM finished
+  WHERE m.id = finished.assistant_message_id
+RETURNING m.id;
+
+\endif

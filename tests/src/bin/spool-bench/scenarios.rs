@@ -1,0 +1,631 @@
+//! The six scenarios of BENCHMARKS.md. Each starts its own Spool processes on a fresh database
+//! and Redis prefix, measures Spool and its baseline alternately in every round, and reports
+//! medians over the rounds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+use hdrhistogram::Histogram;
+use spool_tests::TestDb;
+use spool_tests::sse::{Frame, SseReader};
+use tokio::task::JoinSet;
+
+use crate::baseline::{ENQUEUE_SQL, LIFECYCLE_SQL, hop_chain, pgbench, xadd_per_second};
+use crate::count::{Counter, End};
+use crate::cpu::{Groups, Perf, Snapshot, machine_busy_secs, pids_named, rss_kib};
+use crate::load::{Until, enqueue};
+use crate::report::{Figure, Report, histogram, ms};
+use crate::stack::{Stack, wait_for};
+
+/// How large and long each scenario is.
+#[derive(Clone, Debug)]
+pub(crate) struct Sizes {
+    pub(crate) rounds: usize,
+    /// Concurrent clients of P1 and P5 (and pgbench's clients).
+    pub(crate) concurrency: usize,
+    /// Length of each P1 round (whole seconds: pgbench's `-T`).
+    pub(crate) seconds: u64,
+    /// Runs per P2 round.
+    pub(crate) p2_runs: usize,
+    /// Deltas of the P3 run.
+    pub(crate) p3_deltas: usize,
+    /// Subscriber counts of P4.
+    pub(crate) subscribers: Vec<usize>,
+    /// Runs per P5 round.
+    pub(crate) p5_runs: u64,
+    /// The lease of P6, seconds.
+    pub(crate) lease_secs: f64,
+    /// Where `perf record` profiles of the first round go, if anywhere.
+    pub(crate) perf: Option<std::path::PathBuf>,
+}
+
+/// Our processes plus the Postgres and Redis servers, for `perf`.
+fn everything(stack: &Stack) -> Vec<u32> {
+    let mut pids = vec![stack.api_pid()];
+    pids.extend(stack.worker_pids());
+    pids.extend(pids_named("postgres"));
+    pids.extend(pids_named("redis-server"));
+    pids
+}
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn groups(stack: &Stack) -> Groups {
+    Groups {
+        api: vec![stack.api_pid()],
+        workers: stack.worker_pids(),
+    }
+}
+
+/// P1: `POST user_message` to new threads vs pgbench running the same transaction.
+pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()> {
+    const S: &str = "P1 enqueue";
+    let stack = Stack::start(&[]).await?;
+    let c = sizes.concurrency;
+    let round = Duration::from_secs(sizes.seconds);
+    enqueue(&stack, c, Until::Elapsed(Duration::from_millis(500))).await?;
+    pgbench(&stack.db.url, ENQUEUE_SQL, c, Duration::from_secs(1)).await?;
+    let (mut rate, mut p50, mut p99) = (vec![], vec![], vec![]);
+    let (mut b_rate, mut b_p50, mut b_p99) = (vec![], vec![], vec![]);
+    for i in 0..sizes.rounds {
+        let busy = machine_busy_secs();
+        let before = Snapshot::take(&groups(&stack));
+        let perf = Perf::start(
+            sizes.perf.as_deref().filter(|_| i == 0),
+            "p1",
+            &everything(&stack),
+        );
+        let load = enqueue(&stack, c, Until::Elapsed(round)).await?;
+        let spool_busy = machine_busy_secs() - busy;
+        let split = Snapshot::take(&groups(&stack)).since(&before);
+        if let Some(perf) = perf {
+            perf.finish().await;
+        }
+        rate.push(load.rate);
+        p50.push(ms(&load.latency, 0.5));
+        p99.push(ms(&load.latency, 0.99));
+        let busy = machine_busy_secs();
+        let base = pgbench(&stack.db.url, ENQUEUE_SQL, c, round).await?;
+        let base_busy = machine_busy_secs() - busy;
+        b_rate.push(base.tps);
+        b_p50.push(ms(&base.latency, 0.5));
+        b_p99.push(ms(&base.latency, 0.99));
+        if i == 0 {
+            report.note(
+                S,
+                format!(
+                    "{c} clients, distinct new threads, no workers; \
+                Spool round: {} requests, CPU {}; machine CPU per request {:.3} ms vs \
+                {:.3} ms per pgbench transaction ({} of them)",
+                    load.count,
+                    split.describe(load.count),
+                    spool_busy * 1000.0 / load.count.max(1) as f64,
+                    base_busy * 1000.0 / base.transactions.max(1) as f64,
+                    base.transactions,
+                ),
+            );
+        }
+    }
+    report.add(Figure::new(S, "requests/s", "req/s", rate).against(
+        "pgbench, same SQL transaction",
+        b_rate,
+        Some(0.8),
+    ));
+    report.add(Figure::new(S, "latency p50", "ms", p50).against("pgbench p50", b_p50, None));
+    report.add(Figure::new(S, "latency p99", "ms", p99).against("pgbench p99", b_p99, None));
+    Ok(())
+}
+
+/// A frame's entry id's millisecond timestamp (Redis's clock, the same machine's).
+fn id_ms(frame: &Frame) -> Option<u64> {
+    frame.id.as_deref()?.split('-').next()?.parse().ok()
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Reads `reader` until `done`; returns the `done` frame.
+async fn until_done(reader: &mut SseReader) -> anyhow::Result<Frame> {
+    loop {
+        let frame = reader
+            .next(Duration::from_secs(30))
+            .await
+            .context("the stream ended before done")?;
+        if frame.event == "done" {
+            return Ok(frame);
+        }
+    }
+}
+
+/// P2: POST → first event at the client, one thread, turn after turn, demo model at zero delay.
+pub(crate) async fn p2(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()> {
+    const S: &str = "P2 first event";
+    let mut stack = Stack::start(&[]).await?;
+    stack.worker(&[("SPOOL_DEMO_TOKENS", "3")]).await?;
+    let thread = uuid::Uuid::new_v4();
+    // The first turn creates the thread; every later turn resumes from the last `done`, as a
+    // chat client does (the run may finish before the stream request arrives).
+    stack.post(thread, "hello").await?;
+    let mut reader = SseReader::new(stack.stream(thread, None).await?);
+    let mut cursor = until_done(&mut reader)
+        .await?
+        .id
+        .context("done has an id")?;
+    let (mut p50, mut p99, mut post50, mut lag99) = (vec![], vec![], vec![], vec![]);
+    let (mut hop50, mut hop99) = (vec![], vec![]);
+    let mut runs = 0;
+    for i in 0..sizes.rounds {
+        let before = Snapshot::take(&groups(&stack));
+        let (mut first, mut post, mut lag) = (histogram(), histogram(), histogram());
+        let perf = Perf::start(
+            sizes.perf.as_deref().filter(|_| i == 0),
+            "p2",
+            &everything(&stack),
+        );
+        for _ in 0..sizes.p2_runs {
+            let sent = Instant::now();
+            stack.post(thread, "hi").await?;
+            post.saturating_record(sent.elapsed().as_micros() as u64);
+            let mut reader = SseReader::new(stack.stream(thread, Some(&cursor)).await?);
+            let frame = reader
+                .next(Duration::from_secs(30))
+                .await
+                .context("no event")?;
+            first.saturating_record(sent.elapsed().as_micros() as u64);
+            if frame.event != "message_start" {
+                bail!("the first event was {}", frame.event);
+            }
+            if let Some(at) = id_ms(&frame) {
+                lag.saturating_record((now_us() / 1000).saturating_sub(at) * 1000);
+            }
+            cursor = until_done(&mut reader)
+                .await?
+                .id
+                .context("done has an id")?;
+            runs += 1;
+        }
+        let split = Snapshot::take(&groups(&stack)).since(&before);
+        if let Some(perf) = perf {
+            perf.finish().await;
+        }
+        if i == 0 {
+            report.note(
+                S,
+                format!(
+                    "{} runs per round on one thread, demo model (3 deltas, no \
+                delay), 1 worker; each turn: POST, then GET stream with Last-Event-ID = the \
+                last `done`; POST alone p50 {:.2} ms; CPU per run: {}",
+                    sizes.p2_runs,
+                    ms(&post, 0.5),
+                    split.describe(sizes.p2_runs as u64)
+                ),
+            );
+        }
+        p50.push(ms(&first, 0.5));
+        p99.push(ms(&first, 0.99));
+        let hops = hop_chain(&stack.db.url, &stack.redis_url, sizes.p2_runs).await?;
+        hop50.push(ms(&hops, 0.5));
+        hop99.push(ms(&hops, 0.99));
+        post50.push(ms(&post, 0.5));
+        lag99.push(ms(&lag, 0.99));
+    }
+    report.note(S, format!("{runs} runs measured"));
+    let floor = "raw hops: NOTIFY → LISTEN → XADD+PUBLISH → subscriber";
+    report.add(
+        Figure::new(S, "POST → first event p50", "ms", p50)
+            .against(floor, hop50, None)
+            .at_most(5.0),
+    );
+    report.add(
+        Figure::new(S, "POST → first event p99", "ms", p99)
+            .against(floor, hop99, None)
+            .at_most(20.0),
+    );
+    report.add(Figure::new(S, "POST → 202 p50", "ms", post50));
+    report.add(Figure::new(
+        S,
+        "XADD → client p99 (1 ms clock)",
+        "ms",
+        lag99,
+    ));
+    Ok(())
+}
+
+/// P3: one run streaming many tiny deltas; events/s at one client vs redis-benchmark XADD.
+/// Twice: as deployed (deltas the publisher has not sent yet are merged, up to 4 KiB), and with
+/// `SPOOL_COALESCE_MAX_BYTES=0`, where every delta is an event of its own.
+pub(crate) async fn p3(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()> {
+    const S: &str = "P3 event throughput";
+    for coalesce in ["4096", "0"] {
+        let merged = coalesce != "0";
+        let label = if merged {
+            "coalesced (default)"
+        } else {
+            "one event per delta"
+        };
+        let mut stack = Stack::start(&[]).await?;
+        let deltas = sizes.p3_deltas.to_string();
+        stack
+            .worker(&[
+                ("SPOOL_DEMO_TOKENS", &deltas),
+                ("SPOOL_WORKER_CONCURRENCY", "1"),
+                ("SPOOL_COALESCE_MAX_BYTES", coalesce),
+            ])
+            .await?;
+        let (mut events_s, mut deltas_s, mut plain, mut piped) = (vec![], vec![], vec![], vec![]);
+        let key = format!("{}:xadd-baseline", stack.prefix);
+        let payload = 200;
+        for i in 0..sizes.rounds {
+            let before = Snapshot::take(&groups(&stack));
+            let thread = uuid::Uuid::new_v4();
+            let name = if merged { "p3" } else { "p3-uncoalesced" };
+            let perf = Perf::start(
+                sizes.perf.as_deref().filter(|_| i == 0),
+                name,
+                &everything(&stack),
+            );
+            stack.post(thread, "go").await?;
+            // A client that falls more than the gateway's ring behind is dropped and resumes
+            // from its last id, as EventSource does; the resumes are counted.
+            let mut counter = Counter::default();
+            let mut response = stack.stream(thread, None).await?;
+            let start = Instant::now();
+            let mut resumed = 0;
+            while let End::Closed = counter.read(response, Duration::from_secs(60)).await? {
+                let last = counter
+                    .last_id
+                    .as_deref()
+                    .context("closed before any event")?;
+                response = stack.stream(thread, Some(last)).await?;
+                resumed += 1;
+            }
+            let (events, bytes) = (counter.events, counter.bytes);
+            let elapsed = start.elapsed().as_secs_f64();
+            let split = Snapshot::take(&groups(&stack)).since(&before);
+            if let Some(perf) = perf {
+                perf.finish().await;
+            }
+            events_s.push(events as f64 / elapsed);
+            deltas_s.push(sizes.p3_deltas as f64 / elapsed);
+            let plain_n = 100_000.min(sizes.p3_deltas);
+            plain.push(xadd_per_second(&stack.redis_url, &key, payload, 1, plain_n).await?);
+            piped
+                .push(xadd_per_second(&stack.redis_url, &key, payload, 64, sizes.p3_deltas).await?);
+            if i == 0 {
+                report.note(
+                    S,
+                    format!(
+                        "{label}: {} deltas in {events} events, {elapsed:.2} s from \
+                    opening the stream (right after the POST) to done, {} bytes of event data on average, {resumed} \
+                    resumes after the gateway dropped the client as too slow; \
+                    redis-benchmark: 1 connection, XADD of a {payload}-byte field; CPU: {}",
+                        sizes.p3_deltas,
+                        bytes / events.max(1) as usize,
+                        split.describe(events)
+                    ),
+                );
+            }
+        }
+        let pipelined = "redis-benchmark XADD pipelined (-P 64)";
+        let target = (!merged).then_some(0.25);
+        report.add(
+            Figure::new(
+                S,
+                &format!("SSE events/s, {label}"),
+                "events/s",
+                events_s.clone(),
+            )
+            .against(pipelined, piped.clone(), target),
+        );
+        report.add(
+            Figure::new(S, &format!("SSE events/s, {label}"), "events/s", events_s).against(
+                "redis-benchmark XADD (-P 1)",
+                plain,
+                None,
+            ),
+        );
+        report.add(
+            Figure::new(S, &format!("model deltas/s, {label}"), "deltas/s", deltas_s).against(
+                pipelined,
+                piped,
+                merged.then_some(0.25),
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// P4: many SSE subscribers on one API process: memory, Redis connections, delivery latency.
+pub(crate) async fn p4(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()> {
+    const S: &str = "P4 fan-out";
+    let mut levels: Vec<(usize, bool)> = sizes.subscribers.iter().map(|&n| (n, false)).collect();
+    // And the largest count again over HTTP/2 (h2c, 100 streams per connection), as a proxy
+    // that multiplexes its clients' streams would connect.
+    if let Some(&largest) = sizes.subscribers.iter().max() {
+        levels.push((largest, true));
+    }
+    for (n, http2) in levels {
+        let mut stack = Stack::start(&[]).await?;
+        let threads = n.div_ceil(100).max(1);
+        let mut ids = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let thread = uuid::Uuid::new_v4();
+            stack.post(thread, "fan out").await?;
+            ids.push(thread);
+        }
+        // Warm the gateway (its Redis connections, allocator) before the idle baseline.
+        let mut warm = SseReader::new(stack.stream(ids[0], None).await?);
+        let _ = warm.next(Duration::from_millis(1)).await;
+        drop(warm);
+        let api = stack.api_pid();
+        let idle = rss_kib(api).context("api rss")?;
+        let opened = Arc::new(AtomicUsize::new(0));
+        let mut readers = JoinSet::new();
+        let mut clients = vec![stack.client()];
+        if http2 {
+            clients = (0..n.div_ceil(100))
+                .map(|_| stack.client_over_http2())
+                .collect::<anyhow::Result<_>>()?;
+        }
+        let started = Instant::now();
+        let gate = Arc::new(tokio::sync::Semaphore::new(256));
+        for k in 0..n {
+            let thread = ids[k % threads];
+            let client = clients[(k / 100) % clients.len()].clone();
+            let (opened, gate) = (opened.clone(), gate.clone());
+            readers.spawn(async move {
+                let permit = gate.acquire_owned().await?;
+                let response = client.stream(thread, None).await?;
+                drop(permit);
+                opened.fetch_add(1, Ordering::Relaxed);
+                let mut reader = SseReader::new(response);
+                let mut latency = histogram();
+                loop {
+                    let frame = reader
+                        .next(Duration::from_secs(120))
+                        .await
+                        .context("the stream ended before done")?;
+                    if let Some(at) = id_ms(&frame) {
+                        latency.saturating_record((now_us().saturating_sub(at * 1000)).max(1));
+                    }
+                    if frame.event == "done" {
+                        return anyhow::Ok(latency);
+                    }
+                }
+            });
+        }
+        wait_for("every subscriber to be connected", WAIT, async || {
+            (opened.load(Ordering::Relaxed) == n).then_some(())
+        })
+        .await?;
+        let connect = started.elapsed().as_secs_f64();
+        let open = wait_for("the gateway to count every stream", WAIT, async || {
+            let text = stack
+                .http
+                .get(stack.url("/metrics"))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            let open = text
+                .lines()
+                .find_map(|l| l.strip_prefix("spool_sse_streams_open "))
+                .and_then(|v| v.trim().parse::<f64>().ok())?;
+            (open as usize >= n).then_some(open)
+        })
+        .await?;
+        let busy = rss_kib(api).context("api rss")?;
+        let per = (busy.saturating_sub(idle)) as f64 * 1024.0 / n as f64;
+        let redis_conns = spool_tests::process::connections_to_port(api, 6379);
+        // Now stream to all of them: one run per thread, 20 deltas 100 ms apart.
+        let concurrency = threads.to_string();
+        let before = Snapshot::take(&groups(&stack));
+        stack
+            .worker(&[
+                ("SPOOL_DEMO_TOKENS", "20"),
+                ("SPOOL_DEMO_DELAY_MS", "100"),
+                ("SPOOL_WORKER_CONCURRENCY", &concurrency),
+            ])
+            .await?;
+        let perf = Perf::start(
+            sizes.perf.as_deref(),
+            &format!("p4-{n}"),
+            &everything(&stack),
+        );
+        let mut latency: Histogram<u64> = histogram();
+        while let Some(reader) = readers.join_next().await {
+            latency.add(reader??)?;
+        }
+        let split = Snapshot::take(&groups(&stack)).since(&before);
+        if let Some(perf) = perf {
+            perf.finish().await;
+        }
+        let peak = rss_kib(api).unwrap_or(0);
+        let label = format!("{n} subscribers{}", if http2 { " over HTTP/2" } else { "" });
+        report.note(
+            S,
+            format!(
+                "{label} on {threads} threads (connected in \
+            {connect:.1} s); API RSS {idle} KiB idle → {busy} KiB with every stream open \
+            ({open} open per its metrics) → {peak} KiB after streaming; {} deliveries; CPU \
+            while streaming: {}",
+                latency.len(),
+                split.describe(0)
+            ),
+        );
+        report.add(
+            Figure::new(
+                S,
+                &format!("RSS per idle subscriber, {label}"),
+                "KiB",
+                vec![per / 1024.0],
+            )
+            .at_most(8.0),
+        );
+        report.add(
+            Figure::new(
+                S,
+                &format!("Redis connections, {label}"),
+                "conns",
+                vec![redis_conns as f64],
+            )
+            .at_most(8.0),
+        );
+        report.add(Figure::new(
+            S,
+            &format!("delivery p99 while streaming, {label}"),
+            "ms",
+            vec![ms(&latency, 0.99)],
+        ));
+        report.add(Figure::new(
+            S,
+            &format!("delivery p50 while streaming, {label}"),
+            "ms",
+            vec![ms(&latency, 0.5)],
+        ));
+    }
+    Ok(())
+}
+
+/// P5: no-op runs completed per second with 2 workers vs pgbench running their SQL lifecycle.
+pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()> {
+    const S: &str = "P5 run throughput";
+    let mut stack = Stack::start(&[]).await?;
+    for _ in 0..2 {
+        stack.worker(&[("SPOOL_DEMO_TOKENS", "3")]).await?;
+    }
+    // The baseline runs on a database of its own, so the workers never claim its runs.
+    let scratch = TestDb::new().await?;
+    let c = sizes.concurrency;
+    let (mut rate, mut b_rate) = (vec![], vec![]);
+    let mut completed = 0;
+    for i in 0..sizes.rounds {
+        let before = Snapshot::take(&groups(&stack));
+        let perf = Perf::start(
+            sizes.perf.as_deref().filter(|_| i == 0),
+            "p5",
+            &everything(&stack),
+        );
+        let busy = machine_busy_secs();
+        let started = Instant::now();
+        enqueue(&stack, c, Until::Posted(sizes.p5_runs)).await?;
+        completed += sizes.p5_runs as i64;
+        wait_for("every run to complete", WAIT, async || {
+            let done = stack.runs_with_status("completed").await.ok()?;
+            (done >= completed).then_some(())
+        })
+        .await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        let spool_busy = machine_busy_secs() - busy;
+        let split = Snapshot::take(&groups(&stack)).since(&before);
+        if let Some(perf) = perf {
+            perf.finish().await;
+        }
+        rate.push(sizes.p5_runs as f64 / elapsed);
+        let secs = (elapsed.round() as u64).max(1);
+        let busy = machine_busy_secs();
+        let base = pgbench(&scratch.url, LIFECYCLE_SQL, c, Duration::from_secs(secs)).await?;
+        let base_busy = machine_busy_secs() - busy;
+        b_rate.push(base.tps);
+        if i == 0 {
+            report.note(
+                S,
+                format!(
+                    "{} runs per round posted by {c} clients to new threads \
+                while 2 workers (16 slots each, demo model: 3 deltas, no delay) run them; the \
+                round ends when all are completed; CPU per run: {}; machine CPU per run \
+                {:.3} ms vs {:.3} ms per pgbench lifecycle ({c} clients, {} lifecycles)",
+                    sizes.p5_runs,
+                    split.describe(sizes.p5_runs),
+                    spool_busy * 1000.0 / sizes.p5_runs as f64,
+                    base_busy * 1000.0 / base.transactions.max(1) as f64,
+                    base.transactions
+                ),
+            );
+        }
+    }
+    report.add(Figure::new(S, "runs completed/s", "runs/s", rate).against(
+        "pgbench, the run's SQL lifecycle",
+        b_rate,
+        Some(0.7),
+    ));
+    Ok(())
+}
+
+/// P6: `kill -9` a worker mid-run: time until the run's next event at the client.
+pub(crate) async fn p6(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()> {
+    const S: &str = "P6 recovery";
+    let mut stack = Stack::start(&[]).await?;
+    let lease = sizes.lease_secs.to_string();
+    let heartbeat = (sizes.lease_secs / 5.0).to_string();
+    let settings = [
+        ("SPOOL_LEASE_SECS", lease.as_str()),
+        ("SPOOL_HEARTBEAT_SECS", heartbeat.as_str()),
+        ("SPOOL_DEMO_TOKENS", "100000"),
+        ("SPOOL_DEMO_DELAY_MS", "10"),
+    ];
+    let mut current = stack.worker(&settings).await?;
+    let mut gaps = vec![];
+    for _ in 0..sizes.rounds {
+        let thread = uuid::Uuid::new_v4();
+        let accepted = stack.post(thread, "crash me").await?;
+        let mut reader = SseReader::new(stack.stream(thread, None).await?);
+        let attempt = loop {
+            let frame = reader
+                .next(Duration::from_secs(30))
+                .await
+                .context("no delta")?;
+            if frame.event == "text_delta" {
+                break frame.json()["attempt"].as_i64().unwrap_or(0);
+            }
+        };
+        let standby = stack.worker(&settings).await?;
+        let killed = Instant::now();
+        stack.kill_worker(current).await;
+        let next = loop {
+            let frame = reader
+                .next(Duration::from_secs(60))
+                .await
+                .context("no event after the kill")?;
+            if frame.json()["attempt"].as_i64().unwrap_or(0) > attempt {
+                break frame;
+            }
+        };
+        gaps.push(killed.elapsed().as_secs_f64());
+        if next.event != "attempt_restarted" {
+            bail!("the new attempt began with {}", next.event);
+        }
+        let workflow = accepted["workflow_id"].as_str().unwrap_or_default();
+        stack
+            .http
+            .post(stack.url(&format!("/v1/workflows/{workflow}/cancel")))
+            .bearer_auth(&stack.token)
+            .send()
+            .await?;
+        until_done(&mut reader).await?;
+        current = standby;
+    }
+    report.note(
+        S,
+        format!(
+            "lease {lease} s, heartbeat {heartbeat} s, poll interval 500 ms \
+        (default); a standby worker is running before the kill; measured from kill -9 to \
+        the new attempt's first event (`attempt_restarted`) at the client; median of {:?} s",
+            gaps.iter()
+                .map(|g| (g * 100.0).round() / 100.0)
+                .collect::<Vec<_>>()
+        ),
+    );
+    let figure = Figure::new(S, "kill -9 → next event", "s", gaps)
+        .against("the configured lease", vec![sizes.lease_secs], None)
+        .at_most(sizes.lease_secs + 1.0);
+    report.add(figure);
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! A Spool deployment for one scenario: `spool-api` and `spool-worker` as real processes (the
+//! binaries next to `spool-bench`, so a release bench measures release servers) on a fresh
+//! database and a fresh Redis key prefix.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+use spool_tests::{JWT_SECRET, Process, TestDb};
+
+/// How long a process may take to start.
+const START: Duration = Duration::from_secs(30);
+
+/// The bench's one user.
+pub(crate) fn bench_token() -> String {
+    spool_tests::token("bench-user", "bench")
+}
+
+pub(crate) struct Stack {
+    pub(crate) db: TestDb,
+    pub(crate) redis_url: String,
+    pub(crate) prefix: String,
+    client: Client,
+    api: Process,
+    workers: Vec<Process>,
+}
+
+/// The API as the bench's user sees it; cheap to clone into client tasks.
+#[derive(Clone)]
+pub(crate) struct Client {
+    pub(crate) base: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) token: String,
+}
+
+impl std::ops::Deref for Stack {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Polls `check` every 5 ms until it answers, or fails after `timeout`.
+pub(crate) async fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+impl Stack {
+    /// Starts the API (no workers) with `settings` on top of the defaults.
+    pub(crate) async fn start(settings: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let db = TestDb::new().await.context("bench database")?;
+        let prefix = format!(
+            "spool_bench_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let redis_url = spool_tests::redis_url();
+        let mut env = vars(&[
+            ("DATABASE_URL", &db.url),
+            ("SPOOL_API_ADDR", "127.0.0.1:0"),
+            ("SPOOL_JWT_SECRET", JWT_SECRET),
+            ("REDIS_URL", &redis_url),
+            ("SPOOL_REDIS_PREFIX", &prefix),
+        ]);
+        env.extend(vars(settings));
+        let api = Process::spawn("spool-api", &["serve"], &env)?;
+        let addr = wait_for("spool-api to listen", START, async || {
+            api.logged("spool-api listening", "addr")
+        })
+        .await?;
+        let base = format!("http://{addr}");
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(1024)
+            .build()?;
+        wait_for("spool-api to answer /healthz", START, async || {
+            let response = http.get(format!("{base}/healthz")).send().await.ok()?;
+            response.status().is_success().then_some(())
+        })
+        .await?;
+        Ok(Self {
+            db,
+            redis_url,
+            prefix,
+            client: Client {
+                base,
+                http,
+                token: bench_token(),
+            },
+            api,
+            workers: Vec::new(),
+        })
+    }
+
+    /// A handle on the API for client tasks.
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// A client of its own that speaks HTTP/2 without TLS (prior knowledge): one connection,
+    /// many streams.
+    pub(crate) fn client_over_http2(&self) -> anyhow::Result<Client> {
+        Ok(Client {
+            http: reqwest::Client::builder().http2_prior_knowledge().build()?,
+            ..self.client.clone()
+        })
+    }
+
+    pub(crate) fn api_pid(&self) -> u32 {
+        self.api.pid
+    }
+
+    pub(crate) fn worker_pids(&self) -> Vec<u32> {
+        self.workers.iter().map(|w| w.pid).collect()
+    }
+
+    /// Starts a worker with `settings` on top of the defaults; returns its index.
+    pub(crate) async fn worker(&mut self, settings: &[(&str, &str)]) -> anyhow::Result<usize> {
+        let mut env = vars(&[
+            ("DATABASE_URL", &self.db.url),
+            ("REDIS_URL", &self.redis_url),
+            ("SPOOL_REDIS_PREFIX", &self.prefix),
+            ("SPOOL_WORKER_METRICS_ADDR", "127.0.0.1:0"),
+            ("SPOOL_DEMO_DELAY_MS", "0"),
+        ]);
+        env.extend(vars(settings));
+        let worker = Process::spawn("spool-worker", &["run"], &env)?;
+        wait_for("the worker to start", START, async || {
+            worker.output().contains("worker started").then_some(())
+        })
+        .await?;
+        self.workers.push(worker);
+        Ok(self.workers.len() - 1)
+    }
+
+    /// `kill -9`s worker `index` and reaps it.
+    pub(crate) async fn kill_worker(&mut self, index: usize) {
+        self.workers[index].kill9().await;
+    }
+
+    /// Runs counted by status, from Postgres.
+    pub(crate) async fn runs_with_status(&self, status: &str) -> anyhow::Result<i64> {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs WHERE status = $1")
+            .bind(status)
+            .fetch_one(&self.db.pool)
+            .await?;
+        Ok(n)
+    }
+}
+
+impl Client {
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Posts `text` to `thread`; returns the 202 body.
+    pub(crate) async fn post(&self, thread: uuid::Uuid, text: &str) -> anyhow::Result<Value> {
+        let response = self
+            .http
+            .post(self.url(&format!("/v1/threads/{thread}/user_message")))
+            .bearer_auth(&self.token)
+            .json(&json!({"input_text": text}))
+            .send()
+            .await?;
+        let status = response.status();
+        if status != reqwest::StatusCode::ACCEPTED {
+            bail!("POST user_message: {status}: {}", response.text().await?);
+        }
+        Ok(response.json().await?)
+    }
+
+    /// Opens the thread's stream, resuming after `cursor` if given.
+    pub(crate) async fn stream(
+        &self,
+        thread: uuid::Uuid,
+        cursor: Option<&str>,
+    ) -> anyhow::Result<reqwest::Response> {
+        let mut request = self
+            .http
+            .get(self.url(&format!("/v1/threads/{thread}/stream")))
+            .bearer_auth(&self.token);
+        if let Some(cursor) = cursor {
+            request = request.header("Last-Event-ID", cursor);
+        }
+        let response = request.send().await?;
+        if response.status() != reqwest::StatusCode::OK {
+            bail!("GET stream: {}", response.status());
+        }
+        Ok(response)
+    }
+}

@@ -1,0 +1,194 @@
+//! A fake OpenAI-compatible upstream: a real HTTP server on `127.0.0.1:0` that answers
+//! `POST /v1/chat/completions` in the provider's streaming wire format (SSE `data:` chunks,
+//! `[DONE]`), or with error statuses, as a test scripts it. It records every request body.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Response, StatusCode};
+use axum::routing::post;
+use serde_json::{Value, json};
+
+/// What the fake answers to one request.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// These `data:` payloads, then `[DONE]`.
+    Stream(Vec<Value>),
+    /// These payloads and no `[DONE]` (a stream cut short).
+    Truncated(Vec<Value>),
+    /// A recorded transcript, byte for byte.
+    Raw(String),
+    /// An error status with a JSON error body and an optional `Retry-After`.
+    Status(u16, String, Option<String>),
+}
+
+type Handler = dyn Fn(&Value, usize) -> Reply + Send + Sync;
+
+#[derive(Clone)]
+struct Shared {
+    handler: Arc<Handler>,
+    requests: Arc<Mutex<Vec<Value>>>,
+}
+
+/// A running fake upstream.
+pub struct FakeLlm {
+    /// The base URL to configure (`http://127.0.0.1:PORT/v1`).
+    pub base_url: String,
+    requests: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeLlm {
+    /// Starts a fake whose answer to the n-th request (0-based) is `handler(body, n)`.
+    pub async fn start(handler: impl Fn(&Value, usize) -> Reply + Send + Sync + 'static) -> Self {
+        let shared = Shared {
+            handler: Arc::new(handler),
+            requests: Arc::default(),
+        };
+        let requests = shared.requests.clone();
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", post(complete))
+            .with_state(shared);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base_url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            base_url,
+            requests,
+            task,
+        }
+    }
+
+    /// Every request body received so far.
+    pub fn requests(&self) -> Vec<Value> {
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn complete(State(shared): State<Shared>, Json(body): Json<Value>) -> Response<Body> {
+    let n = {
+        let mut requests = shared
+            .requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        requests.push(body.clone());
+        requests.len() - 1
+    };
+    let sse = |payloads: &[Value], done: bool| {
+        let mut text: String = payloads.iter().map(|p| format!("data: {p}\n\n")).collect();
+        if done {
+            text.push_str("data: [DONE]\n\n");
+        }
+        text
+    };
+    let (status, content_type, text, retry_after) = match (shared.handler)(&body, n) {
+        Reply::Stream(p) => (200, "text/event-stream", sse(&p, true), None),
+        Reply::Truncated(p) => (200, "text/event-stream", sse(&p, false), None),
+        Reply::Raw(raw) => (200, "text/event-stream", raw, None),
+        Reply::Status(status, message, retry_after) => (
+            status,
+            "application/json",
+            json!({"error": {"message": message, "type": "fake_error"}}).to_string(),
+            retry_after,
+        ),
+    };
+    let mut response = Response::builder()
+        .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header("content-type", content_type);
+    if let Some(retry_after) = retry_after {
+        response = response.header("retry-after", retry_after);
+    }
+    response.body(Body::from(text)).unwrap_or_default()
+}
+
+fn chunk(delta: Value, finish_reason: Option<&str>) -> Value {
+    json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+}
+
+/// A text answer split into `pieces` deltas, with usage.
+pub fn text(answer: &str, pieces: usize) -> Reply {
+    text_with_finish(answer, pieces, "stop")
+}
+
+/// A text answer that ends with `finish_reason`.
+pub fn text_with_finish(answer: &str, pieces: usize, finish_reason: &str) -> Reply {
+    let chars: Vec<char> = answer.chars().collect();
+    let size = chars.len().div_ceil(pieces.max(1)).max(1);
+    let mut payloads = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+    for piece in chars.chunks(size) {
+        payloads.push(chunk(
+            json!({"content": piece.iter().collect::<String>()}),
+            None,
+        ));
+    }
+    payloads.push(chunk(json!({}), Some(finish_reason)));
+    payloads.push(
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
+        "model": "fake", "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5,
+        "total_tokens": 15}}),
+    );
+    Reply::Stream(payloads)
+}
+
+/// Tool calls `(id, name, arguments)`, each opened by a chunk with id and name and continued by
+/// argument fragments of three characters, as the real API streams them.
+pub fn tool_calls(calls: &[(&str, &str, &str)]) -> Reply {
+    let mut payloads = vec![chunk(json!({"role": "assistant", "content": null}), None)];
+    for (index, (id, name, arguments)) in calls.iter().enumerate() {
+        payloads.push(chunk(
+            json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+            "function": {"name": name, "arguments": ""}}]}),
+            None,
+        ));
+        let chars: Vec<char> = arguments.chars().collect();
+        for piece in chars.chunks(3) {
+            payloads.push(chunk(
+                json!({"tool_calls": [{"index": index,
+                "function": {"arguments": piece.iter().collect::<String>()}}]}),
+                None,
+            ));
+        }
+    }
+    payloads.push(chunk(json!({}), Some("tool_calls")));
+    payloads.push(
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
+        "model": "fake", "choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 7,
+        "total_tokens": 27}}),
+    );
+    Reply::Stream(payloads)
+}
+
+/// How many tool results the request's conversation already holds (the step a scripted
+/// upstream is at).
+pub fn tool_results_in(request: &Value) -> usize {
+    request["messages"]
+        .as_array()
+        .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
+        .unwrap_or(0)
+}
+
+/// The content of the last tool result in the request's conversation, if any.
+pub fn last_tool_result(request: &Value) -> Option<&str> {
+    request["messages"]
+        .as_array()?
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")?["content"]
+        .as_str()
+}

@@ -1,0 +1,270 @@
+//! Spool's test harness, shared by the API, worker and end-to-end tests.
+//!
+//! - [`TestDb`]: a fresh Postgres database per test, copied from a migrated template (fast),
+//!   dropped when the test ends.
+//! - [`redis_prefix`]: a fresh Redis key prefix per test.
+//! - [`Process`]: `spool-api` / `spool-worker` as real child processes, with signals.
+//! - [`poll_until`]: waiting for a condition with a deadline, never a bare sleep.
+//! - [`token`]: a signed JWT for a user of a tenant.
+//!
+//! Tests are quiet unless `TEST_LOG=1`.
+
+pub mod fake_llm;
+pub mod process;
+pub mod sse;
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
+use tokio::sync::OnceCell;
+
+pub use process::Process;
+
+/// The secret the tests sign tokens with and start servers with.
+pub const JWT_SECRET: &str = "spool-test-secret";
+
+/// The Postgres server the tests use (any database on it; tests create their own).
+pub fn postgres_base_url() -> String {
+    std::env::var("SPOOL_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// The Redis the tests use.
+pub fn redis_url() -> String {
+    std::env::var("SPOOL_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A fresh key prefix, so tests sharing one Redis never see each other's keys.
+pub fn redis_prefix() -> String {
+    format!(
+        "spool_t_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// Installs a log subscriber if `TEST_LOG=1`.
+pub fn init_logging() {
+    if std::env::var("TEST_LOG").is_ok_and(|v| v == "1") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// A database of its own for one test, migrated, dropped on drop.
+pub struct TestDb {
+    /// Its connection URL (for child processes).
+    pub url: String,
+    /// A pool on it.
+    pub pool: PgPool,
+    name: String,
+}
+
+static TEMPLATE: OnceCell<String> = OnceCell::const_new();
+
+fn url_for(database: &str) -> String {
+    let base = postgres_base_url();
+    let (server, _) = base.rsplit_once('/').unwrap_or((&base, ""));
+    format!("{server}/{database}")
+}
+
+/// Creates (once per migration set, across processes) a migrated template database.
+async fn template() -> anyhow::Result<String> {
+    TEMPLATE
+        .get_or_try_init(|| async {
+            let checksum: Vec<u8> = spool_shared::db::MIGRATOR
+                .iter()
+                .flat_map(|m| m.checksum.iter().copied())
+                .collect();
+            let hash = spool_shared_hash(&checksum);
+            let name = format!("spool_tmpl_{hash}");
+            let mut admin = PgConnection::connect(&postgres_base_url())
+                .await
+                .context("connecting to the test Postgres")?;
+            // Serialize template creation across concurrent test processes.
+            sqlx::query("SELECT pg_advisory_lock(7342001)")
+                .execute(&mut admin)
+                .await?;
+            let exists: Option<(i32,)> =
+                sqlx::query_as("SELECT 1 FROM pg_database WHERE datname = $1")
+                    .bind(&name)
+                    .fetch_optional(&mut admin)
+                    .await?;
+            if exists.is_none() {
+                let building = format!("{name}_build");
+                sqlx::query(AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {building} WITH (FORCE)"
+                )))
+                .execute(&mut admin)
+                .await?;
+                sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {building}")))
+                    .execute(&mut admin)
+                    .await?;
+                let mut conn = PgConnection::connect(&url_for(&building)).await?;
+                spool_shared::db::MIGRATOR.run(&mut conn).await?;
+                conn.close().await?;
+                sqlx::query(AssertSqlSafe(format!(
+                    "ALTER DATABASE {building} RENAME TO {name}"
+                )))
+                .execute(&mut admin)
+                .await?;
+            }
+            sqlx::query("SELECT pg_advisory_unlock(7342001)")
+                .execute(&mut admin)
+                .await?;
+            admin.close().await?;
+            Ok(name)
+        })
+        .await
+        .cloned()
+}
+
+fn spool_shared_hash(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(bytes)[..6])
+}
+
+impl TestDb {
+    /// A fresh migrated database.
+    pub async fn new() -> anyhow::Result<Self> {
+        init_logging();
+        let template = template().await?;
+        let name = format!("spool_t_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(&postgres_base_url()).await?;
+        // Concurrent copies of one template can collide on its lock; retry briefly.
+        let mut tries = 0;
+        loop {
+            let created = sqlx::query(AssertSqlSafe(format!(
+                "CREATE DATABASE {name} TEMPLATE {template}"
+            )))
+            .execute(&mut admin)
+            .await;
+            match created {
+                Ok(_) => break,
+                Err(err) if tries < 50 => {
+                    tries += 1;
+                    tracing::debug!(error = %err, "template busy; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(err) => return Err(err).context("creating the test database"),
+            }
+        }
+        admin.close().await?;
+        let url = url_for(&name);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&url)
+            .await?;
+        Ok(Self { url, pool, name })
+    }
+
+    /// `SELECT count(*)` of a table.
+    pub async fn count(&self, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        let (n,): (i64,) = sqlx::query_as(AssertSqlSafe(sql))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or((-1,));
+        n
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop from a thread of its own: Drop cannot await, and the test's runtime may be
+        // shutting down.
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                if let Ok(mut admin) = PgConnection::connect(&postgres_base_url()).await {
+                    let _ = sqlx::query(AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .execute(&mut admin)
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Polls `check` until it returns `Some`, or fails after `timeout` naming `what`.
+pub async fn poll_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A token for `sub` of `tenant`, valid for an hour.
+pub fn token(sub: &str, tenant: &str) -> String {
+    token_with(sub, tenant, false, 3600, JWT_SECRET)
+}
+
+/// A token with every knob: admin, lifetime in seconds (negative: already expired), secret.
+pub fn token_with(sub: &str, tenant: &str, admin: bool, ttl: i64, secret: &str) -> String {
+    let exp = chrono::Utc::now().timestamp() + ttl;
+    let claims = serde_json::json!({"sub": sub, "tenant": tenant, "exp": exp, "admin": admin});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap_or_default()
+}
+
+/// A run's row, read directly from Postgres.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RunRow {
+    /// The run.
+    pub id: uuid::Uuid,
+    /// Status as stored.
+    pub status: String,
+    /// Claims so far.
+    pub attempt: i32,
+    /// Claims after expired leases.
+    pub reclaims: i32,
+    /// The last worker that held it.
+    pub lease_owner: Option<String>,
+    /// `{code, message}` if failed.
+    pub error: Option<serde_json::Value>,
+    /// Last change.
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Reads a run's row.
+pub async fn run_row(pool: &PgPool, id: uuid::Uuid) -> Option<RunRow> {
+    sqlx::query_as(
+        "SELECT id, status, attempt, reclaims, lease_owner, error, updated_at FROM runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+    .ok()
+    .flatten()
+}

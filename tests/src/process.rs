@@ -1,0 +1,169 @@
+//! `spool-api` and `spool-worker` as real child processes, for tests that kill, stop and
+//! restart them. Output goes to a log file per process, which tests can read (and which is
+//! printed when `TEST_LOG=1`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::process::{Child, Command};
+
+/// A running Spool process.
+pub struct Process {
+    child: Child,
+    /// Its pid.
+    pub pid: u32,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+}
+
+/// The directory that holds the workspace's binaries (next to the test executable's `deps/`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// The path of a workspace binary; panics with a hint if it has not been built.
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` so the binaries are built",
+        path.display()
+    );
+    path
+}
+
+impl Process {
+    /// Starts `binary args...` with `env` on top of a clean Spool environment.
+    pub fn spawn(name: &str, args: &[&str], env: &HashMap<String, String>) -> anyhow::Result<Self> {
+        let log = std::env::temp_dir().join(format!(
+            "{name}-{}.log",
+            &uuid::Uuid::new_v4().simple().to_string()[..10]
+        ));
+        let file = std::fs::File::create(&log)?;
+        let mut command = Command::new(binary(name));
+        command
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("REDIS_URL")
+            .env(
+                "RUST_LOG",
+                std::env::var("SPOOL_TEST_CHILD_LOG").unwrap_or("info".into()),
+            )
+            .env("SPOOL_LOG_FORMAT", "json")
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .with_context(|| format!("spawning {name}"))?;
+        let pid = child.id().context("child has no pid")?;
+        Ok(Self { child, pid, log })
+    }
+
+    /// Sends a signal by name (`KILL`, `TERM`, `STOP`, `CONT`).
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid.to_string())
+            .status();
+        assert!(
+            status.is_ok_and(|s| s.success()),
+            "kill -{signal} {} failed",
+            self.pid
+        );
+    }
+
+    /// `kill -9` and reap.
+    pub async fn kill9(&mut self) {
+        self.signal("KILL");
+        let _ = self.child.wait().await;
+    }
+
+    /// Waits for the process to exit; returns its exit code.
+    pub async fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(Ok(status)) => status.code(),
+            _ => None,
+        }
+    }
+
+    /// The value of `field` in the first JSON log line whose message is `message`, if logged.
+    pub fn logged(&self, message: &str, field: &str) -> Option<String> {
+        self.output().lines().find_map(|line| {
+            let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+            if entry["message"] != message {
+                return None;
+            }
+            entry[field].as_str().map(str::to_owned)
+        })
+    }
+
+    /// Everything it has logged so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // A stopped process cannot die of SIGKILL until it is continued on some kernels' views
+        // of ptrace; SIGCONT first is harmless.
+        let _ = std::process::Command::new("kill")
+            .arg("-CONT")
+            .arg(self.pid.to_string())
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.start_kill();
+        if std::env::var("TEST_LOG").is_ok_and(|v| v == "1") {
+            eprintln!("---- {} ----\n{}", self.log.display(), self.output());
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// How many TCP connections process `pid` has open to port `port` (read from `/proc`).
+pub fn connections_to_port(pid: u32, port: u16) -> usize {
+    let mut inodes = std::collections::HashSet::new();
+    if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path()) {
+                let target = target.to_string_lossy().into_owned();
+                if let Some(inode) = target
+                    .strip_prefix("socket:[")
+                    .and_then(|t| t.strip_suffix(']'))
+                {
+                    inodes.insert(inode.to_owned());
+                }
+            }
+        }
+    }
+    let port_hex = format!(":{port:04X}");
+    let mut count = 0;
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // cols[2] is the remote address, cols[3] the state (01 = established), cols[9] the inode.
+            if cols.len() > 9
+                && cols[2].ends_with(&port_hex)
+                && cols[3] == "01"
+                && inodes.contains(cols[9])
+            {
+                count += 1;
+            }
+        }
+    }
+    count
+}

@@ -1,0 +1,228 @@
+//! An API process and worker processes on a database of their own.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use spool_tests::{JWT_SECRET, Process, TestDb, poll_until};
+
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) struct Cluster {
+    pub(crate) db: TestDb,
+    pub(crate) redis_url: String,
+    pub(crate) prefix: String,
+    pub(crate) api_pid: u32,
+    pub(crate) base: String,
+    pub(crate) http: reqwest::Client,
+    _api: Process,
+}
+
+pub(crate) fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+impl Cluster {
+    /// Starts the API (no embedded workers) on a fresh database and the test Redis.
+    pub(crate) async fn start() -> Self {
+        Self::start_with_redis(&spool_tests::redis_url()).await
+    }
+
+    /// The same, on the Redis at `redis_url`.
+    pub(crate) async fn start_with_redis(redis_url: &str) -> Self {
+        Self::start_with(redis_url, &[]).await
+    }
+
+    /// The same, with `settings` for the API on top.
+    pub(crate) async fn start_with(redis_url: &str, settings: &[(&str, &str)]) -> Self {
+        let db = TestDb::new().await.expect("test database");
+        let prefix = spool_tests::redis_prefix();
+        // Port 0, then read the address from the log: a port picked here and bound there could
+        // be taken in between by one of the many client sockets of tests running alongside.
+        let mut vars = env(&[
+            ("DATABASE_URL", &db.url),
+            ("SPOOL_API_ADDR", "127.0.0.1:0"),
+            ("SPOOL_JWT_SECRET", JWT_SECRET),
+            ("REDIS_URL", redis_url),
+            ("SPOOL_REDIS_PREFIX", &prefix),
+            // Eight tests run at once, each with an API and workers: keep every process's
+            // pool small, or together they exceed Postgres's 100 connections.
+            ("SPOOL_DB_MAX_CONNECTIONS", "8"),
+        ]);
+        vars.extend(env(settings));
+        let api = Process::spawn("spool-api", &["serve"], &vars).expect("spool-api");
+        let addr = poll_until("spool-api to listen", TIMEOUT, || async {
+            api.logged("spool-api listening", "addr")
+        })
+        .await;
+        let base = format!("http://{addr}");
+        let http = reqwest::Client::new();
+        poll_until("spool-api to answer /healthz", TIMEOUT, || async {
+            let response = http.get(format!("{base}/healthz")).send().await.ok()?;
+            response.status().is_success().then_some(())
+        })
+        .await;
+        let api_pid = api.pid;
+        Self {
+            db,
+            redis_url: redis_url.to_owned(),
+            prefix,
+            api_pid,
+            base,
+            http,
+            _api: api,
+        }
+    }
+
+    /// Starts a worker process with these settings on top of the cluster's database.
+    pub(crate) async fn worker(&self, settings: &[(&str, &str)]) -> Process {
+        let mut vars = env(&[
+            ("DATABASE_URL", &self.db.url),
+            ("REDIS_URL", &self.redis_url),
+            ("SPOOL_REDIS_PREFIX", &self.prefix),
+            ("SPOOL_POLL_INTERVAL_MS", "100"),
+            ("SPOOL_WORKER_METRICS_ADDR", "127.0.0.1:0"),
+            ("SPOOL_LEASE_SECS", "3"),
+            ("SPOOL_HEARTBEAT_SECS", "0.5"),
+            ("SPOOL_DB_MAX_CONNECTIONS", "8"),
+        ]);
+        vars.extend(env(settings));
+        let worker = Process::spawn("spool-worker", &["run"], &vars).expect("spool-worker");
+        poll_until("the worker to start", TIMEOUT, || async {
+            worker.output().contains("worker started").then_some(())
+        })
+        .await;
+        worker
+    }
+
+    /// Posts a message to a new thread; returns the 202 body.
+    pub(crate) async fn enqueue(&self, token: &str, text: &str) -> Value {
+        let thread = uuid::Uuid::new_v4();
+        let response = self
+            .http
+            .post(format!("{}/v1/threads/{thread}/user_message", self.base))
+            .bearer_auth(token)
+            .json(&json!({"input_text": text}))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), reqwest::StatusCode::ACCEPTED);
+        response.json().await.expect("json")
+    }
+
+    /// The status of an assistant message, read from Postgres.
+    pub(crate) async fn message_status(&self, message_id: &Value) -> Option<String> {
+        let id: uuid::Uuid = message_id.as_str()?.parse().ok()?;
+        sqlx::query_as::<_, (String,)>("SELECT status FROM messages WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.db.pool)
+            .await
+            .ok()
+            .flatten()
+            .map(|(s,)| s)
+    }
+
+    /// Waits until the assistant message is streaming (a worker is mid-run).
+    pub(crate) async fn wait_streaming(&self, accepted: &Value) {
+        poll_until("the run to be streaming", TIMEOUT, || async {
+            (self
+                .message_status(&accepted["message_id"])
+                .await
+                .as_deref()
+                == Some("streaming"))
+            .then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until the run has `status`; returns its row.
+    pub(crate) async fn wait_run(&self, accepted: &Value, status: &str) -> spool_tests::RunRow {
+        let id = workflow_id(accepted);
+        poll_until(&format!("run {id} to be {status}"), TIMEOUT, || async {
+            spool_tests::run_row(&self.db.pool, id)
+                .await
+                .filter(|r| r.status == status)
+        })
+        .await
+    }
+
+    /// The thread's messages as `(role, status, content)`, oldest first.
+    pub(crate) async fn messages(&self, accepted: &Value) -> Vec<(String, String, String)> {
+        let thread: uuid::Uuid = accepted["thread_id"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("thread id");
+        sqlx::query_as(
+            "SELECT role, status, content FROM messages WHERE thread_id = $1 ORDER BY seq",
+        )
+        .bind(thread)
+        .fetch_all(&self.db.pool)
+        .await
+        .expect("messages")
+    }
+}
+
+impl Cluster {
+    /// Opens the thread's stream as a client would.
+    pub(crate) async fn stream(
+        &self,
+        token: &str,
+        thread: &Value,
+        last_event_id: Option<&str>,
+    ) -> reqwest::Response {
+        let thread = thread.as_str().expect("thread id");
+        let mut request = self
+            .http
+            .get(format!("{}/v1/threads/{thread}/stream", self.base))
+            .bearer_auth(token);
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        request.send().await.expect("stream request")
+    }
+
+    /// Every stored event of the thread as `(id, envelope)`, straight from Redis.
+    pub(crate) async fn stored(&self, thread: &Value) -> Vec<(String, Value)> {
+        let thread: spool_shared::ThreadId = thread
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("thread id");
+        let keys = spool_shared::stream::StreamKeys::new(self.prefix.clone());
+        let mut conn = spool_shared::stream::connect(&self.redis_url).expect("redis");
+        let entries = spool_shared::stream::read_after(
+            &mut conn,
+            &keys.events(thread),
+            spool_shared::stream::EntryId::default(),
+            100_000,
+        )
+        .await
+        .expect("xrange");
+        entries
+            .into_iter()
+            .filter(|e| !e.is_marker())
+            .map(|e| {
+                (
+                    e.id.to_string(),
+                    serde_json::from_str(&e.json).unwrap_or(Value::Null),
+                )
+            })
+            .collect()
+    }
+}
+
+pub(crate) use spool_tests::process::connections_to_port;
+
+pub(crate) fn workflow_id(accepted: &Value) -> uuid::Uuid {
+    accepted["workflow_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("workflow id")
+}
+
+/// The demo reply a run with `tokens` deltas produces for `input`.
+pub(crate) fn demo_reply(input: &str, tokens: usize) -> String {
+    spool_worker::demo::reply(input, tokens).concat()
+}

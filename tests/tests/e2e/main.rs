@@ -1,0 +1,9 @@
+//! End-to-end tests: `spool-api` and `spool-worker` as real processes against real Postgres;
+//! workers are killed, stopped and terminated mid-run, and the invariants are checked in the
+//! database.
+
+mod agent;
+mod cluster;
+mod crash;
+mod queue;
+mod stream;

@@ -1,0 +1,240 @@
+//! The queue's statements, driven directly against a real database: claims, leases from the
+//! database clock, fencing on the attempt, terminal states.
+
+use std::time::Duration;
+
+use serde_json::json;
+use spool_shared::WorkflowId;
+use spool_shared::db::runs::{self, Outcome};
+use spool_shared::model::RunStatus;
+use spool_tests::{poll_until, token};
+
+use crate::cluster::{Cluster, TIMEOUT, workflow_id};
+
+fn completed<'a>(content: &'a str, empty: &'a serde_json::Value) -> Outcome<'a> {
+    Outcome {
+        status: RunStatus::Completed,
+        content,
+        parts: empty,
+        usage: empty,
+        error: None,
+    }
+}
+
+#[tokio::test]
+async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
+    let cluster = Cluster::start().await;
+    let accepted = cluster.enqueue(&token("alice", "acme"), "fence me").await;
+    let id = WorkflowId(workflow_id(&accepted));
+    let pool = &cluster.db.pool;
+    // Long enough that "cannot be claimed while leased" holds on a loaded machine.
+    let lease = Duration::from_secs(2);
+
+    let a = runs::claim_next(pool, "worker-a", lease)
+        .await
+        .expect("claim")
+        .expect("a run");
+    assert_eq!(
+        (a.run.id, a.run.attempt, a.previous_status),
+        (id, 1, RunStatus::Queued)
+    );
+    // The lease is set by the database clock: expiry minus heartbeat is exactly the lease.
+    let (lease_us,): (i64,) = sqlx::query_as(
+        "SELECT (extract(epoch FROM lease_expires_at - heartbeat_at) * 1e6)::bigint
+           FROM runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .expect("lease");
+    assert_eq!(lease_us, 2_000_000);
+    assert!(
+        runs::claim_next(pool, "worker-b", lease)
+            .await
+            .expect("claim")
+            .is_none(),
+        "a leased run cannot be claimed"
+    );
+
+    let b = poll_until("the lease to expire", TIMEOUT, || async {
+        runs::claim_next(pool, "worker-b", lease)
+            .await
+            .expect("claim")
+    })
+    .await;
+    assert_eq!(
+        (b.run.attempt, b.run.reclaims, b.previous_status),
+        (2, 1, RunStatus::Running)
+    );
+
+    let empty = json!({});
+    assert!(
+        runs::heartbeat(pool, &[(id, 1)], lease)
+            .await
+            .expect("hb")
+            .is_empty()
+    );
+    assert!(!runs::start_streaming(pool, id, 1).await.expect("stream"));
+    assert!(!runs::release(pool, id, 1).await.expect("release"));
+    assert!(
+        !runs::finish(pool, id, 1, &completed("stale", &empty))
+            .await
+            .expect("finish")
+    );
+
+    let renewed = runs::heartbeat(pool, &[(id, 2)], Duration::from_secs(30))
+        .await
+        .expect("hb");
+    assert_eq!(renewed.len(), 1);
+    assert!(
+        runs::finish(pool, id, 2, &completed("fresh", &empty))
+            .await
+            .expect("finish")
+    );
+    // Terminal: nothing changes it again, not even the attempt that finished it.
+    assert!(
+        !runs::finish(pool, id, 2, &completed("again", &empty))
+            .await
+            .expect("finish")
+    );
+    assert!(!runs::release(pool, id, 2).await.expect("release"));
+    assert!(
+        runs::claim_next(pool, "worker-c", lease)
+            .await
+            .expect("claim")
+            .is_none()
+    );
+    let messages = cluster.messages(&accepted).await;
+    assert_eq!(messages.len(), 2);
+    assert_eq!(
+        messages[1],
+        ("assistant".into(), "completed".into(), "fresh".into())
+    );
+}
+
+#[tokio::test]
+async fn two_workers_complete_200_runs_each_claimed_once() {
+    let cluster = Cluster::start().await;
+    let settings = [
+        ("SPOOL_DEMO_TOKENS", "3"),
+        ("SPOOL_DEMO_DELAY_MS", "0"),
+        ("SPOOL_WORKER_CONCURRENCY", "8"),
+        // A long lease: this test is about exclusive claims, and a 2 s lease can truly expire
+        // on a loaded 2-core machine (a reclaim would then be correct, and fail the count).
+        ("SPOOL_LEASE_SECS", "10"),
+        ("SPOOL_HEARTBEAT_SECS", "2"),
+    ];
+    let _a = cluster.worker(&settings).await;
+    let _b = cluster.worker(&settings).await;
+    let alice = token("alice", "acme");
+    let mut accepted = Vec::new();
+    for batch in 0..10 {
+        let requests = (0..20).map(|i| {
+            let alice = alice.clone();
+            let cluster = &cluster;
+            async move { cluster.enqueue(&alice, &format!("run {batch}-{i}")).await }
+        });
+        accepted.extend(futures::future::join_all(requests).await);
+    }
+    let pool = &cluster.db.pool;
+    poll_until("200 runs to complete", Duration::from_secs(90), || async {
+        let (done,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM runs WHERE status = 'completed'")
+                .fetch_one(pool)
+                .await
+                .ok()?;
+        (done == 200).then_some(())
+    })
+    .await;
+    let (max_attempt, reclaims, owners): (i32, i64, i64) =
+        sqlx::query_as("SELECT max(attempt), sum(reclaims), count(DISTINCT lease_owner) FROM runs")
+            .fetch_one(pool)
+            .await
+            .expect("stats");
+    assert_eq!(max_attempt, 1, "no run was claimed twice");
+    assert_eq!(reclaims, 0);
+    assert_eq!(owners, 2, "both workers took part");
+    let (assistant,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'completed'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("count");
+    assert_eq!(assistant, 200);
+    let content: (String,) = sqlx::query_as("SELECT content FROM messages WHERE id = $1")
+        .bind(
+            accepted[0]["message_id"]
+                .as_str()
+                .and_then(|s| s.parse::<uuid::Uuid>().ok())
+                .expect("id"),
+        )
+        .fetch_one(pool)
+        .await
+        .expect("content");
+    assert_eq!(content.0, crate::cluster::demo_reply("run 0-0", 3));
+}
+
+#[tokio::test]
+async fn a_worker_serves_metrics_and_health_on_its_own_port() {
+    let cluster = Cluster::start().await;
+    let worker = cluster
+        .worker(&[("SPOOL_DEMO_TOKENS", "2"), ("SPOOL_DEMO_DELAY_MS", "0")])
+        .await;
+    let addr = poll_until("the metrics port to be logged", TIMEOUT, || async {
+        worker.logged("metrics and health listening", "addr")
+    })
+    .await;
+    let accepted = cluster.enqueue(&token("alice", "acme"), "measure me").await;
+    cluster.wait_run(&accepted, "completed").await;
+    for path in ["/healthz", "/readyz"] {
+        let response = cluster
+            .http
+            .get(format!("http://{addr}{path}"))
+            .send()
+            .await
+            .expect("ops");
+        assert!(response.status().is_success(), "{path}");
+    }
+    let text = cluster
+        .http
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        text.contains(r#"spool_runs_finished_total{status="completed"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("spool_queue_depth 0"), "{text}");
+}
+
+#[tokio::test]
+async fn a_connection_postgres_dropped_while_idle_is_replaced_before_it_is_used() {
+    // Check every checkout, so the test needs no idle wait; the default checks connections
+    // idle for over a second, and skips the round trip for connections in steady use.
+    let cluster = Cluster::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_DB_CHECK_IDLE_SECS", "0")],
+    )
+    .await;
+    let alice = token("alice", "acme");
+    cluster.enqueue(&alice, "warm the pool").await;
+    // What a Postgres restart or an idle-connection reaper does to the API's pool.
+    let (killed,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) t",
+    )
+    .fetch_one(&cluster.db.pool)
+    .await
+    .expect("terminate");
+    assert!(killed >= 1, "the API had connections to drop");
+    // Every request after it succeeds: no dead connection is handed to a query.
+    for i in 0..5 {
+        cluster
+            .enqueue(&alice, &format!("after the drop {i}"))
+            .await;
+    }
+}

@@ -1,0 +1,328 @@
+//! Hooks: an agent's checks and rewrites around its run.
+//!
+//! Events: `on_run_start` (may block the run), `pre_tool_use` (may block a call, hold it for
+//! approval, or rewrite its arguments), `post_tool_use` (may rewrite a result), `pre_response`
+//! (may block or rewrite the final answer), `on_run_complete` (fire and forget). Kinds: `http`
+//! (POST the event; the JSON answer decides; an error, a timeout or an unreadable answer allows:
+//! fail-open, logged), `rule` (deny a call whose arguments meet every condition; the first
+//! matching deny wins), `approval` (hold the call for a person). Hooks run in the order the
+//! agent lists them; an optional `matcher` (a regex over the whole tool name) limits tool hooks.
+//!
+//! HTTP hooks go through the tools' guarded client, so they obey the same network policy.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use spool_shared::agent::{AgentSpec, HookEvent, HookKind, HookSpec, RuleCondition, RuleOperator};
+
+use super::tools::http::{self, HttpTool};
+use super::tools::ssrf::NetworkPolicy;
+
+/// What `pre_tool_use` hooks decided for one call.
+#[derive(Debug, PartialEq)]
+pub(crate) enum ToolDecision {
+    /// Run it, with rewritten arguments if a hook changed them.
+    Allow(Option<Value>),
+    /// Do not run it; the model sees the reason.
+    Deny(String),
+    /// Hold it for approval (a hook's timeout, else the agent's).
+    Approval(Option<u32>),
+}
+
+/// The hooks of one run.
+pub(crate) struct Hooks<'a> {
+    hooks: &'a [HookSpec],
+    client: &'a reqwest::Client,
+    policy: &'a NetworkPolicy,
+    context: Value,
+}
+
+impl<'a> Hooks<'a> {
+    /// The agent's hooks; `context` (workflow, thread, agent) goes into every HTTP hook's body.
+    pub(crate) fn new(
+        spec: &'a AgentSpec,
+        client: &'a reqwest::Client,
+        policy: &'a NetworkPolicy,
+        context: Value,
+    ) -> Self {
+        Self {
+            hooks: &spec.hooks,
+            client,
+            policy,
+            context,
+        }
+    }
+
+    /// Whether any hook listens to `event`.
+    pub(crate) fn has(&self, event: HookEvent) -> bool {
+        self.hooks.iter().any(|h| h.event == event)
+    }
+
+    fn for_event(&self, event: HookEvent, tool: Option<&str>) -> impl Iterator<Item = &HookSpec> {
+        self.hooks.iter().filter(move |h| {
+            h.event == event
+                && match (&h.matcher, tool) {
+                    (Some(matcher), Some(tool)) => regex::Regex::new(&format!("^(?:{matcher})$"))
+                        .is_ok_and(|re| re.is_match(tool)),
+                    _ => true,
+                }
+        })
+    }
+
+    /// `on_run_start`: `Some(reason)` blocks the run.
+    pub(crate) async fn on_run_start(&self, input: &str) -> Option<String> {
+        for hook in self.for_event(HookEvent::OnRunStart, None) {
+            if let Some(answer) = self.call(hook, json!({"input_text": input})).await
+                && answer["decision"] == "deny"
+            {
+                return Some(reason(&answer, "the run was blocked by a hook"));
+            }
+        }
+        None
+    }
+
+    /// `pre_tool_use` for one call.
+    pub(crate) async fn pre_tool_use(&self, tool: &str, arguments: &Value) -> ToolDecision {
+        let mut arguments = arguments.clone();
+        let mut rewritten = false;
+        let mut approval = None;
+        for hook in self.for_event(HookEvent::PreToolUse, Some(tool)) {
+            match &hook.kind {
+                HookKind::Rule {
+                    conditions,
+                    message,
+                } => {
+                    if conditions.iter().all(|c| holds(c, &arguments)) {
+                        let why = message
+                            .clone()
+                            .unwrap_or_else(|| "a rule forbids this call".into());
+                        return ToolDecision::Deny(why);
+                    }
+                }
+                HookKind::Approval { timeout_secs } => {
+                    approval.get_or_insert(*timeout_secs);
+                }
+                HookKind::Http { .. } => {
+                    let event = json!({"tool_name": tool, "arguments": arguments});
+                    let Some(answer) = self.call(hook, event).await else {
+                        continue;
+                    };
+                    match answer["decision"].as_str() {
+                        Some("deny") => {
+                            return ToolDecision::Deny(reason(&answer, "a hook denied this call"));
+                        }
+                        Some("modify") if answer["arguments"].is_object() => {
+                            arguments = answer["arguments"].clone();
+                            rewritten = true;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        match approval {
+            Some(timeout) => ToolDecision::Approval(timeout),
+            None => ToolDecision::Allow(rewritten.then_some(arguments)),
+        }
+    }
+
+    /// `post_tool_use`: the result, rewritten if a hook says so.
+    pub(crate) async fn post_tool_use(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        output: String,
+    ) -> String {
+        let mut output = output;
+        for hook in self.for_event(HookEvent::PostToolUse, Some(tool)) {
+            let event = json!({"tool_name": tool, "arguments": arguments, "output": output});
+            if let Some(answer) = self.call(hook, event).await
+                && answer["decision"] == "modify"
+                && let Some(rewritten) = answer["output"].as_str()
+            {
+                output = rewritten.to_owned();
+            }
+        }
+        output
+    }
+
+    /// `pre_response`: the final text (rewritten if a hook says so), or the reason it is blocked.
+    pub(crate) async fn pre_response(&self, text: &str) -> Result<String, String> {
+        let mut text = text.to_owned();
+        for hook in self.for_event(HookEvent::PreResponse, None) {
+            let Some(answer) = self.call(hook, json!({"text": text})).await else {
+                continue;
+            };
+            match answer["decision"].as_str() {
+                Some("deny") => return Err(reason(&answer, "the response was blocked by a hook")),
+                Some("modify") => {
+                    if let Some(rewritten) = answer["text"].as_str() {
+                        text = rewritten.to_owned();
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(text)
+    }
+
+    /// `on_run_complete`: fire and forget (the run's end never waits for it).
+    pub(crate) fn on_run_complete(&self, status: &str, content: &str) {
+        for hook in self.for_event(HookEvent::OnRunComplete, None) {
+            let HookKind::Http {
+                url,
+                headers,
+                timeout_secs,
+            } = &hook.kind
+            else {
+                continue;
+            };
+            let (client, policy) = (self.client.clone(), self.policy.clone());
+            let (url, headers, timeout) = (url.clone(), headers.clone(), *timeout_secs);
+            let mut body = self.context.clone();
+            body["event"] = json!("on_run_complete");
+            body["status"] = json!(status);
+            body["content"] = json!(content);
+            tokio::spawn(async move {
+                let tool = HttpTool {
+                    url: &url,
+                    method: "POST",
+                    headers: &headers,
+                };
+                let call = http::call(&client, &policy, &tool, &body, "on_run_complete");
+                let _ = tokio::time::timeout(Duration::from_secs(u64::from(timeout)), call).await;
+            });
+        }
+    }
+
+    /// POSTs one event to an HTTP hook; `None` (allow) on any failure.
+    async fn call(&self, hook: &HookSpec, event: Value) -> Option<Value> {
+        let HookKind::Http {
+            url,
+            headers,
+            timeout_secs,
+        } = &hook.kind
+        else {
+            return None;
+        };
+        let mut body = self.context.clone();
+        body["event"] = serde_json::to_value(hook.event).unwrap_or(Value::Null);
+        if let (Some(body), Some(event)) = (body.as_object_mut(), event.as_object()) {
+            body.extend(event.clone());
+        }
+        let key = format!(
+            "{}:{}",
+            self.context["workflow_id"].as_str().unwrap_or(""),
+            body["event"].as_str().unwrap_or("")
+        );
+        let tool = HttpTool {
+            url,
+            method: "POST",
+            headers,
+        };
+        let call = http::call(self.client, self.policy, &tool, &body, &key);
+        match tokio::time::timeout(Duration::from_secs(u64::from(*timeout_secs)), call).await {
+            Ok(output) if !output.is_error => {
+                match serde_json::from_str::<Value>(&output.content) {
+                    Ok(answer) => Some(answer),
+                    Err(_) => {
+                        tracing::warn!(hook.url = %url, "hook answered something that is not JSON; allowing");
+                        None
+                    }
+                }
+            }
+            Ok(output) => {
+                tracing::warn!(hook.url = %url, error = %output.content, "hook failed; allowing");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(hook.url = %url, "hook timed out; allowing");
+                None
+            }
+        }
+    }
+}
+
+fn reason(answer: &Value, default: &str) -> String {
+    answer["reason"].as_str().unwrap_or(default).to_owned()
+}
+
+/// Whether a rule's condition holds for the call's arguments.
+fn holds(condition: &RuleCondition, arguments: &Value) -> bool {
+    let value = if condition.argument.starts_with('/') {
+        arguments.pointer(&condition.argument)
+    } else {
+        arguments.get(&condition.argument)
+    };
+    let Some(value) = value else { return false };
+    let text = value
+        .as_str()
+        .map_or_else(|| value.to_string(), str::to_owned);
+    match condition.operator {
+        RuleOperator::Contains => condition.value.as_str().is_some_and(|v| text.contains(v)),
+        RuleOperator::StartsWith => condition
+            .value
+            .as_str()
+            .is_some_and(|v| text.starts_with(v)),
+        RuleOperator::Matches => condition
+            .value
+            .as_str()
+            .and_then(|re| regex::Regex::new(re).ok())
+            .is_some_and(|re| re.is_match(&text)),
+        RuleOperator::In => condition
+            .value
+            .as_array()
+            .is_some_and(|values| values.contains(value)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(argument: &str, operator: RuleOperator, value: Value) -> RuleCondition {
+        RuleCondition {
+            argument: argument.into(),
+            operator,
+            value,
+        }
+    }
+
+    #[test]
+    fn rule_conditions_compare_arguments_as_the_contract_says() {
+        let args = json!({"path": "/etc/passwd", "mode": "read", "opts": {"depth": 3}});
+        assert!(holds(
+            &rule("path", RuleOperator::StartsWith, json!("/etc")),
+            &args
+        ));
+        assert!(holds(
+            &rule("path", RuleOperator::Contains, json!("pass")),
+            &args
+        ));
+        assert!(holds(
+            &rule(
+                "path",
+                RuleOperator::Matches,
+                json!("^/etc/(passwd|shadow)$")
+            ),
+            &args
+        ));
+        assert!(holds(
+            &rule("mode", RuleOperator::In, json!(["read", "list"])),
+            &args
+        ));
+        assert!(holds(
+            &rule("/opts/depth", RuleOperator::In, json!([3])),
+            &args
+        ));
+        assert!(!holds(
+            &rule("mode", RuleOperator::In, json!(["write"])),
+            &args
+        ));
+        assert!(!holds(
+            &rule("missing", RuleOperator::Contains, json!("x")),
+            &args
+        ));
+    }
+}

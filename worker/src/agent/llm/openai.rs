@@ -1,0 +1,386 @@
+//! An OpenAI-compatible Chat Completions client (OpenAI, vLLM, Ollama, llama.cpp, LiteLLM, ...):
+//! streaming over reqwest, SSE parsed by `sse-stream` (the parser `rmcp` uses too), chunks
+//! assembled by [`Assembler`].
+//!
+//! Lenient where compatible servers differ: missing `index` fields, ids repeated on every
+//! fragment, whole arguments in one fragment, `refusal` instead of `content`, usage in its own
+//! chunk or absent, extra choices (`n > 1`: only choice 0 is used). Strict where silence would
+//! hide a failure: a stream that ends without `[DONE]` is [`LlmError::Incomplete`], never a
+//! short answer.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt as _, StreamExt as _};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use serde_json::{Value, json};
+use sse_stream::SseStream;
+
+use spool_shared::model::Usage;
+
+use super::{
+    ChatChunk, ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatStream, Choice, FinishReason,
+    LlmError, ToolCall,
+};
+
+/// A client for one OpenAI-compatible endpoint.
+#[derive(Clone)]
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    url: String,
+    api_key: Option<String>,
+}
+
+impl OpenAiClient {
+    /// A client for `base_url` (e.g. `https://api.openai.com/v1`); `idle_timeout` bounds the
+    /// wait for each piece of a response.
+    pub fn new(
+        base_url: &str,
+        api_key: Option<String>,
+        idle_timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(idle_timeout)
+            .build()?;
+        let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+        Ok(Self { http, url, api_key })
+    }
+}
+
+impl ChatModel for OpenAiClient {
+    fn stream(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatStream, LlmError>> {
+        async move {
+            let mut call = self.http.post(&self.url).json(&body(&request));
+            if let Some(key) = &self.api_key {
+                call = call.bearer_auth(key);
+            }
+            let response = call
+                .send()
+                .await
+                .map_err(|e| LlmError::Transport(e.to_string()))?;
+            let status = response.status();
+            if !status.is_success() {
+                let retry_after = retry_after(response.headers());
+                let text = response.text().await.unwrap_or_default();
+                return Err(LlmError::Status {
+                    status: status.as_u16(),
+                    message: provider_message(&text),
+                    retry_after,
+                });
+            }
+            let events = SseStream::from_bytes_stream(response.bytes_stream());
+            let state = (events, Assembler::default(), VecDeque::new());
+            let stream =
+                futures::stream::unfold(state, |(mut events, mut asm, mut queue)| async move {
+                    loop {
+                        if let Some(chunk) = queue.pop_front() {
+                            return Some((Ok(chunk), (events, asm, queue)));
+                        }
+                        if asm.finished() {
+                            return None;
+                        }
+                        match events.next().await {
+                            Some(Ok(event)) => {
+                                let Some(data) = event.data else { continue };
+                                match asm.feed(&data) {
+                                    Ok(chunks) => queue.extend(chunks),
+                                    Err(err) => {
+                                        return Some((Err(err), (events, asm.fail(), queue)));
+                                    }
+                                }
+                            }
+                            Some(Err(err)) => {
+                                let err = LlmError::Transport(err.to_string());
+                                return Some((Err(err), (events, asm.fail(), queue)));
+                            }
+                            None => {
+                                return Some((
+                                    Err(LlmError::Incomplete),
+                                    (events, asm.fail(), queue),
+                                ));
+                            }
+                        }
+                    }
+                });
+            Ok(stream.boxed() as ChatStream)
+        }
+        .boxed()
+    }
+}
+
+/// The request body in the provider's wire format.
+pub fn body(request: &ChatRequest) -> Value {
+    let messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
+    let mut body = json!({
+        "model": request.model,
+        "messages": messages,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if !request.tools.is_empty() {
+        body["tools"] = request
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                "name": t.name, "description": t.description, "parameters": t.parameters}})
+            })
+            .collect();
+        body["tool_choice"] = match &request.tool_choice {
+            Choice::Auto => json!("auto"),
+            Choice::Required => json!("required"),
+            Choice::None => json!("none"),
+            Choice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
+        };
+    }
+    if let Some(temperature) = request.temperature {
+        body["temperature"] = json!(temperature);
+    }
+    body
+}
+
+fn wire_message(message: &ChatMessage) -> Value {
+    match message {
+        ChatMessage::System { content } => json!({"role": "system", "content": content}),
+        ChatMessage::User { content } => json!({"role": "user", "content": content}),
+        ChatMessage::Assistant {
+            content,
+            tool_calls,
+        } => {
+            let mut m = json!({"role": "assistant", "content": content});
+            if !tool_calls.is_empty() {
+                m["tool_calls"] = tool_calls
+                    .iter()
+                    .map(|c| {
+                        json!({"id": c.id, "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments}})
+                    })
+                    .collect();
+            }
+            m
+        }
+        ChatMessage::Tool {
+            tool_call_id,
+            content,
+        } => {
+            json!({"role": "tool", "tool_call_id": tool_call_id, "content": content})
+        }
+    }
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
+        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    }
+    header(RETRY_AFTER.as_str())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|secs| Duration::from_secs_f64(secs.clamp(0.0, 3600.0)))
+}
+
+fn provider_message(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.chars().take(500).collect())
+}
+
+/// Assembles streamed chunks into text deltas and one final [`ChatResponse`].
+#[derive(Debug, Default)]
+pub struct Assembler {
+    text: String,
+    calls: BTreeMap<u64, ToolCall>,
+    finish_reason: Option<FinishReason>,
+    usage: Usage,
+    done: bool,
+}
+
+impl Assembler {
+    /// Whether `[DONE]` (or an error) has ended the stream.
+    pub fn finished(&self) -> bool {
+        self.done
+    }
+
+    fn fail(mut self) -> Self {
+        self.done = true;
+        self
+    }
+
+    /// Feeds one SSE `data:` payload; returns the chunks it completes.
+    pub fn feed(&mut self, data: &str) -> Result<Vec<ChatChunk>, LlmError> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            let tool_calls: Vec<ToolCall> = std::mem::take(&mut self.calls).into_values().collect();
+            let finish_reason = self
+                .finish_reason
+                .take()
+                .unwrap_or(if tool_calls.is_empty() {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::ToolCalls
+                });
+            return Ok(vec![ChatChunk::Done(ChatResponse {
+                text: std::mem::take(&mut self.text),
+                tool_calls,
+                finish_reason,
+                usage: self.usage,
+            })]);
+        }
+        if data.is_empty() {
+            return Ok(Vec::new());
+        }
+        let chunk: Value =
+            serde_json::from_str(data).map_err(|e| LlmError::Protocol(format!("{e}: {data}")))?;
+        if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
+            let message = error["message"]
+                .as_str()
+                .unwrap_or("error in stream")
+                .to_owned();
+            return Err(LlmError::Status {
+                status: 500,
+                message,
+                retry_after: None,
+            });
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Usage {
+                input_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
+                output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
+            };
+        }
+        let mut out = Vec::new();
+        let choices = chunk["choices"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for choice in choices
+            .iter()
+            .filter(|c| c["index"].as_u64().unwrap_or(0) == 0)
+        {
+            let delta = &choice["delta"];
+            for key in ["content", "refusal"] {
+                if let Some(text) = delta[key].as_str().filter(|t| !t.is_empty()) {
+                    self.text.push_str(text);
+                    out.push(ChatChunk::Text(text.to_owned()));
+                }
+            }
+            for (position, call) in delta["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let index = call["index"].as_u64().unwrap_or(position as u64);
+                let entry = self.calls.entry(index).or_insert_with(|| ToolCall {
+                    id: String::new(),
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+                if let Some(id) = call["id"].as_str().filter(|id| !id.is_empty()) {
+                    entry.id = id.to_owned();
+                }
+                if let Some(name) = call["function"]["name"].as_str().filter(|n| !n.is_empty()) {
+                    entry.name = name.to_owned();
+                }
+                if let Some(arguments) = call["function"]["arguments"].as_str() {
+                    entry.arguments.push_str(arguments);
+                }
+            }
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                self.finish_reason = Some(FinishReason::parse(reason));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(transcript: &str) -> (Vec<String>, ChatResponse) {
+        let mut asm = Assembler::default();
+        let mut deltas = Vec::new();
+        for line in transcript.lines() {
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            for chunk in asm.feed(data).expect("valid chunk") {
+                match chunk {
+                    ChatChunk::Text(t) => deltas.push(t),
+                    ChatChunk::Done(response) => return (deltas, response),
+                }
+            }
+        }
+        panic!("no [DONE]");
+    }
+
+    #[test]
+    fn fragments_without_index_and_with_repeated_ids_assemble() {
+        let transcript = r#"data: {"choices":[{"delta":{"tool_calls":[{"id":"c1","function":{"name":"f","arguments":"{\"a\""}}]}}]}
+data: {"choices":[{"delta":{"tool_calls":[{"id":"c1","function":{"arguments":":1}"}}]},"finish_reason":"tool_calls"}]}
+data: [DONE]"#;
+        let (deltas, response) = feed_all(transcript);
+        assert!(deltas.is_empty());
+        assert_eq!(
+            response.tool_calls,
+            [ToolCall {
+                id: "c1".into(),
+                name: "f".into(),
+                arguments: "{\"a\":1}".into()
+            }]
+        );
+        assert_eq!(response.finish_reason, FinishReason::ToolCalls);
+    }
+
+    #[test]
+    fn an_error_chunk_is_an_error() {
+        let mut asm = Assembler::default();
+        assert!(asm.feed(r#"{"error":{"message":"overloaded"}}"#).is_err());
+        assert!(asm.feed("not json").is_err());
+    }
+
+    #[test]
+    fn the_request_body_has_the_wire_shape() {
+        let request = ChatRequest {
+            model: "m".into(),
+            messages: vec![
+                ChatMessage::System {
+                    content: "s".into(),
+                },
+                ChatMessage::Assistant {
+                    content: None,
+                    tool_calls: vec![ToolCall {
+                        id: "1".into(),
+                        name: "f".into(),
+                        arguments: "{}".into(),
+                    }],
+                },
+                ChatMessage::Tool {
+                    tool_call_id: "1".into(),
+                    content: "r".into(),
+                },
+            ],
+            tools: vec![super::super::ToolDef {
+                name: "f".into(),
+                description: "d".into(),
+                parameters: json!({"type": "object"}),
+            }],
+            tool_choice: Choice::Tool("f".into()),
+            temperature: Some(0.5),
+        };
+        let body = body(&request);
+        assert_eq!(body["stream"], true);
+        assert_eq!(
+            body["messages"][1]["tool_calls"][0]["function"]["name"],
+            "f"
+        );
+        assert_eq!(body["messages"][2]["role"], "tool");
+        assert_eq!(body["tool_choice"]["function"]["name"], "f");
+        assert_eq!(body["tools"][0]["type"], "function");
+        assert_eq!(body["temperature"], 0.5);
+    }
+}

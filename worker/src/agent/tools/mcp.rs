@@ -1,0 +1,211 @@
+//! MCP tools: an agent's remote MCP servers, spoken to over Streamable HTTP with `rmcp`.
+//!
+//! At run start the worker opens one [`McpSession`] per configured server and lists its tools;
+//! each is shown to the model as `{prefix}_{tool}`, read-only when the server annotates it with
+//! `readOnlyHint: true`. A server that cannot be reached only loses its own tools: [`connect`]
+//! returns an error for the caller to log and the run goes on without them.
+//!
+//! What must stay true:
+//! - every HTTP request of a session (initialize, tool calls, the event stream, the final
+//!   `DELETE`) goes through the caller's `reqwest::Client`, so its network policy applies, and
+//!   carries the server's configured headers;
+//! - connecting and calling are bounded by the caller's timeout, whatever the server does;
+//! - [`McpSession::call`] never fails the run: every failure becomes an error [`ToolOutput`].
+//!
+//! [`connect`]: McpSession::connect
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::ServiceExt as _;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation, Tool,
+};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::Value;
+
+use super::ToolOutput;
+
+/// How long [`McpSession::close`] waits for the server to acknowledge the session's end.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One MCP server an agent uses.
+pub struct McpServer<'a> {
+    /// Prepended, with `_`, to the server's tool names to make the names the model sees.
+    pub prefix: &'a str,
+    /// The server's Streamable HTTP endpoint, e.g. `https://mcp.example.com/mcp`.
+    pub url: &'a str,
+    /// Headers sent on every HTTP request to the server (typically credentials).
+    pub headers: &'a BTreeMap<String, String>,
+}
+
+/// A tool discovered on an MCP server, as the model will see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct McpTool {
+    /// The name shown to the model: `{prefix}_{remote_name}`.
+    pub name: String,
+    /// The tool's name on its server, as passed to [`McpSession::call`].
+    pub remote_name: String,
+    /// What the tool does, from the server (empty when it gives none).
+    pub description: String,
+    /// The tool's input JSON Schema.
+    pub parameters: Value,
+    /// Whether the server marked the tool read-only (`readOnlyHint: true`).
+    pub read_only: bool,
+}
+
+/// An open session with one MCP server.
+pub struct McpSession {
+    service: RunningService<RoleClient, ClientConfig>,
+    /// The server's URL, kept to scrub it from errors the model sees: it may carry a credential.
+    url: String,
+}
+
+impl McpSession {
+    /// Connects (initialize handshake) and lists the server's tools (following pagination),
+    /// within `timeout`.
+    ///
+    /// The error says which server and which step failed; the caller logs it and runs without
+    /// this server's tools.
+    pub async fn connect(
+        server: &McpServer<'_>,
+        http: reqwest::Client,
+        timeout: Duration,
+    ) -> anyhow::Result<(Self, Vec<McpTool>)> {
+        let prefix = server.prefix;
+        let started = tokio::time::Instant::now();
+        let config = StreamableHttpClientTransportConfig::with_uri(server.url).custom_headers(
+            header_map(server.headers)
+                .with_context(|| format!("MCP server {prefix}: invalid configured header"))?,
+        );
+        let transport = StreamableHttpClientTransport::with_client(http, config);
+        let client = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("spool", env!("CARGO_PKG_VERSION")),
+        );
+        let service = tokio::time::timeout(timeout, client.serve(transport))
+            .await
+            .map_err(|_| anyhow::anyhow!("MCP server {prefix}: initialize timed out"))?
+            .with_context(|| format!("MCP server {prefix}: initialize failed"))?;
+        // On failure from here on, dropping `service` cancels it and ends the session in the
+        // background, which is all a server that cannot list its tools deserves.
+        let remaining = timeout.saturating_sub(started.elapsed());
+        let tools = tokio::time::timeout(remaining, service.list_all_tools())
+            .await
+            .map_err(|_| anyhow::anyhow!("MCP server {prefix}: listing tools timed out"))?
+            .with_context(|| format!("MCP server {prefix}: listing tools failed"))?;
+        let tools = tools
+            .into_iter()
+            .map(|tool| to_mcp_tool(prefix, tool))
+            .collect();
+        let session = Self {
+            service,
+            url: server.url.to_owned(),
+        };
+        Ok((session, tools))
+    }
+
+    /// Calls a tool by its remote name, within `timeout`; failures come back as an error output.
+    ///
+    /// `arguments` must be a JSON object. A transport error, a timeout, a protocol error or an
+    /// `isError` result becomes [`ToolOutput::error`] with the reason. Text content parts are
+    /// joined with `"\n"`; other parts are rendered as compact JSON.
+    pub async fn call(&self, remote_name: &str, arguments: Value, timeout: Duration) -> ToolOutput {
+        let Value::Object(arguments) = arguments else {
+            return ToolOutput::error(format!(
+                "the arguments of MCP tool {remote_name} must be a JSON object"
+            ));
+        };
+        let params = CallToolRequestParams::new(remote_name.to_owned()).with_arguments(arguments);
+        // Dropping the call on timeout sends `notifications/cancelled`, so the server can stop.
+        match tokio::time::timeout(timeout, self.service.call_tool(params)).await {
+            Err(_) => ToolOutput::error(format!(
+                "MCP tool {remote_name} timed out after {:.1} s",
+                timeout.as_secs_f64()
+            )),
+            Ok(Err(error)) => ToolOutput::error(
+                format!("MCP tool {remote_name} failed: {error}")
+                    .replace(self.url.as_str(), "<mcp server>"),
+            ),
+            Ok(Ok(result)) => render(result),
+        }
+    }
+
+    /// Ends the session politely (best effort).
+    ///
+    /// Waits a short, fixed time for the server to acknowledge; an unresponsive server is left
+    /// to expire the session itself.
+    pub async fn close(self) {
+        let mut service = self.service;
+        if let Err(error) = service.close_with_timeout(CLOSE_TIMEOUT).await {
+            tracing::debug!(%error, "MCP session task failed while closing");
+        }
+    }
+}
+
+/// Converts the configured headers, naming (never showing) the one that is invalid.
+fn header_map(
+    headers: &BTreeMap<String, String>,
+) -> anyhow::Result<HashMap<HeaderName, HeaderValue>> {
+    headers
+        .iter()
+        .map(|(name, value)| {
+            let header = HeaderName::from_bytes(name.as_bytes())
+                .with_context(|| format!("invalid header name {name:?}"))?;
+            // The value is likely a secret: it stays out of the error.
+            let value = HeaderValue::from_str(value)
+                .with_context(|| format!("invalid value for header {name:?}"))?;
+            Ok((header, value))
+        })
+        .collect()
+}
+
+fn to_mcp_tool(prefix: &str, tool: Tool) -> McpTool {
+    let read_only = tool
+        .annotations
+        .as_ref()
+        .and_then(|a| a.read_only_hint)
+        .unwrap_or(false);
+    let description = tool
+        .description
+        .map(|d| d.into_owned())
+        .or(tool.title)
+        .unwrap_or_default();
+    McpTool {
+        name: format!("{prefix}_{}", tool.name),
+        remote_name: tool.name.into_owned(),
+        description,
+        parameters: Value::Object((*tool.input_schema).clone()),
+        read_only,
+    }
+}
+
+fn render(result: CallToolResult) -> ToolOutput {
+    let mut parts: Vec<String> = result
+        .content
+        .iter()
+        .map(|part| match part {
+            ContentBlock::Text(text) => text.text.clone(),
+            other => serde_json::to_string(other).unwrap_or_default(),
+        })
+        .collect();
+    // A server may answer with structured content only; the model must still see the result.
+    if parts.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        parts.push(structured.to_string());
+    }
+    let content = parts.join("\n");
+    if result.is_error == Some(true) {
+        if content.is_empty() {
+            return ToolOutput::error("the MCP tool failed without saying why");
+        }
+        return ToolOutput::error(content);
+    }
+    ToolOutput::ok(content)
+}

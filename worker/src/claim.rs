@@ -1,0 +1,189 @@
+//! The claim loop and graceful shutdown.
+//!
+//! The loop takes a concurrency permit, then claims one run (one `FOR UPDATE SKIP LOCKED`
+//! statement); when nothing is claimable it sleeps until a NOTIFY on [`RUNS_CHANNEL`] or the
+//! polling interval, whichever comes first (expired leases never notify). In-flight runs live
+//! in a `TaskTracker`, each holding its permit.
+//!
+//! On shutdown it stops claiming, lets in-flight runs finish for the grace period, then tells
+//! the rest to stop and give their runs back to the queue without counting a crash.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use spool_shared::WorkflowId;
+use spool_shared::db::{CANCEL_CHANNEL, RUNS_CHANNEL, runs};
+use spool_shared::model::RunStatus;
+
+use crate::config::WorkerArgs;
+use crate::lease::{Canceller, LeaseKeeper};
+
+/// What a worker needs: its database, its settings and its name.
+#[derive(Clone)]
+pub struct Worker {
+    /// The shared Postgres pool.
+    pub db: PgPool,
+    /// The database URL (the lease keeper opens its own pool on its own thread).
+    pub database_url: String,
+    /// Settings.
+    pub args: Arc<WorkerArgs>,
+    /// This worker's name in `runs.lease_owner`: host, pid and a random suffix.
+    pub id: String,
+    /// Where run events are published.
+    pub streams: crate::Streams,
+    /// Models, tools and the default agent.
+    pub engine: Arc<crate::agent::engine::Engine>,
+}
+
+impl Worker {
+    /// A worker with a fresh unique name; fails on settings that cannot work (a bad network
+    /// allow list, say).
+    pub fn new(
+        db: PgPool,
+        database_url: String,
+        args: WorkerArgs,
+        streams: crate::Streams,
+    ) -> anyhow::Result<Self> {
+        let engine = Arc::new(crate::agent::engine::Engine::new(&args)?);
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        let id = format!("{host}-{}-{}", std::process::id(), &suffix[..8]);
+        Ok(Self {
+            db,
+            database_url,
+            args: Arc::new(args),
+            id,
+            streams,
+            engine,
+        })
+    }
+}
+
+/// Claims and executes runs until `shutdown` fires, then drains. Returns when every in-flight
+/// run has finished or been released.
+pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let args = worker.args.clone();
+    let lease = args.lease.lease();
+    let keeper = LeaseKeeper::start(&worker.database_url, lease, args.lease.heartbeat())
+        .context("starting the lease keeper")?;
+    let mut listener = PgListener::connect_with(&worker.db)
+        .await
+        .context("LISTEN connection")?;
+    listener.listen(RUNS_CHANNEL).await.context("LISTEN")?;
+    let cancels = tokio::spawn(listen_for_cancels(worker.db.clone(), keeper.canceller()));
+    let permits = Arc::new(Semaphore::new(args.concurrency));
+    let tracker = TaskTracker::new();
+    let release = CancellationToken::new();
+    tracing::info!(worker.id = %worker.id, concurrency = args.concurrency, "worker started");
+
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit.context("permits closed")?,
+            () = shutdown.cancelled() => break,
+        };
+        let claimed_from = Instant::now();
+        match runs::claim_next(&worker.db, &worker.id, lease).await {
+            Ok(Some(claimed)) => {
+                record_claim(&claimed);
+                let held = keeper.hold(claimed.run.id, claimed.run.attempt, claimed_from);
+                tracker.spawn(crate::run::execute(
+                    worker.clone(),
+                    claimed,
+                    held,
+                    release.clone(),
+                    permit,
+                ));
+            }
+            Ok(None) => {
+                drop(permit);
+                tokio::select! {
+                    notification = listener.recv() => {
+                        if let Err(err) = notification {
+                            // The listener reconnects on the next call; poll meanwhile.
+                            tracing::warn!(error = %err, "LISTEN connection failed");
+                            tokio::time::sleep(args.poll_interval()).await;
+                        }
+                    }
+                    () = tokio::time::sleep(args.poll_interval()) => {}
+                    () = shutdown.cancelled() => break,
+                }
+            }
+            Err(err) => {
+                drop(permit);
+                tracing::warn!(error = %err, "claim failed");
+                tokio::select! {
+                    () = tokio::time::sleep(args.poll_interval()) => {}
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        }
+    }
+
+    tracker.close();
+    tracing::info!(in_flight = tracker.len(), "worker draining");
+    if tokio::time::timeout(args.shutdown_grace(), tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::info!(
+            in_flight = tracker.len(),
+            "grace period over; releasing in-flight runs"
+        );
+        release.cancel();
+        tracker.wait().await;
+    }
+    cancels.abort();
+    drop(keeper);
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// Forwards cancel requests (NOTIFY on [`CANCEL_CHANNEL`], payload: the workflow id) to the runs
+/// this worker holds, on a connection of its own so a busy claim loop never delays them. Lost
+/// notifications are covered by the heartbeat, which reads the request from the run's row.
+async fn listen_for_cancels(db: PgPool, canceller: Canceller) {
+    loop {
+        let mut listener = match PgListener::connect_with(&db).await {
+            Ok(listener) => listener,
+            Err(err) => {
+                tracing::warn!(error = %err, "cancel LISTEN connection failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Err(err) = listener.listen(CANCEL_CHANNEL).await {
+            tracing::warn!(error = %err, "LISTEN for cancels failed; retrying");
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            continue;
+        }
+        while let Ok(notification) = listener.recv().await {
+            if let Ok(id) = notification.payload().parse::<WorkflowId>() {
+                canceller.cancel(id);
+            }
+        }
+    }
+}
+
+/// Counts a claim by kind and, for runs that waited in the queue, how long they waited.
+fn record_claim(claimed: &runs::Claimed) {
+    let kind = match claimed.previous_status {
+        RunStatus::Running => "reclaim",
+        RunStatus::AwaitingApproval => "approval_expired",
+        _ if claimed.run.resumed => "resume",
+        _ => "new",
+    };
+    metrics::counter!("spool_claims_total", "kind" => kind).increment(1);
+    if matches!(kind, "new" | "resume") {
+        let waited = (chrono::Utc::now() - claimed.run.queued_at)
+            .to_std()
+            .unwrap_or_default();
+        metrics::histogram!("spool_claim_latency_seconds").record(waited.as_secs_f64());
+    }
+}

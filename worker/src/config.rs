@@ -1,0 +1,120 @@
+//! The worker's configuration: flags or environment, validated at start.
+
+use std::time::Duration;
+
+use spool_shared::config::LeaseArgs;
+
+/// Settings of `spool-worker run` (and of `spool-api serve --embedded-worker`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkerArgs {
+    /// Runs this worker executes at once.
+    #[arg(long, env = "SPOOL_WORKER_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: usize,
+
+    /// Milliseconds between polls for claimable runs when no NOTIFY arrives (expired leases
+    /// never notify).
+    #[arg(long, env = "SPOOL_POLL_INTERVAL_MS", default_value_t = 500)]
+    pub poll_interval_ms: u64,
+
+    /// Seconds in-flight runs may take to finish after SIGTERM before they are released.
+    #[arg(long, env = "SPOOL_SHUTDOWN_GRACE_SECS", default_value_t = 20.0)]
+    pub shutdown_grace_secs: f64,
+
+    /// Reclaims after expired leases before a run is failed as crashing its workers.
+    #[arg(long, env = "SPOOL_MAX_RECLAIMS", default_value_t = 3)]
+    pub max_reclaims: i32,
+
+    /// Deltas in a reply of the built-in `demo` model.
+    #[arg(long, env = "SPOOL_DEMO_TOKENS", default_value_t = 32)]
+    pub demo_tokens: usize,
+
+    /// Milliseconds the `demo` model pauses between deltas (0 = as fast as possible).
+    #[arg(long, env = "SPOOL_DEMO_DELAY_MS", default_value_t = 20)]
+    pub demo_delay_ms: u64,
+
+    /// Most text one `text_delta` event carries when deltas the publisher has not sent yet are
+    /// merged (a model faster than Redis round trips); 0 sends every delta as its own event.
+    #[arg(long, env = "SPOOL_COALESCE_MAX_BYTES", default_value_t = 4096)]
+    pub coalesce_max_bytes: usize,
+
+    /// Base URL of an OpenAI-compatible Chat Completions API (e.g. `https://api.openai.com/v1`).
+    /// Unset: only the built-in `demo` model is available, and the default agent uses it.
+    #[arg(long, env = "SPOOL_LLM_BASE_URL")]
+    pub llm_base_url: Option<String>,
+
+    /// API key of the provider.
+    #[arg(long, env = "SPOOL_LLM_API_KEY", hide_env_values = true)]
+    pub llm_api_key: Option<String>,
+
+    /// The default agent's model (with a provider; otherwise `demo`).
+    #[arg(long, env = "SPOOL_LLM_MODEL", default_value = "gpt-4o-mini")]
+    pub llm_model: String,
+
+    /// Seconds to wait for each piece of a model's streamed response.
+    #[arg(long, env = "SPOOL_LLM_TIMEOUT_SECS", default_value_t = 120)]
+    pub llm_timeout_secs: u64,
+
+    /// The default agent's instructions.
+    #[arg(
+        long,
+        env = "SPOOL_DEFAULT_INSTRUCTIONS",
+        default_value = "You are a helpful assistant."
+    )]
+    pub default_instructions: String,
+
+    /// Networks (CIDRs or IPs, comma-separated) tools may reach although they are private,
+    /// loopback or otherwise special. Empty: public addresses only.
+    #[arg(long, env = "SPOOL_TOOLS_ALLOW_NETWORKS", default_value = "")]
+    pub tools_allow_networks: String,
+
+    /// Seconds a tool call may take.
+    #[arg(long, env = "SPOOL_TOOL_TIMEOUT_SECS", default_value_t = 30.0)]
+    pub tool_timeout_secs: f64,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub lease: LeaseArgs,
+}
+
+impl WorkerArgs {
+    /// Fails fast on settings that cannot work.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.lease.validate()?;
+        anyhow::ensure!(
+            self.concurrency >= 1,
+            "SPOOL_WORKER_CONCURRENCY must be at least 1"
+        );
+        anyhow::ensure!(
+            self.poll_interval_ms >= 1,
+            "SPOOL_POLL_INTERVAL_MS must be at least 1"
+        );
+        anyhow::ensure!(
+            self.shutdown_grace_secs.is_finite() && self.shutdown_grace_secs >= 0.0,
+            "SPOOL_SHUTDOWN_GRACE_SECS must be zero or more"
+        );
+        anyhow::ensure!(
+            self.max_reclaims >= 0,
+            "SPOOL_MAX_RECLAIMS must be zero or more"
+        );
+        anyhow::ensure!(
+            self.demo_tokens >= 1,
+            "SPOOL_DEMO_TOKENS must be at least 1"
+        );
+        Ok(())
+    }
+
+    /// The polling fallback interval.
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.poll_interval_ms)
+    }
+
+    /// The tool call timeout.
+    pub fn tool_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.tool_timeout_secs)
+    }
+
+    /// The SIGTERM grace period.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs_f64(self.shutdown_grace_secs)
+    }
+}

@@ -1,0 +1,66 @@
+//! The built-in `demo` model: a deterministic reply streamed delta by delta, so the whole
+//! pipeline runs with no provider. Its length and pace come from `SPOOL_DEMO_TOKENS` and
+//! `SPOOL_DEMO_DELAY_MS`, so tests and benchmarks can make runs short, long, fast or slow.
+
+/// The model name under which the demo answers.
+pub const MODEL_NAME: &str = "demo";
+
+const WORDS: &[&str] = &[
+    "This",
+    "is",
+    "Spool's",
+    "built-in",
+    "demo",
+    "model,",
+    "streaming",
+    "a",
+    "deterministic",
+    "reply",
+    "so",
+    "the",
+    "whole",
+    "pipeline",
+    "runs",
+    "without",
+    "a",
+    "provider.",
+];
+
+/// The reply to `input`, as exactly `tokens` deltas (at least one). The first delta echoes the
+/// start of the input, so each thread's reply is recognisably its own.
+pub fn reply(input: &str, tokens: usize) -> Vec<String> {
+    let echo: String = input.chars().take(40).collect();
+    let mut deltas = Vec::with_capacity(tokens.max(1));
+    deltas.push(format!("[demo] You said \"{echo}\". "));
+    for i in 0..tokens.saturating_sub(1) {
+        let word = WORDS[i % WORDS.len()];
+        deltas.push(if i + 2 == tokens {
+            word.to_owned()
+        } else {
+            format!("{word} ")
+        });
+    }
+    deltas
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reply_has_exactly_the_configured_number_of_deltas() {
+        for n in [1, 2, 5, 100] {
+            assert_eq!(reply("hi", n).len(), n);
+        }
+        assert_eq!(reply("hi", 0).len(), 1);
+    }
+
+    #[test]
+    fn the_reply_is_deterministic_and_echoes_the_input() {
+        assert_eq!(reply("hello there", 4), reply("hello there", 4));
+        assert_eq!(
+            reply("hello", 4).concat(),
+            "[demo] You said \"hello\". This is Spool's"
+        );
+    }
+}

@@ -1,0 +1,213 @@
+//! The lease keeper: renews the leases of every run this worker holds, from its own OS thread
+//! and Tokio runtime, so agent work that hogs the main runtime cannot starve the heartbeat.
+//!
+//! Every heartbeat interval it renews all held `(run, attempt)` pairs in one fenced statement.
+//! A pair that is not renewed has lost its lease (another worker reclaimed the run, or it was
+//! cancelled out of `running`): its [`Lease::lost`] token fires at once and the run stops. When
+//! Postgres cannot be reached, a lease is given up as soon as it may have expired by the
+//! worker's own monotonic clock, counted from before the last successful renewal was sent, so
+//! the worker never keeps acting on a lease the database may already consider expired.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use spool_shared::WorkflowId;
+use spool_shared::db::runs;
+
+struct Held {
+    attempt: i32,
+    /// When the last renewal that succeeded (or the claim) was sent.
+    renewed_from: Instant,
+    lost: CancellationToken,
+    cancel_requested: CancellationToken,
+    beats: tokio::sync::watch::Sender<u64>,
+}
+
+type Table = Arc<Mutex<HashMap<WorkflowId, Held>>>;
+
+/// Renews the leases this worker holds, on a dedicated thread.
+pub struct LeaseKeeper {
+    held: Table,
+    stop: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// One held lease. Dropping it stops renewing.
+pub struct Lease {
+    id: WorkflowId,
+    held: Table,
+    /// Fires when the lease is lost: the run must stop at once and write nothing more.
+    pub lost: CancellationToken,
+    /// Fires when someone asks to cancel the run.
+    pub cancel_requested: CancellationToken,
+    /// Counts successful renewals (the heartbeat events follow it).
+    pub beats: tokio::sync::watch::Receiver<u64>,
+}
+
+impl LeaseKeeper {
+    /// Starts the keeper thread with its own small Postgres pool.
+    pub fn start(database_url: &str, lease: Duration, heartbeat: Duration) -> anyhow::Result<Self> {
+        let held: Table = Arc::default();
+        let stop = CancellationToken::new();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let pool = {
+            let _guard = runtime.enter();
+            PgPoolOptions::new()
+                .max_connections(2)
+                .acquire_timeout(heartbeat)
+                .connect_lazy(database_url)?
+        };
+        let thread = std::thread::Builder::new()
+            .name("spool-lease".into())
+            .spawn({
+                let held = held.clone();
+                let stop = stop.clone();
+                move || runtime.block_on(keep(pool, held, stop, lease, heartbeat))
+            })?;
+        Ok(Self {
+            held,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Starts renewing the lease a claim just took. `claimed_from` is when the claim was sent.
+    pub fn hold(&self, id: WorkflowId, attempt: i32, claimed_from: Instant) -> Lease {
+        let lost = CancellationToken::new();
+        let cancel_requested = CancellationToken::new();
+        let (beats_tx, beats) = tokio::sync::watch::channel(0);
+        lock(&self.held).insert(
+            id,
+            Held {
+                attempt,
+                renewed_from: claimed_from,
+                lost: lost.clone(),
+                cancel_requested: cancel_requested.clone(),
+                beats: beats_tx,
+            },
+        );
+        Lease {
+            id,
+            held: self.held.clone(),
+            lost,
+            cancel_requested,
+            beats,
+        }
+    }
+}
+
+impl LeaseKeeper {
+    /// A handle that signals cancel requests to the runs this worker holds.
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            held: self.held.clone(),
+        }
+    }
+}
+
+/// Signals a cancel request to a held run (from a NOTIFY), ahead of the next heartbeat.
+#[derive(Clone)]
+pub struct Canceller {
+    held: Table,
+}
+
+impl Canceller {
+    /// Fires the run's `cancel_requested` token if this worker holds it.
+    pub fn cancel(&self, id: WorkflowId) {
+        if let Some(entry) = lock(&self.held).get(&id) {
+            entry.cancel_requested.cancel();
+        }
+    }
+}
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        lock(&self.held).remove(&self.id);
+    }
+}
+
+fn lock(table: &Table) -> std::sync::MutexGuard<'_, HashMap<WorkflowId, Held>> {
+    // The table stays consistent even if a holder panicked: every update is a single insert
+    // or remove.
+    table.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn keep(
+    pool: sqlx::PgPool,
+    held: Table,
+    stop: CancellationToken,
+    lease: Duration,
+    heartbeat: Duration,
+) {
+    let mut ticks = tokio::time::interval(heartbeat);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Give a lease up this long after the last renewal that surely reached the database.
+    let safe_for = lease.saturating_sub(heartbeat / 2);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = stop.cancelled() => break,
+        }
+        let pairs: Vec<(WorkflowId, i32)> =
+            lock(&held).iter().map(|(id, h)| (*id, h.attempt)).collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        let sent = Instant::now();
+        let result = tokio::time::timeout(heartbeat, runs::heartbeat(&pool, &pairs, lease)).await;
+        let mut table = lock(&held);
+        match result {
+            Ok(Ok(renewed)) => {
+                let renewed: HashMap<WorkflowId, runs::Renewed> =
+                    renewed.into_iter().map(|r| (r.id, r)).collect();
+                for (id, attempt) in pairs {
+                    let Some(entry) = table.get_mut(&id).filter(|h| h.attempt == attempt) else {
+                        continue;
+                    };
+                    match renewed.get(&id) {
+                        Some(r) if r.attempt == attempt => {
+                            entry.renewed_from = sent;
+                            entry.beats.send_modify(|n| *n += 1);
+                            if r.cancel_requested {
+                                entry.cancel_requested.cancel();
+                            }
+                        }
+                        _ => {
+                            tracing::warn!(workflow.id = %id, run.attempt = attempt, "lease lost");
+                            entry.lost.cancel();
+                        }
+                    }
+                }
+            }
+            Ok(Err(err)) => give_up_expired(&mut table, &err.to_string(), safe_for),
+            Err(_) => give_up_expired(&mut table, "heartbeat timed out", safe_for),
+        }
+    }
+}
+
+fn give_up_expired(table: &mut HashMap<WorkflowId, Held>, error: &str, safe_for: Duration) {
+    tracing::warn!(error, "lease renewal failed");
+    for (id, entry) in table.iter() {
+        if entry.renewed_from.elapsed() >= safe_for && !entry.lost.is_cancelled() {
+            tracing::warn!(workflow.id = %id, run.attempt = entry.attempt,
+                "lease may have expired while Postgres was unreachable; stopping the run");
+            entry.lost.cancel();
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! One attempt of one run: from the claim to a fenced final write, a release, or nothing at
+//! all when the lease was lost. Its events go to the thread's stream through a [`Publisher`].
+//!
+//! Failures are sorted here: a lost lease writes and publishes nothing more (another worker
+//! owns the run now); a release (shutdown) gives the run back without counting a crash; an
+//! error leaves the lease to expire, so the run is retried on another worker and fails for good
+//! after `SPOOL_MAX_RECLAIMS`; a panic fails the run at once, since retrying would panic again.
+//!
+//! Order of the end: the message and status are committed to Postgres first, then
+//! `message_end` and `done` are published, so a client that sees `done` and fetches the message
+//! over REST always finds it final.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use serde_json::{Value, json};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use spool_shared::db::runs::{self, Claimed, Outcome};
+use spool_shared::event::{EventType, Origin};
+use spool_shared::model::RunStatus;
+
+use crate::agent::{self, Answer, LoopEnd, Turn};
+use crate::claim::Worker;
+use crate::lease::Lease;
+use crate::publish::Publisher;
+
+/// How long the end of a run waits for its events to reach Redis (the run's end is already
+/// in Postgres by then; the gateway follows a just-finished run's stream this long).
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why an attempt ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// The run reached a terminal status (written by this attempt).
+    Finished(RunStatus),
+    /// Another worker holds the run now; nothing was written.
+    LeaseLost,
+    /// Shutdown: the run went back to the queue.
+    Released,
+    /// The run waits for tool outputs or an approval, without a worker.
+    Paused,
+}
+
+/// Executes one claimed attempt; never panics and never returns an error (it logs instead).
+pub(crate) async fn execute(
+    worker: Worker,
+    claimed: Claimed,
+    lease: Lease,
+    release: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+) {
+    let run = &claimed.run;
+    let span = tracing::info_span!("run", workflow.id = %run.id, thread.id = %run.thread_id,
+        run.attempt = run.attempt);
+    // Every attempt of the run joins the trace of the request that enqueued it.
+    if let Some(traceparent) = &run.trace_context {
+        spool_shared::telemetry::set_parent_from_traceparent(&span, traceparent);
+    }
+    let origin = Origin {
+        thread_id: run.thread_id,
+        workflow_id: run.id,
+        message_id: run.assistant_message_id,
+        attempt: run.attempt,
+    };
+    let events = Publisher::start(
+        worker.streams.clone(),
+        origin,
+        lease.beats.clone(),
+        worker.args.coalesce_max_bytes,
+    );
+    let started = std::time::Instant::now();
+    let result = AssertUnwindSafe(attempt(&worker, &claimed, &lease, &release, &events))
+        .catch_unwind()
+        .instrument(span.clone())
+        .await;
+    record_attempt(&claimed, &result, started.elapsed());
+    // Instrumented, not entered: an entered span held across an await would label whatever
+    // else runs on this thread meanwhile.
+    let wind_up = async move {
+        match result {
+            Ok(Ok(Ended::LeaseLost)) => {
+                tracing::info!(ended = ?Ended::LeaseLost, "attempt ended");
+                events.abort();
+            }
+            Ok(Ok(ended)) => {
+                tracing::info!(?ended, "attempt ended");
+                events.finish(FLUSH_TIMEOUT).await;
+            }
+            Ok(Err(err)) => {
+                tracing::error!(
+                    error = format!("{err:#}"),
+                    "attempt failed; the lease will expire"
+                );
+                events.abort();
+            }
+            Err(_) => {
+                tracing::error!("attempt panicked; failing the run");
+                let error = json!({"code": "internal_error", "message": "the worker panicked"});
+                let failed = end(
+                    &worker,
+                    &claimed,
+                    &events,
+                    RunStatus::Failed,
+                    Answer::default(),
+                    Some(&error),
+                );
+                match failed.await {
+                    Ok(Ended::Finished(_)) => events.finish(FLUSH_TIMEOUT).await,
+                    Ok(_) => events.abort(),
+                    Err(err) => {
+                        tracing::error!(error = %err, "could not record the failure");
+                        events.abort();
+                    }
+                }
+            }
+        }
+    };
+    wind_up.instrument(span).await;
+}
+
+/// Counts how attempts end, times them, and times finished runs from their enqueue.
+fn record_attempt(
+    claimed: &Claimed,
+    result: &Result<anyhow::Result<Ended>, Box<dyn std::any::Any + Send>>,
+    took: Duration,
+) {
+    let outcome = match result {
+        Ok(Ok(Ended::Finished(status))) => {
+            metrics::counter!("spool_runs_finished_total", "status" => status.as_str())
+                .increment(1);
+            let age = (chrono::Utc::now() - claimed.run.created_at)
+                .to_std()
+                .unwrap_or_default();
+            metrics::histogram!("spool_run_duration_seconds").record(age.as_secs_f64());
+            "finished"
+        }
+        Ok(Ok(Ended::Paused)) => "paused",
+        Ok(Ok(Ended::Released)) => "released",
+        Ok(Ok(Ended::LeaseLost)) => "lease_lost",
+        Ok(Err(_)) => "error",
+        Err(_) => "panic",
+    };
+    metrics::counter!("spool_attempts_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("spool_attempt_duration_seconds").record(took.as_secs_f64());
+}
+
+async fn attempt(
+    worker: &Worker,
+    claimed: &Claimed,
+    lease: &Lease,
+    release: &CancellationToken,
+    events: &Publisher,
+) -> anyhow::Result<Ended> {
+    let run = &claimed.run;
+    // After a crash or a release, not after an answered pause: that continues cleanly.
+    if run.attempt > 1 && !run.resumed {
+        events.send(EventType::AttemptRestarted, json!({"attempt": run.attempt}));
+    }
+    if run.reclaims > worker.args.max_reclaims {
+        events.send(EventType::MessageStart, json!({"role": "assistant"}));
+        let error = json!({
+            "code": "too_many_attempts",
+            "message": format!(
+                "the run was reclaimed {} times after its worker stopped heart-beating \
+                 (crashed or hung); giving up",
+                run.reclaims
+            ),
+        });
+        return end(
+            worker,
+            claimed,
+            events,
+            RunStatus::Failed,
+            Answer::default(),
+            Some(&error),
+        )
+        .await;
+    }
+    if !runs::start_streaming(&worker.db, run.id, run.attempt).await? {
+        return Ok(Ended::LeaseLost);
+    }
+    let turn = Turn {
+        worker,
+        claimed,
+        lease,
+        release,
+        events,
+    };
+    match agent::run(&turn).await? {
+        LoopEnd::LeaseLost => Ok(Ended::LeaseLost),
+        LoopEnd::Paused => Ok(Ended::Paused),
+        LoopEnd::Released => stop_attempt(worker, claimed, Ended::Released).await,
+        LoopEnd::Cancelled(answer) => {
+            end(worker, claimed, events, RunStatus::Cancelled, answer, None).await
+        }
+        LoopEnd::Failed(error, answer) => {
+            end(
+                worker,
+                claimed,
+                events,
+                RunStatus::Failed,
+                answer,
+                Some(&error),
+            )
+            .await
+        }
+        LoopEnd::Completed(mut answer) => {
+            if !answer.citations.is_empty() {
+                events.send(EventType::Citations, json!({"citations": answer.citations}));
+                answer
+                    .parts
+                    .push(json!({"type": "citations", "citations": answer.citations}));
+            }
+            end(worker, claimed, events, RunStatus::Completed, answer, None).await
+        }
+    }
+}
+
+async fn stop_attempt(worker: &Worker, claimed: &Claimed, why: Ended) -> anyhow::Result<Ended> {
+    if why == Ended::Released {
+        let run = &claimed.run;
+        let mut tx = worker.db.begin().await?;
+        if runs::release(&mut *tx, run.id, run.attempt).await? {
+            spool_shared::db::notify_runs(&mut *tx).await?;
+        }
+        tx.commit().await?;
+    }
+    Ok(why)
+}
+
+/// Ends the run (fenced) with `status`, writing what it produced as its message once, then
+/// publishes the end of the message and fires `on_run_complete` hooks. `LeaseLost` if this
+/// attempt no longer holds the run (nothing is written or published).
+async fn end(
+    worker: &Worker,
+    claimed: &Claimed,
+    events: &Publisher,
+    status: RunStatus,
+    answer: Answer,
+    error: Option<&Value>,
+) -> anyhow::Result<Ended> {
+    let run = &claimed.run;
+    let usage = serde_json::to_value(answer.usage)?;
+    let outcome = Outcome {
+        status,
+        content: &answer.content,
+        parts: &Value::Array(answer.parts),
+        usage: &usage,
+        error,
+    };
+    if !runs::finish(&worker.db, run.id, run.attempt, &outcome).await? {
+        return Ok(Ended::LeaseLost);
+    }
+    if let Some(error) = error {
+        let mut data = error.clone();
+        data["retryable"] = json!(false);
+        events.send(EventType::Error, data);
+    }
+    events.send(
+        EventType::MessageEnd,
+        json!({"status": status, "usage": usage}),
+    );
+    events.send(EventType::Done, json!({"status": status}));
+    agent::run_completed(worker, claimed, status, &answer.content).await;
+    Ok(Ended::Finished(status))
+}
