@@ -109,6 +109,8 @@ async fn publish_loop(
     let mut closed = false;
     // Nothing follows `done`, not even a heartbeat from a renewal during the final flush.
     let mut done = false;
+    // Renewals stop when the lease is handed back (a run that ended, before its final flush).
+    let mut beating = true;
     let mut backoff = retry_delays();
     loop {
         if pending.is_empty() {
@@ -123,14 +125,14 @@ async fn publish_loop(
                     }
                     None => closed = true,
                 },
-                changed = beats.changed(), if !done => match changed {
+                changed = beats.changed(), if beating && !done => match changed {
                     Ok(()) => push(
                         &mut pending,
                         origin.event(EventType::Heartbeat, json!({})),
                         coalesce,
                     ),
                     // The lease is gone; the run's own events still flow until `finish`.
-                    Err(_) => beats = watch::channel(0).1,
+                    Err(_) => beating = false,
                 },
             }
         }

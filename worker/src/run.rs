@@ -88,6 +88,9 @@ pub(crate) async fn execute(
             }
             Ok(Ok(ended)) => {
                 tracing::info!(?ended, "attempt ended");
+                // The attempt's end is written, so it needs no lease any more. Renewing it
+                // during the flush would find the run no longer running and call it lost.
+                drop(lease);
                 events.finish(FLUSH_TIMEOUT).await;
             }
             Ok(Err(err)) => {
@@ -109,7 +112,10 @@ pub(crate) async fn execute(
                     Some(&error),
                 );
                 match failed.await {
-                    Ok(Ended::Finished(_)) => events.finish(FLUSH_TIMEOUT).await,
+                    Ok(Ended::Finished(_)) => {
+                        drop(lease);
+                        events.finish(FLUSH_TIMEOUT).await;
+                    }
                     Ok(_) => events.abort(),
                     Err(err) => {
                         tracing::error!(error = %err, "could not record the failure");
