@@ -345,6 +345,107 @@ pub struct StepRule {
     pub active_tools: Option<Vec<String>>,
 }
 
+/// Steering posted with a pause's answer (`tool_outputs`): the next model call's tool choice
+/// and tools, rules for later steps (ahead of the agent's), and a tool choice for the rest of
+/// the run. Stored on the run as JSON; absent fields change nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunOverrides {
+    /// The tool choice of the next model call.
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    /// The tools offered in the next model call.
+    #[serde(default)]
+    pub active_tools: Option<Vec<String>>,
+    /// Rules for later steps.
+    #[serde(default)]
+    pub step_rules: Option<Vec<StepRule>>,
+    /// Defaults for the rest of the run.
+    #[serde(default)]
+    pub defaults: Option<RunDefaults>,
+}
+
+/// Defaults for the rest of a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunDefaults {
+    /// The tool choice of every later step without a rule.
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+}
+
+impl RunOverrides {
+    /// Every problem of these overrides for a run of `agent` whose next model call is step
+    /// `next_step`, by field path in the request that posts them; empty if they are valid.
+    pub fn validate(&self, agent: &AgentSpec, next_step: u32) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        let mut unknown = |field: String, name: &str| {
+            if !agent.callable(name) {
+                errors.push(FieldError {
+                    field,
+                    message: format!("unknown tool `{name}`"),
+                });
+            }
+        };
+        let choices = [
+            ("tool_choice", self.tool_choice.as_ref()),
+            (
+                "defaults.tool_choice",
+                self.defaults.as_ref().and_then(|d| d.tool_choice.as_ref()),
+            ),
+        ];
+        for (field, choice) in choices {
+            if let Some(ToolChoice::Tool(name)) = choice {
+                unknown(field.into(), name);
+            }
+        }
+        for (j, name) in self.active_tools.iter().flatten().enumerate() {
+            unknown(format!("active_tools[{j}]"), name);
+        }
+        for (i, rule) in self.step_rules.iter().flatten().enumerate() {
+            if let Some(ToolChoice::Tool(name)) = &rule.tool_choice {
+                unknown(format!("step_rules[{i}].tool_choice"), name);
+            }
+            for (j, name) in rule.active_tools.iter().flatten().enumerate() {
+                unknown(format!("step_rules[{i}].active_tools[{j}]"), name);
+            }
+        }
+        for (i, rule) in self.step_rules.iter().flatten().enumerate() {
+            if rule.step < next_step || rule.step > agent.max_steps {
+                errors.push(FieldError {
+                    field: format!("step_rules[{i}].step"),
+                    message: format!(
+                        "must be a later step: between {next_step} and max_steps ({})",
+                        agent.max_steps
+                    ),
+                });
+            }
+        }
+        errors
+    }
+
+    /// Applies the overrides to the spec a run executes: `tool_choice`/`active_tools` become a
+    /// rule for `next_step`, the posted rules go ahead of the agent's, and the default tool
+    /// choice replaces the agent's.
+    pub fn apply(self, spec: &mut AgentSpec, next_step: u32) {
+        if let Some(rules) = self.step_rules {
+            spec.step_rules.splice(0..0, rules);
+        }
+        if self.tool_choice.is_some() || self.active_tools.is_some() {
+            spec.step_rules.insert(
+                0,
+                StepRule {
+                    step: next_step,
+                    tool_choice: self.tool_choice,
+                    active_tools: self.active_tools,
+                },
+            );
+        }
+        if let Some(choice) = self.defaults.and_then(|d| d.tool_choice) {
+            spec.tool_choice = choice;
+        }
+    }
+}
+
 /// One problem of a spec, by field path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct FieldError {
@@ -372,6 +473,17 @@ impl AgentSpec {
             approval_timeout_secs: default_approval_timeout(),
             hooks: Vec::new(),
         }
+    }
+
+    /// Whether the model may be told to call `name`: one of the tools, or a name an MCP
+    /// server's tools would have (`{prefix}_*`; they are discovered at run start).
+    pub fn callable(&self, name: &str) -> bool {
+        self.tools.iter().any(|tool| match tool {
+            ToolSpec::Mcp(m) => name
+                .strip_prefix(m.name.as_str())
+                .is_some_and(|rest| rest.starts_with('_')),
+            other => other.name() == name,
+        })
     }
 
     /// Every problem of the spec; empty if it is valid.
@@ -473,12 +585,7 @@ impl AgentSpec {
                 }
             }
         }
-        let callable = |name: &str| {
-            names.contains(name)
-                || mcp_prefixes
-                    .iter()
-                    .any(|p| name.starts_with(&format!("{p}_")))
-        };
+        let callable = |name: &str| self.callable(name);
         if let ToolChoice::Tool(name) = &self.tool_choice
             && !callable(name)
         {
@@ -698,5 +805,82 @@ mod tests {
                 "{expected} missing from {fields:?}"
             );
         }
+    }
+
+    fn overrides(value: Value) -> RunOverrides {
+        serde_json::from_value(value).expect("parses")
+    }
+
+    #[test]
+    fn overrides_may_name_the_agent_s_tools_and_mcp_tools_but_not_the_server_itself() {
+        let agent = spec(
+            json!({"name": "a", "model": "demo", "max_steps": 4, "tools": [
+            {"type": "client", "name": "read"},
+            {"type": "mcp", "name": "gh", "url": "https://mcp.example.com/mcp"}]}),
+        );
+        let good = overrides(
+            json!({"tool_choice": "read", "active_tools": ["read", "gh_issues"],
+            "step_rules": [{"step": 3, "tool_choice": "gh_pulls"}, {"step": 4}],
+            "defaults": {"tool_choice": "none"}}),
+        );
+        assert_eq!(good.validate(&agent, 3), []);
+        let bad = overrides(
+            json!({"tool_choice": "gh", "active_tools": ["ghost", "read"],
+            "step_rules": [{"step": 2}, {"step": 5, "active_tools": ["gh_"]}],
+            "defaults": {"tool_choice": "reader"}}),
+        );
+        let fields: Vec<String> = bad
+            .validate(&agent, 3)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "tool_choice",
+                "defaults.tool_choice",
+                "active_tools[0]",
+                "step_rules[0].step",
+                "step_rules[1].step",
+            ]
+        );
+    }
+
+    #[test]
+    fn overrides_become_rules_ahead_of_the_agent_s_and_absent_ones_change_nothing() {
+        let agent = spec(
+            json!({"name": "a", "model": "demo", "tool_choice": "required",
+            "tools": [{"type": "client", "name": "read"}],
+            "step_rules": [{"step": 2, "tool_choice": "read"}]}),
+        );
+        let mut unchanged = agent.clone();
+        // What the API stores when nothing is overridden.
+        overrides(
+            json!({"tool_choice": null, "active_tools": null, "step_rules": null,
+            "defaults": null}),
+        )
+        .apply(&mut unchanged, 2);
+        assert_eq!(unchanged, agent);
+
+        let mut steered = agent.clone();
+        overrides(
+            json!({"tool_choice": "none", "step_rules": [{"step": 3, "active_tools": []}],
+            "defaults": {"tool_choice": "auto"}}),
+        )
+        .apply(&mut steered, 2);
+        assert_eq!(steered.tool_choice, ToolChoice::Auto);
+        let rules: Vec<(u32, Option<ToolChoice>)> = steered
+            .step_rules
+            .iter()
+            .map(|r| (r.step, r.tool_choice.clone()))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (2, Some(ToolChoice::None)),
+                (3, None),
+                (2, Some(ToolChoice::Tool("read".into()))),
+            ]
+        );
     }
 }

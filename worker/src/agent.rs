@@ -36,7 +36,9 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use spool_shared::agent::{AgentSpec, HookEvent, StepRule, StopCondition, ToolChoice, ToolSpec};
+use spool_shared::agent::{
+    AgentSpec, HookEvent, RunOverrides, StopCondition, ToolChoice, ToolSpec,
+};
 use spool_shared::db::runs::{self, Claimed};
 use spool_shared::db::{agents, messages, steps};
 use spool_shared::event::EventType;
@@ -279,7 +281,13 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
     // Overrides posted with tool outputs apply from the next model call on, which comes after
     // the step being settled.
     let next_call = first + u32::from(unsettled.is_some());
-    apply_overrides(&mut spec, run.overrides.as_ref().map(|o| &o.0), next_call);
+    if let Some(overrides) = &run.overrides {
+        // Checked by the API before it was stored; a row it cannot read steers nothing.
+        match serde_json::from_value::<RunOverrides>(overrides.0.clone()) {
+            Ok(overrides) => overrides.apply(&mut spec, next_call),
+            Err(err) => tracing::warn!(error = %err, "ignoring unreadable run overrides"),
+        }
+    }
     let context = json!({"workflow_id": run.id, "thread_id": run.thread_id, "agent": spec.name});
     let hooks = Hooks::new(&spec, &engine.http, &engine.policy, context);
     if !run.resumed
@@ -530,33 +538,6 @@ pub(crate) async fn run_completed(
         let engine = &worker.engine;
         Hooks::new(&spec, &engine.http, &engine.policy, context)
             .on_run_complete(status.as_str(), content);
-    }
-}
-
-/// Applies the overrides posted with tool outputs: `tool_choice`/`active_tools` for the next
-/// step, `step_rules` for later steps, `defaults.tool_choice` for the rest of the run.
-fn apply_overrides(spec: &mut AgentSpec, overrides: Option<&Value>, next_step: u32) {
-    let Some(overrides) = overrides else { return };
-    if let Ok(rules) = serde_json::from_value::<Vec<StepRule>>(overrides["step_rules"].clone()) {
-        spec.step_rules.splice(0..0, rules);
-    }
-    let tool_choice = serde_json::from_value::<ToolChoice>(overrides["tool_choice"].clone()).ok();
-    let active_tools =
-        serde_json::from_value::<Vec<String>>(overrides["active_tools"].clone()).ok();
-    if tool_choice.is_some() || active_tools.is_some() {
-        spec.step_rules.insert(
-            0,
-            StepRule {
-                step: next_step,
-                tool_choice,
-                active_tools,
-            },
-        );
-    }
-    if let Ok(choice) =
-        serde_json::from_value::<ToolChoice>(overrides["defaults"]["tool_choice"].clone())
-    {
-        spec.tool_choice = choice;
     }
 }
 

@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use spool_shared::agent::{StepRule, ToolChoice};
+use spool_shared::agent::{AgentSpec, RunDefaults, RunOverrides, StepRule, ToolChoice};
 use spool_shared::db::runs::{self, Run};
-use spool_shared::db::{self, steps};
+use spool_shared::db::{self, agents, steps};
 use spool_shared::event::{EventType, Origin};
 use spool_shared::ids::AgentId;
 use spool_shared::model::RunStatus;
@@ -241,15 +241,6 @@ pub struct ToolOutput {
     pub output: Value,
 }
 
-/// Defaults for the rest of the run.
-#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunDefaults {
-    /// The tool choice of every later step without a rule.
-    #[serde(default)]
-    pub tool_choice: Option<ToolChoice>,
-}
-
 /// Body of `POST .../tool_outputs`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -301,7 +292,7 @@ fn not_waiting(run: &Run, waits_for: &str) -> ApiError {
         (status = 409, description = "`run_not_waiting`, with the run's `status`", body = ErrorBody),
         (status = 413, description = "`body_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `unknown_tool_call`, `missing_tool_outputs` (with `missing`)", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `unknown_tool_call`, `missing_tool_outputs` (with `missing`), `invalid_overrides` (with `errors: [{field, message}]`)", body = ErrorBody),
     )
 )]
 async fn post_tool_outputs(
@@ -368,12 +359,37 @@ async fn post_tool_outputs(
             result["state"] = json!("client_output");
         }
     }
-    let overrides = json!({
-        "tool_choice": request.tool_choice,
-        "active_tools": request.active_tools,
-        "step_rules": request.step_rules,
-        "defaults": request.defaults,
-    });
+    let overrides = RunOverrides {
+        tool_choice: request.tool_choice,
+        active_tools: request.active_tools,
+        step_rules: request.step_rules,
+        defaults: request.defaults,
+    };
+    // Checked against the agent as the worker will load it: a tool the agent does not have
+    // would otherwise fail the run at its next model call, after the outputs were accepted.
+    let agent = match run.agent_id {
+        Some(agent_id) => agents::find(&mut *tx, agent_id, &run.tenant_id)
+            .await?
+            .map(|agent| agent.spec.0),
+        None => Some(AgentSpec::default_agent("default", "")),
+    };
+    // The paused step is settled by these outputs; the next model call is the one after it.
+    let next_step = u32::try_from(step.step).unwrap_or(0).saturating_add(1);
+    // An agent deleted while its run waited fails the run when it resumes, whatever is posted.
+    let errors = agent.map_or_else(Vec::new, |agent| overrides.validate(&agent, next_step));
+    if !errors.is_empty() {
+        let mut details = Map::new();
+        details.insert("errors".into(), json!(errors));
+        return Err(ApiError::Unprocessable {
+            code: "invalid_overrides",
+            message: format!(
+                "the overrides have {} problem(s); see `errors`",
+                errors.len()
+            ),
+            details,
+        });
+    }
+    let overrides = serde_json::to_value(&overrides).map_err(anyhow::Error::from)?;
     steps::replace(&mut *tx, id, step.step, &data).await?;
     if !runs::resume(&mut *tx, id, RunStatus::RequiresAction, Some(&overrides)).await? {
         return Err(not_waiting(&run, "tool outputs"));

@@ -106,6 +106,45 @@ async fn a_client_tool_pauses_the_run_survives_a_worker_restart_and_resumes_with
         )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "another user's run");
+    // Steering the run towards tools the agent does not have, or a step already taken.
+    let (status, body) = app
+        .post(
+            &alice,
+            &path,
+            &json!({
+                "tool_outputs": [{"tool_call_id": "call_f", "output": "x"}],
+                "tool_choice": "write_file",
+                "active_tools": ["read_local_file", "nope"],
+                "step_rules": [{"step": 1, "tool_choice": "ghost"}, {"step": 2, "tool_choice": "none"}],
+                "defaults": {"tool_choice": "phantom"},
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_overrides");
+    let mut fields: Vec<&str> = body["error"]["errors"]
+        .as_array()
+        .expect("errors")
+        .iter()
+        .filter_map(|e| e["field"].as_str())
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "active_tools[1]",
+            "defaults.tool_choice",
+            "step_rules[0].step",
+            "step_rules[0].tool_choice",
+            "tool_choice"
+        ]
+    );
+    let (_, still) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
+    assert_eq!(
+        still["status"], "requires_action",
+        "a refused answer changes nothing"
+    );
+    assert_eq!(still["pending_action"], paused["pending_action"]);
     assert_eq!(fake.requests().len(), 1, "refused outputs resumed nothing");
 
     let (status, resumed) = app
