@@ -1135,8 +1135,12 @@ impl ToolSet {
                         url: &mcp.url,
                         headers: &mcp.headers,
                     };
-                    match McpSession::connect(&server, engine.http.clone(), engine.tool_timeout)
-                        .await
+                    match McpSession::connect(
+                        &server,
+                        engine.http.for_headers(server.headers).clone(),
+                        engine.tool_timeout,
+                    )
+                    .await
                     {
                         Ok((session, discovered)) => {
                             let session = Arc::new(session);
@@ -1304,7 +1308,14 @@ impl ToolSet {
                         method: &http.method,
                         headers: &http.headers,
                     };
-                    tools::http::call(&engine.http, &engine.policy, &target, &arguments, &key).await
+                    tools::http::call(
+                        engine.http.for_headers(target.headers),
+                        &engine.policy,
+                        &target,
+                        &arguments,
+                        &key,
+                    )
+                    .await
                 }
                 Kind::Client => ToolOutput::error("client tools are executed by the client"),
                 Kind::Mcp { session, remote } => {

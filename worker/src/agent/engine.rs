@@ -9,7 +9,7 @@ use spool_shared::agent::AgentSpec;
 use super::llm::demo::DemoModel;
 use super::llm::openai::OpenAiClient;
 use super::llm::{ChatModel, LlmError};
-use super::tools::ssrf::{self, NetworkPolicy};
+use super::tools::ssrf::{GuardedClients, NetworkPolicy};
 use crate::config::WorkerArgs;
 
 /// Models, tools' HTTP client and defaults, built once per worker.
@@ -20,8 +20,8 @@ pub struct Engine {
     pub default_agent: AgentSpec,
     /// The network policy of tools.
     pub policy: Arc<NetworkPolicy>,
-    /// An HTTP client that enforces it.
-    pub http: reqwest::Client,
+    /// HTTP clients that enforce it.
+    pub http: GuardedClients,
     /// How long one tool call may take.
     pub tool_timeout: Duration,
 }
@@ -50,7 +50,7 @@ impl Engine {
             crate::demo::MODEL_NAME
         };
         let policy = Arc::new(NetworkPolicy::parse(&args.tools_allow_networks)?);
-        let http = ssrf::guarded_client(policy.clone(), args.tool_timeout())?;
+        let http = GuardedClients::new(&policy, args.tool_timeout())?;
         Ok(Self {
             demo: Arc::new(DemoModel {
                 tokens: args.demo_tokens,

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use spool_shared::agent::{AgentSpec, HookEvent, HookKind, HookSpec, RuleCondition, RuleOperator};
 
 use super::tools::http::{self, HttpTool};
-use super::tools::ssrf::NetworkPolicy;
+use super::tools::ssrf::{GuardedClients, NetworkPolicy};
 
 /// What `pre_tool_use` hooks decided for one call.
 #[derive(Debug, PartialEq)]
@@ -33,7 +33,7 @@ pub(crate) enum ToolDecision {
 /// The hooks of one run.
 pub(crate) struct Hooks<'a> {
     hooks: &'a [HookSpec],
-    client: &'a reqwest::Client,
+    clients: &'a GuardedClients,
     policy: &'a NetworkPolicy,
     context: Value,
 }
@@ -42,13 +42,13 @@ impl<'a> Hooks<'a> {
     /// The agent's hooks; `context` (workflow, thread, agent) goes into every HTTP hook's body.
     pub(crate) fn new(
         spec: &'a AgentSpec,
-        client: &'a reqwest::Client,
+        clients: &'a GuardedClients,
         policy: &'a NetworkPolicy,
         context: Value,
     ) -> Self {
         Self {
             hooks: &spec.hooks,
-            client,
+            clients,
             policy,
             context,
         }
@@ -178,7 +178,8 @@ impl<'a> Hooks<'a> {
             else {
                 continue;
             };
-            let (client, policy) = (self.client.clone(), self.policy.clone());
+            let client = self.clients.for_headers(headers).clone();
+            let policy = self.policy.clone();
             let (url, headers, timeout) = (url.clone(), headers.clone(), *timeout_secs);
             let mut body = self.context.clone();
             body["event"] = json!("on_run_complete");
@@ -221,7 +222,8 @@ impl<'a> Hooks<'a> {
             method: "POST",
             headers,
         };
-        let call = http::call(self.client, self.policy, &tool, &body, &key);
+        let client = self.clients.for_headers(headers);
+        let call = http::call(client, self.policy, &tool, &body, &key);
         match tokio::time::timeout(Duration::from_secs(u64::from(*timeout_secs)), call).await {
             Ok(output) if !output.is_error => {
                 match serde_json::from_str::<Value>(&output.content) {

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 
 use spool_worker::agent::tools::ToolOutput;
 use spool_worker::agent::tools::http::{self, HttpTool};
-use spool_worker::agent::tools::ssrf::{NetworkPolicy, guarded_client};
+use spool_worker::agent::tools::ssrf::{GuardedClients, NetworkPolicy, Redirects, guarded_client};
 
 /// A listener that only counts the connections it accepts.
 struct Trap {
@@ -89,7 +89,7 @@ async fn serve(addr: &str, app: Router) -> SocketAddr {
 }
 
 fn client(policy: &Arc<NetworkPolicy>, timeout: Duration) -> reqwest::Client {
-    guarded_client(Arc::clone(policy), timeout).expect("client builds")
+    guarded_client(Arc::clone(policy), timeout, Redirects::AnyOrigin).expect("client builds")
 }
 
 async fn call_with(
@@ -253,6 +253,63 @@ async fn at_most_five_redirects_are_followed() {
     let output = post(&client, &policy, &format!("http://{server}/chain/6")).await;
     assert!(output.is_error, "{output:?}");
     assert!(output.content.contains("redirects"), "{output:?}");
+}
+
+#[tokio::test]
+async fn configured_headers_are_never_redirected_to_another_origin() {
+    // Another origin (another port) that echoes what reaches it, and counts it.
+    let reached = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&reached);
+    let elsewhere = serve(
+        "127.0.0.1:0",
+        Router::new().route(
+            "/echo",
+            any(move |method, headers, query, body| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                echo(method, headers, query, body)
+            }),
+        ),
+    )
+    .await;
+    let app = Router::new()
+        .route("/echo", any(echo))
+        .route("/here", any(|| async { found("/echo".to_owned()) }))
+        .route(
+            "/away",
+            any(move || async move { found(format!("http://{elsewhere}/echo")) }),
+        );
+    let server = serve("127.0.0.1:0", app).await;
+    let policy = Arc::new(NetworkPolicy::parse("127.0.0.1/32").expect("allow list parses"));
+    let clients = GuardedClients::new(&policy, Duration::from_secs(2)).expect("clients build");
+    let secret = BTreeMap::from([("X-Custom".to_owned(), "secret-key".to_owned())]);
+    let none = BTreeMap::new();
+    let call = |path: &'static str, headers: &'static str| {
+        let headers = if headers.is_empty() { &none } else { &secret };
+        let url = format!("http://{server}/{path}");
+        let client = clients.for_headers(headers).clone();
+        let policy = Arc::clone(&policy);
+        async move { call_with(&client, &policy, &url, "POST", headers, &json!({})).await }
+    };
+
+    // On its own origin, a redirect is followed with the headers.
+    let echo = echoed(&call("here", "secret").await);
+    assert_eq!(echo["x_custom"], "secret-key");
+    // Elsewhere, it is not followed at all.
+    let output = call("away", "secret").await;
+    assert!(output.is_error, "{output:?}");
+    assert!(
+        output.content.contains("was not followed") && !output.content.contains("secret-key"),
+        "{output:?}"
+    );
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        0,
+        "the other origin saw the request"
+    );
+    // A tool without headers has nothing to leak: it follows the redirect.
+    let echo = echoed(&call("away", "").await);
+    assert_eq!(echo["x_custom"], Value::Null);
+    assert_eq!(reached.load(Ordering::SeqCst), 1);
 }
 
 async fn echo(

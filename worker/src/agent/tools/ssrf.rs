@@ -15,6 +15,10 @@
 //!   address they reach; forms whose target cannot be judged cleanly (IPv4-compatible, Teredo)
 //!   are refused.
 //! - The client never uses a proxy: a proxy would make the connection, out of our sight.
+//! - A request that carries configured headers (often credentials) is never redirected to
+//!   another origin: reqwest drops only `Authorization` and cookies on such a hop, and would send
+//!   an `X-Api-Key` to whatever host a tool server (or an open redirect on it) points at.
+//!   [`GuardedClients::for_headers`] picks the client that stays on the origin.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -301,15 +305,57 @@ impl Resolve for GuardedResolver {
     }
 }
 
+/// Where a guarded client follows redirects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redirects {
+    /// To any origin the policy permits.
+    AnyOrigin,
+    /// Only within the origin (scheme, host, port) of the request's URL; a redirect elsewhere
+    /// comes back as the response, unfollowed.
+    SameOrigin,
+}
+
+/// The two guarded clients tools and hooks use, which differ only in [`Redirects`].
+#[derive(Clone, Debug)]
+pub struct GuardedClients {
+    any_origin: reqwest::Client,
+    same_origin: reqwest::Client,
+}
+
+impl GuardedClients {
+    /// Both clients, enforcing `policy`, each call bounded by `timeout`.
+    pub fn new(policy: &Arc<NetworkPolicy>, timeout: Duration) -> anyhow::Result<Self> {
+        Ok(Self {
+            any_origin: guarded_client(Arc::clone(policy), timeout, Redirects::AnyOrigin)?,
+            same_origin: guarded_client(Arc::clone(policy), timeout, Redirects::SameOrigin)?,
+        })
+    }
+
+    /// The client for a request that carries these configured headers: with any, redirects
+    /// stay on the configured URL's origin, so the headers never reach a host nobody named.
+    pub fn for_headers<V>(
+        &self,
+        headers: &std::collections::BTreeMap<String, V>,
+    ) -> &reqwest::Client {
+        if headers.is_empty() {
+            &self.any_origin
+        } else {
+            &self.same_origin
+        }
+    }
+}
+
 /// A reqwest client that enforces the policy: a DNS resolver that drops (and if nothing is
 /// left, fails on) non-permitted addresses, so the address actually connected to is checked,
-/// and a redirect policy that re-checks every hop with `check_url` (max 5 redirects).
+/// and a redirect policy that re-checks every hop with `check_url` (max 5 redirects) and, with
+/// [`Redirects::SameOrigin`], stops at a hop to another origin.
 ///
 /// Callers must still run [`NetworkPolicy::check_url`] on the first URL: hyper connects to an
 /// IP-literal host without asking the resolver. `timeout` bounds the whole call, body included.
 pub fn guarded_client(
     policy: Arc<NetworkPolicy>,
     timeout: Duration,
+    follow: Redirects,
 ) -> anyhow::Result<reqwest::Client> {
     let resolver = GuardedResolver {
         policy: Arc::clone(&policy),
@@ -318,6 +364,14 @@ pub fn guarded_client(
         // `previous` starts with the original URL, so it holds one more than the hops taken.
         if attempt.previous().len() > MAX_REDIRECTS {
             return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+        }
+        if follow == Redirects::SameOrigin
+            && attempt
+                .previous()
+                .first()
+                .is_some_and(|first| first.origin() != attempt.url().origin())
+        {
+            return attempt.stop();
         }
         match policy.check_url(attempt.url()) {
             Ok(()) => attempt.follow(),
