@@ -1319,7 +1319,9 @@ impl ToolSet {
                 }
                 Kind::Client => ToolOutput::error("client tools are executed by the client"),
                 Kind::Mcp { session, remote } => {
-                    session.call(remote, arguments, engine.tool_timeout).await
+                    session
+                        .call(remote, arguments, &key, engine.tool_timeout)
+                        .await
                 }
             }
         };

@@ -133,7 +133,8 @@ impl ServerHandler for Calculator {
 }
 
 /// The `X-Api-Key` header of every request the server saw, with the request's method.
-type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
+/// Each request's method, `X-Api-Key` and `Idempotency-Key`.
+type Seen = Arc<Mutex<Vec<(String, Option<String>, Option<String>)>>>;
 
 /// Serves `router` on 127.0.0.1 and returns its base URL.
 async fn serve(router: Router) -> String {
@@ -159,17 +160,29 @@ async fn start_calculator() -> (String, Seen) {
         .layer(middleware::from_fn(move |request: Request, next: Next| {
             let log = log.clone();
             async move {
-                let key = request
-                    .headers()
-                    .get("x-api-key")
-                    .map(|value| value.to_str().unwrap_or("<not utf-8>").to_owned());
+                let entry = logged(&request);
                 log.lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .push((request.method().to_string(), key));
+                    .push(entry);
                 next.run(request).await
             }
         }));
     (format!("{}/mcp", serve(router).await), seen)
+}
+
+/// What [`Seen`] records of a request.
+fn logged(request: &Request) -> (String, Option<String>, Option<String>) {
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .map(|value| value.to_str().unwrap_or("<not utf-8>").to_owned())
+    };
+    (
+        request.method().to_string(),
+        header("x-api-key"),
+        header("idempotency-key"),
+    )
 }
 
 fn api_key() -> BTreeMap<String, String> {
@@ -210,19 +223,28 @@ async fn discovery_lists_namespaced_tools_with_their_schemas_and_read_only_flags
     assert_eq!(tools[0].parameters["required"], json!(["a", "b"]));
 
     // A call after discovery and the closing DELETE must carry the header too.
-    let output = session.call("add", json!({"a": 1, "b": 2}), TIMEOUT).await;
+    let output = session
+        .call("add", json!({"a": 1, "b": 2}), "wf:3:call_add", TIMEOUT)
+        .await;
     assert_eq!(output, ToolOutput::ok("3"));
     session.close().await;
 
     let seen = seen.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    let posts = seen.iter().filter(|(method, _)| method == "POST").count();
+    let posts = seen.iter().filter(|(method, ..)| method == "POST").count();
     // initialize, notifications/initialized, two tools/list pages, one tools/call.
     assert!(posts >= 5, "too few POSTs: {seen:?}");
     assert!(
-        seen.iter().any(|(method, _)| method == "DELETE"),
+        seen.iter().any(|(method, ..)| method == "DELETE"),
         "no DELETE: {seen:?}"
     );
-    for (method, key) in &seen {
+    // The call, and only the call, carries its idempotency key.
+    let keyed: Vec<&Option<String>> = seen
+        .iter()
+        .map(|(.., key)| key)
+        .filter(|k| k.is_some())
+        .collect();
+    assert_eq!(keyed, [&Some("wf:3:call_add".to_owned())], "{seen:?}");
+    for (method, key, _) in &seen {
         assert_eq!(
             key.as_deref(),
             Some("sesame"),
@@ -241,7 +263,7 @@ async fn a_namespaced_call_returns_the_tool_text_and_renders_other_parts_as_json
         .expect("calc_shout");
 
     let output = session
-        .call(&shout.remote_name, json!({"text": "hello"}), TIMEOUT)
+        .call(&shout.remote_name, json!({"text": "hello"}), "key", TIMEOUT)
         .await;
 
     assert!(!output.is_error, "{output:?}");
@@ -265,7 +287,7 @@ async fn bad_arguments_an_unknown_tool_or_an_is_error_result_come_back_as_error_
     let (session, _tools) = connect(&url, TIMEOUT).await.expect("connect");
 
     let wrong_type = session
-        .call("add", json!({"a": "one", "b": 2}), TIMEOUT)
+        .call("add", json!({"a": "one", "b": 2}), "key", TIMEOUT)
         .await;
     assert!(wrong_type.is_error, "{wrong_type:?}");
     assert!(
@@ -274,7 +296,7 @@ async fn bad_arguments_an_unknown_tool_or_an_is_error_result_come_back_as_error_
     );
 
     let unknown = session
-        .call("divide", json!({"a": 1, "b": 2}), TIMEOUT)
+        .call("divide", json!({"a": 1, "b": 2}), "key", TIMEOUT)
         .await;
     assert!(unknown.is_error, "{unknown:?}");
     assert!(
@@ -282,10 +304,10 @@ async fn bad_arguments_an_unknown_tool_or_an_is_error_result_come_back_as_error_
         "{unknown:?}"
     );
 
-    let tool_error = session.call("shout", json!({}), TIMEOUT).await;
+    let tool_error = session.call("shout", json!({}), "key", TIMEOUT).await;
     assert_eq!(tool_error, ToolOutput::error("text is required"));
 
-    let not_an_object = session.call("add", json!([1, 2]), TIMEOUT).await;
+    let not_an_object = session.call("add", json!([1, 2]), "key", TIMEOUT).await;
     assert!(not_an_object.is_error, "{not_an_object:?}");
     assert!(
         not_an_object.content.contains("JSON object"),
@@ -294,7 +316,7 @@ async fn bad_arguments_an_unknown_tool_or_an_is_error_result_come_back_as_error_
 
     // The session survives all of the above.
     let fine = session
-        .call("add", json!({"a": 2, "b": 2.5}), TIMEOUT)
+        .call("add", json!({"a": 2, "b": 2.5}), "key", TIMEOUT)
         .await;
     assert_eq!(fine, ToolOutput::ok("4.5"));
     session.close().await;
@@ -342,7 +364,7 @@ async fn a_call_that_outlasts_the_timeout_returns_an_error_output_at_about_the_t
     let timeout = Duration::from_millis(500);
 
     let started = Instant::now();
-    let output = session.call("slow", json!({}), timeout).await;
+    let output = session.call("slow", json!({}), "key", timeout).await;
     let took = started.elapsed();
 
     assert!(output.is_error, "{output:?}");
@@ -352,7 +374,9 @@ async fn a_call_that_outlasts_the_timeout_returns_an_error_output_at_about_the_t
         "took {took:?}"
     );
     // The session is still usable once the slow call is abandoned.
-    let fine = session.call("add", json!({"a": 1, "b": 1}), TIMEOUT).await;
+    let fine = session
+        .call("add", json!({"a": 1, "b": 1}), "key", TIMEOUT)
+        .await;
     assert_eq!(fine, ToolOutput::ok("2"));
     session.close().await;
 }

@@ -9,6 +9,11 @@
 //! - every HTTP request of a session (initialize, tool calls, the event stream, the final
 //!   `DELETE`) goes through the caller's `reqwest::Client`, so its network policy applies, and
 //!   carries the server's configured headers;
+//! - every `tools/call` carries `Idempotency-Key: {workflow_id}:{step}:{tool_call_id}`, as an
+//!   HTTP tool's request does, so a server can recognise a call repeated after a crash. MCP has
+//!   no per-request header, so the key travels in the call's `_meta` (under
+//!   [`IDEMPOTENCY_META`]) and [`Keyed`], the transport's HTTP client, copies it into the
+//!   header of that one POST;
 //! - connecting and calling are bounded by the caller's timeout, whatever the server does;
 //! - [`McpSession::call`] never fails the run: every failure becomes an error [`ToolOutput`].
 //!
@@ -18,18 +23,28 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::stream::BoxStream;
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceExt as _;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
-    Implementation, Tool,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientJsonRpcMessage,
+    ClientRequest, ContentBlock, Implementation, JsonRpcMessage, MetaObject, RequestMetaObject,
+    Tool,
 };
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_client::{
+    SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse,
+};
 use serde_json::Value;
+use sse_stream::Sse;
+use std::sync::Arc;
 
 use super::ToolOutput;
+
+/// The `_meta` key of a tool call that carries its idempotency key.
+pub const IDEMPOTENCY_META: &str = "io.spool/idempotency-key";
 
 /// How long [`McpSession::close`] waits for the server to acknowledge the session's end.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -83,7 +98,7 @@ impl McpSession {
             header_map(server.headers)
                 .with_context(|| format!("MCP server {prefix}: invalid configured header"))?,
         );
-        let transport = StreamableHttpClientTransport::with_client(http, config);
+        let transport = StreamableHttpClientTransport::with_client(Keyed(http), config);
         let client = ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("spool", env!("CARGO_PKG_VERSION")),
@@ -115,13 +130,23 @@ impl McpSession {
     /// `arguments` must be a JSON object. A transport error, a timeout, a protocol error or an
     /// `isError` result becomes [`ToolOutput::error`] with the reason. Text content parts are
     /// joined with `"\n"`; other parts are rendered as compact JSON.
-    pub async fn call(&self, remote_name: &str, arguments: Value, timeout: Duration) -> ToolOutput {
+    pub async fn call(
+        &self,
+        remote_name: &str,
+        arguments: Value,
+        idempotency_key: &str,
+        timeout: Duration,
+    ) -> ToolOutput {
         let Value::Object(arguments) = arguments else {
             return ToolOutput::error(format!(
                 "the arguments of MCP tool {remote_name} must be a JSON object"
             ));
         };
-        let params = CallToolRequestParams::new(remote_name.to_owned()).with_arguments(arguments);
+        let mut meta = serde_json::Map::new();
+        meta.insert(IDEMPOTENCY_META.into(), Value::from(idempotency_key));
+        let mut params =
+            CallToolRequestParams::new(remote_name.to_owned()).with_arguments(arguments);
+        params.meta = Some(RequestMetaObject(MetaObject(meta)));
         // Dropping the call on timeout sends `notifications/cancelled`, so the server can stop.
         match tokio::time::timeout(timeout, self.service.call_tool(params)).await {
             Err(_) => ToolOutput::error(format!(
@@ -145,6 +170,122 @@ impl McpSession {
         if let Err(error) = service.close_with_timeout(CLOSE_TIMEOUT).await {
             tracing::debug!(%error, "MCP session task failed while closing");
         }
+    }
+}
+
+/// The session's HTTP client: reqwest's, plus the `Idempotency-Key` header on a `tools/call`
+/// POST whose `_meta` carries one. Everything else is passed through unchanged.
+#[derive(Clone)]
+struct Keyed(reqwest::Client);
+
+impl Keyed {
+    fn with_key(
+        message: &ClientJsonRpcMessage,
+        mut headers: HashMap<HeaderName, HeaderValue>,
+    ) -> HashMap<HeaderName, HeaderValue> {
+        if let JsonRpcMessage::Request(request) = message
+            && let ClientRequest::CallToolRequest(call) = &request.request
+            && let Some(key) = call
+                .params
+                .meta
+                .as_ref()
+                .and_then(|meta| meta.0.0.get(IDEMPOTENCY_META))
+                .and_then(Value::as_str)
+            && let Ok(value) = HeaderValue::from_str(key)
+        {
+            headers.insert(HeaderName::from_static("idempotency-key"), value);
+        }
+        headers
+    }
+}
+
+type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
+type StreamResult =
+    Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<reqwest::Error>>;
+
+impl StreamableHttpClient for Keyed {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> PostResult {
+        let headers = Self::with_key(&message, custom_headers);
+        (self.0)
+            .post_message(uri, message, session_id, auth_header, headers)
+            .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> PostResult {
+        let headers = Self::with_key(&message, custom_headers);
+        (self.0)
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<reqwest::Error>> {
+        (self.0)
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> StreamResult {
+        (self.0)
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> StreamResult {
+        (self.0)
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
     }
 }
 
