@@ -349,7 +349,7 @@ async fn post_user_message(
             .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
         return replay(stored, &hash);
     }
-    let thread_agent = threads::ensure_owned(&mut *tx, thread_id, owner, request.agent_id)
+    let thread_agent = threads::ensure_owned(&mut tx, thread_id, owner, request.agent_id)
         .await?
         .ok_or_else(thread_not_found)?;
     let workflow_id = WorkflowId::new();

@@ -198,6 +198,43 @@ async fn twenty_concurrent_duplicates_create_exactly_one_run() {
 }
 
 #[tokio::test]
+async fn concurrent_first_messages_to_a_new_thread_get_one_202_and_409s_never_404() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let alice = token("alice", "acme");
+    // Several rounds: the race needs one request's insert of the thread to wait on another's.
+    for _ in 0..5 {
+        let thread = Uuid::new_v4();
+        let requests = (0..10).map(|i| {
+            app.http
+                .post(app.url(&format!("/v1/threads/{thread}/user_message")))
+                .bearer_auth(&alice)
+                .json(&json!({"input_text": format!("first {i}")}))
+                .send()
+        });
+        let mut statuses = Vec::new();
+        for response in futures::future::join_all(requests).await {
+            let response = response.expect("request");
+            let status = response.status();
+            let body: serde_json::Value = response.json().await.expect("json");
+            statuses.push((status, body["error"]["code"].as_str().map(str::to_owned)));
+        }
+        let accepted = statuses
+            .iter()
+            .filter(|(s, _)| *s == StatusCode::ACCEPTED)
+            .count();
+        assert_eq!(accepted, 1, "{statuses:?}");
+        assert!(
+            statuses.iter().all(|(s, code)| *s == StatusCode::ACCEPTED
+                || (*s == StatusCode::CONFLICT && code.as_deref() == Some("thread_busy"))),
+            "the owner's own new thread was refused: {statuses:?}"
+        );
+    }
+    assert_eq!(app.db.count("threads").await, 5);
+    assert_eq!(app.db.count("runs").await, 5);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_thread_can_be_created_read_and_listed() {
     let app = TestApp::start(1, worker_args(3, 0)).await;
     let alice = token("alice", "acme");

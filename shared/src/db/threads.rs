@@ -2,8 +2,8 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::PgExecutor;
 use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
 
 use crate::ids::{AgentId, ThreadId, WorkflowId};
 
@@ -69,8 +69,13 @@ pub async fn create(
 
 /// Ensures the thread exists: creates it for the owner (answered by `agent_id`) if the id is
 /// unused. Returns `None` if it belongs to someone else, or the thread's agent.
+///
+/// When another transaction inserts the same new id first, the insert waits for it and then
+/// does nothing, and the statement's own snapshot, taken before that commit, cannot see the
+/// row. A second statement (a new snapshot under READ COMMITTED) reads it, so a client racing
+/// itself onto a new thread gets the busy rule's 409, not a 404.
 pub async fn ensure_owned(
-    executor: impl PgExecutor<'_>,
+    conn: &mut PgConnection,
     id: ThreadId,
     owner: &Owner,
     agent_id: Option<AgentId>,
@@ -89,7 +94,18 @@ pub async fn ensure_owned(
     .bind(&owner.tenant_id)
     .bind(&owner.user_id)
     .bind(agent_id)
-    .fetch_optional(executor)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some((agent,)) = row {
+        return Ok(Some(agent));
+    }
+    let row: Option<(Option<AgentId>,)> = sqlx::query_as(
+        "SELECT agent_id FROM threads WHERE id = $1 AND tenant_id = $2 AND owner_id = $3",
+    )
+    .bind(id)
+    .bind(&owner.tenant_id)
+    .bind(&owner.user_id)
+    .fetch_optional(conn)
     .await?;
     Ok(row.map(|(agent,)| agent))
 }
