@@ -24,9 +24,10 @@
 --   indexes see the same right-edge inserts as with Spool's ids.
 -- * Values Spool binds as $n (tenant, owner, role, status, content, metadata, NULLs) are
 --   literals here: pgbench has no string variables. The statement shapes are unchanged.
--- * Not reproducible: sqlx pings each idle connection it takes from the pool
---   (test_before_acquire, on by default and not turned off in shared/src/db.rs connect): a
---   protocol Sync round trip without SQL, once per enqueue (at begin()).
+-- * Not issued by Spool under load either: a ping before a pooled connection is used, which
+--   shared/src/db.rs sends only for a connection idle for SPOOL_DB_CHECK_IDLE_SECS (1 s), and
+--   threads::ensure_owned's second SELECT, sent only when a concurrent request created the
+--   same new thread first.
 -- Run it with -M prepared: sqlx prepares each statement once per connection and reuses it.
 
 \set r random(1, 9000000000000000000)

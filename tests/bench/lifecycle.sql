@@ -47,9 +47,10 @@
 -- * The content, parts and usage written by the finish are exactly what the demo model
 --   produces for the input 'Hello!' with the default SPOOL_DEMO_TOKENS=32: its deltas, one text
 --   part, {input_tokens: 1 (words of the input), output_tokens: 32}.
--- * Not reproducible: sqlx pings each idle connection it takes from the pool
---   (test_before_acquire, on by default and not turned off in shared/src/db.rs connect): a
---   protocol Sync round trip without SQL, at begin() and before each of statements 8-12.
+-- * Not issued by Spool under load either: a ping before a pooled connection is used, which
+--   shared/src/db.rs sends only for a connection idle for SPOOL_DB_CHECK_IDLE_SECS (1 s), and
+--   threads::ensure_owned's second SELECT, sent only when a concurrent request created the
+--   same new thread first.
 -- Run it with -M prepared: sqlx prepares each statement once per connection and reuses it.
 
 \set r random(1, 9000000000000000000)
