@@ -13,7 +13,6 @@ pub mod fake_llm;
 pub mod process;
 pub mod sse;
 
-use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -203,21 +202,33 @@ impl Drop for TestDb {
 }
 
 /// Polls `check` until it returns `Some`, or fails after `timeout` naming `what`.
-pub async fn poll_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
+pub async fn poll_until<T>(
+    what: &str,
+    timeout: Duration,
+    check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    match try_poll_until(what, timeout, Duration::from_millis(20), check).await {
+        Ok(value) => value,
+        Err(err) => panic!("{err}"),
+    }
+}
+
+/// Polls `check` every `every` until it returns `Some`; an error naming `what` after `timeout`.
+pub async fn try_poll_until<T>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> anyhow::Result<T> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if let Some(value) = check().await {
-            return value;
+            return Ok(value);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(every).await;
     }
 }
 

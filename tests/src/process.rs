@@ -10,6 +10,85 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
+/// Environment variables from pairs, as [`Process::spawn`] takes them.
+pub fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// What launched servers share: a database, a Redis and a key prefix in it.
+pub struct Backing<'a> {
+    /// `DATABASE_URL`.
+    pub database_url: &'a str,
+    /// `REDIS_URL`.
+    pub redis_url: &'a str,
+    /// `SPOOL_REDIS_PREFIX`.
+    pub redis_prefix: &'a str,
+}
+
+impl Backing<'_> {
+    fn vars(&self, own: &[(&str, &str)], settings: &[(&str, &str)]) -> HashMap<String, String> {
+        let mut vars = vars(&[
+            ("DATABASE_URL", self.database_url),
+            ("REDIS_URL", self.redis_url),
+            ("SPOOL_REDIS_PREFIX", self.redis_prefix),
+        ]);
+        vars.extend(self::vars(own));
+        vars.extend(self::vars(settings));
+        vars
+    }
+
+    /// Starts `spool-api serve` (test JWT secret, no embedded workers) with `settings` on top and
+    /// waits until it answers `/healthz`; returns it and its base URL.
+    ///
+    /// It listens on port 0 and the address is read back from its log: a port picked here and
+    /// bound there could be taken in between by one of the many client sockets of tests or
+    /// benchmarks running alongside.
+    pub async fn start_api(
+        &self,
+        settings: &[(&str, &str)],
+        timeout: Duration,
+    ) -> anyhow::Result<(Process, String)> {
+        let own = [
+            ("SPOOL_API_ADDR", "127.0.0.1:0"),
+            ("SPOOL_JWT_SECRET", crate::JWT_SECRET),
+        ];
+        let api = Process::spawn("spool-api", &["serve"], &self.vars(&own, settings))?;
+        let every = Duration::from_millis(5);
+        let addr = crate::try_poll_until("spool-api to listen", timeout, every, || async {
+            api.logged("spool-api listening", "addr")
+        })
+        .await?;
+        let base = format!("http://{addr}");
+        let http = reqwest::Client::new();
+        crate::try_poll_until("spool-api to answer /healthz", timeout, every, || async {
+            let response = http.get(format!("{base}/healthz")).send().await.ok()?;
+            response.status().is_success().then_some(())
+        })
+        .await?;
+        Ok((api, base))
+    }
+
+    /// Starts `spool-worker run` (metrics on a port of its own) with `settings` on top and
+    /// waits until it has started claiming.
+    pub async fn start_worker(
+        &self,
+        settings: &[(&str, &str)],
+        timeout: Duration,
+    ) -> anyhow::Result<Process> {
+        let own = [("SPOOL_WORKER_METRICS_ADDR", "127.0.0.1:0")];
+        let worker = Process::spawn("spool-worker", &["run"], &self.vars(&own, settings))?;
+        let every = Duration::from_millis(5);
+        crate::try_poll_until("the worker to start", timeout, every, || async {
+            worker.output().contains("worker started").then_some(())
+        })
+        .await?;
+        Ok(worker)
+    }
+}
+
 /// A running Spool process.
 pub struct Process {
     child: Child,

@@ -1,10 +1,10 @@
 //! An API process and worker processes on a database of their own.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use spool_tests::{JWT_SECRET, Process, TestDb, poll_until};
+use spool_tests::process::Backing;
+use spool_tests::{Process, TestDb, poll_until};
 
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -18,11 +18,12 @@ pub(crate) struct Cluster {
     _api: Process,
 }
 
-pub(crate) fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
+fn backing<'a>(db: &'a TestDb, redis_url: &'a str, prefix: &'a str) -> Backing<'a> {
+    Backing {
+        database_url: &db.url,
+        redis_url,
+        redis_prefix: prefix,
+    }
 }
 
 impl Cluster {
@@ -40,31 +41,13 @@ impl Cluster {
     pub(crate) async fn start_with(redis_url: &str, settings: &[(&str, &str)]) -> Self {
         let db = TestDb::new().await.expect("test database");
         let prefix = spool_tests::redis_prefix();
-        // Port 0, then read the address from the log: a port picked here and bound there could
-        // be taken in between by one of the many client sockets of tests running alongside.
-        let mut vars = env(&[
-            ("DATABASE_URL", &db.url),
-            ("SPOOL_API_ADDR", "127.0.0.1:0"),
-            ("SPOOL_JWT_SECRET", JWT_SECRET),
-            ("REDIS_URL", redis_url),
-            ("SPOOL_REDIS_PREFIX", &prefix),
-            // Eight tests run at once, each with an API and workers: keep every process's
-            // pool small, or together they exceed Postgres's 100 connections.
-            ("SPOOL_DB_MAX_CONNECTIONS", "8"),
-        ]);
-        vars.extend(env(settings));
-        let api = Process::spawn("spool-api", &["serve"], &vars).expect("spool-api");
-        let addr = poll_until("spool-api to listen", TIMEOUT, || async {
-            api.logged("spool-api listening", "addr")
-        })
-        .await;
-        let base = format!("http://{addr}");
-        let http = reqwest::Client::new();
-        poll_until("spool-api to answer /healthz", TIMEOUT, || async {
-            let response = http.get(format!("{base}/healthz")).send().await.ok()?;
-            response.status().is_success().then_some(())
-        })
-        .await;
+        // Eight tests run at once, each with an API and workers: keep every process's pool
+        // small, or together they exceed Postgres's 100 connections.
+        let vars = [&[("SPOOL_DB_MAX_CONNECTIONS", "8")], settings].concat();
+        let (api, base) = backing(&db, redis_url, &prefix)
+            .start_api(&vars, TIMEOUT)
+            .await
+            .expect("spool-api");
         let api_pid = api.pid;
         Self {
             db,
@@ -72,30 +55,24 @@ impl Cluster {
             prefix,
             api_pid,
             base,
-            http,
+            http: reqwest::Client::new(),
             _api: api,
         }
     }
 
     /// Starts a worker process with these settings on top of the cluster's database.
     pub(crate) async fn worker(&self, settings: &[(&str, &str)]) -> Process {
-        let mut vars = env(&[
-            ("DATABASE_URL", &self.db.url),
-            ("REDIS_URL", &self.redis_url),
-            ("SPOOL_REDIS_PREFIX", &self.prefix),
+        let defaults = [
             ("SPOOL_POLL_INTERVAL_MS", "100"),
-            ("SPOOL_WORKER_METRICS_ADDR", "127.0.0.1:0"),
             ("SPOOL_LEASE_SECS", "3"),
             ("SPOOL_HEARTBEAT_SECS", "0.5"),
             ("SPOOL_DB_MAX_CONNECTIONS", "8"),
-        ]);
-        vars.extend(env(settings));
-        let worker = Process::spawn("spool-worker", &["run"], &vars).expect("spool-worker");
-        poll_until("the worker to start", TIMEOUT, || async {
-            worker.output().contains("worker started").then_some(())
-        })
-        .await;
-        worker
+        ];
+        let vars = [&defaults[..], settings].concat();
+        backing(&self.db, &self.redis_url, &self.prefix)
+            .start_worker(&vars, TIMEOUT)
+            .await
+            .expect("spool-worker")
     }
 
     /// Posts a message to a new thread; returns the 202 body.

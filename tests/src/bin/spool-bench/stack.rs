@@ -2,12 +2,12 @@
 //! binaries next to `spool-bench`, so a release bench measures release servers) on a fresh
 //! database and a fresh Redis key prefix.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
-use spool_tests::{JWT_SECRET, Process, TestDb};
+use spool_tests::process::Backing;
+use spool_tests::{Process, TestDb};
 
 /// How long a process may take to start.
 const START: Duration = Duration::from_secs(30);
@@ -42,29 +42,21 @@ impl std::ops::Deref for Stack {
     }
 }
 
-fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
+fn backing<'a>(db: &'a TestDb, redis_url: &'a str, prefix: &'a str) -> Backing<'a> {
+    Backing {
+        database_url: &db.url,
+        redis_url,
+        redis_prefix: prefix,
+    }
 }
 
 /// Polls `check` every 5 ms until it answers, or fails after `timeout`.
 pub(crate) async fn wait_for<T>(
     what: &str,
     timeout: Duration,
-    mut check: impl AsyncFnMut() -> Option<T>,
+    check: impl AsyncFnMut() -> Option<T>,
 ) -> anyhow::Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return Ok(value);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    spool_tests::try_poll_until(what, timeout, Duration::from_millis(5), check).await
 }
 
 impl Stack {
@@ -76,28 +68,12 @@ impl Stack {
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
         let redis_url = spool_tests::redis_url();
-        let mut env = vars(&[
-            ("DATABASE_URL", &db.url),
-            ("SPOOL_API_ADDR", "127.0.0.1:0"),
-            ("SPOOL_JWT_SECRET", JWT_SECRET),
-            ("REDIS_URL", &redis_url),
-            ("SPOOL_REDIS_PREFIX", &prefix),
-        ]);
-        env.extend(vars(settings));
-        let api = Process::spawn("spool-api", &["serve"], &env)?;
-        let addr = wait_for("spool-api to listen", START, async || {
-            api.logged("spool-api listening", "addr")
-        })
-        .await?;
-        let base = format!("http://{addr}");
+        let (api, base) = backing(&db, &redis_url, &prefix)
+            .start_api(settings, START)
+            .await?;
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(1024)
             .build()?;
-        wait_for("spool-api to answer /healthz", START, async || {
-            let response = http.get(format!("{base}/healthz")).send().await.ok()?;
-            response.status().is_success().then_some(())
-        })
-        .await?;
         Ok(Self {
             db,
             redis_url,
@@ -136,19 +112,10 @@ impl Stack {
 
     /// Starts a worker with `settings` on top of the defaults; returns its index.
     pub(crate) async fn worker(&mut self, settings: &[(&str, &str)]) -> anyhow::Result<usize> {
-        let mut env = vars(&[
-            ("DATABASE_URL", &self.db.url),
-            ("REDIS_URL", &self.redis_url),
-            ("SPOOL_REDIS_PREFIX", &self.prefix),
-            ("SPOOL_WORKER_METRICS_ADDR", "127.0.0.1:0"),
-            ("SPOOL_DEMO_DELAY_MS", "0"),
-        ]);
-        env.extend(vars(settings));
-        let worker = Process::spawn("spool-worker", &["run"], &env)?;
-        wait_for("the worker to start", START, async || {
-            worker.output().contains("worker started").then_some(())
-        })
-        .await?;
+        let settings = [&[("SPOOL_DEMO_DELAY_MS", "0")], settings].concat();
+        let worker = backing(&self.db, &self.redis_url, &self.prefix)
+            .start_worker(&settings, START)
+            .await?;
         self.workers.push(worker);
         Ok(self.workers.len() - 1)
     }
