@@ -77,19 +77,25 @@ async fn a_queued_run_is_cancelled_at_once_and_the_thread_accepts_new_messages()
         (Some("changed my mind"), Some("alice")),
         "the first request is recorded"
     );
-    let (status, _) = app.send_message(&alice, thread, "new question").await;
+    let (status, queued) = app.send_message(&alice, thread, "new question").await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let (status, _) = app
-        .post(
-            &token("mallory", "acme"),
-            &format!(
-                "/v1/workflows/{}/cancel",
-                accepted["workflow_id"].as_str().expect("id")
-            ),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Neither another user of the tenant nor anyone of another tenant can cancel, or see, a
+    // run, finished or queued.
+    for run in [&accepted, &queued] {
+        let path = format!(
+            "/v1/workflows/{}/cancel",
+            run["workflow_id"].as_str().expect("id")
+        );
+        for intruder in [token("mallory", "acme"), token("alice", "globex")] {
+            let (status, body) = app.post(&intruder, &path, &json!({})).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        }
+    }
+    assert_eq!(
+        finished_status(&app, &queued).await,
+        "queued",
+        "still waiting for a worker"
+    );
     app.stop().await;
 }
 
@@ -124,6 +130,24 @@ async fn cancelling_while_the_model_streams_stops_it_and_keeps_the_partial_messa
     let stored = app.stored(thread).await;
     let kinds: Vec<&str> = stored.iter().map(|(_, k)| k.as_str()).collect();
     assert_eq!(&kinds[kinds.len() - 2..], ["message_end", "done"]);
+    // What a client sees: the segment ends as cancelled, with the partial text before it.
+    let frames = app
+        .replay_all(&alice, thread)
+        .await
+        .collect(Duration::from_secs(10))
+        .await;
+    let end = frames
+        .iter()
+        .find(|f| f.event == "message_end")
+        .expect("message_end")
+        .json();
+    assert_eq!(end["data"]["status"], "cancelled", "{end}");
+    let streamed: String = frames
+        .iter()
+        .filter(|f| f.event == "text_delta")
+        .filter_map(|f| f.json()["data"]["delta"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(streamed, content, "the stream and the saved partial agree");
     app.stop().await;
 }
 

@@ -1,5 +1,5 @@
-//! The queue's statements, driven directly against a real database: claims, leases from the
-//! database clock, fencing on the attempt, terminal states.
+//! The queue's statements, driven directly against a real database (and by a worker process):
+//! claims, leases from the database clock, fencing on the attempt, terminal states.
 
 use std::time::Duration;
 
@@ -18,6 +18,53 @@ fn completed<'a>(content: &'a str, empty: &'a serde_json::Value) -> Outcome<'a> 
         parts: empty,
         usage: empty,
         error: None,
+    }
+}
+
+#[tokio::test]
+async fn a_worker_whose_clock_is_wrong_still_gets_leases_by_the_database_clock() {
+    let cluster = Cluster::start().await;
+    let pool = &cluster.db.pool;
+    // Record, in the same transaction as every write of a lease, the database's own now().
+    // A lease the worker computed (its clock plus the lease, bound as a value) could not equal
+    // that transaction time plus the lease to the microsecond.
+    sqlx::raw_sql(
+        "CREATE TABLE lease_audit (attempt int, db_now timestamptz, expires timestamptz);
+         CREATE FUNCTION audit_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO lease_audit VALUES (NEW.attempt, now(), NEW.lease_expires_at);
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER audit_lease AFTER UPDATE OF lease_expires_at ON runs FOR EACH ROW
+           WHEN (NEW.lease_expires_at IS NOT NULL) EXECUTE FUNCTION audit_lease();",
+    )
+    .execute(pool)
+    .await
+    .expect("audit trigger");
+    // A worker with a lease of 3 s renewed every 0.5 s, on a run of about 2 s.
+    let _worker = cluster
+        .worker(&[("SPOOL_DEMO_TOKENS", "10"), ("SPOOL_DEMO_DELAY_MS", "200")])
+        .await;
+    let accepted = cluster.enqueue(&token("alice", "acme"), "lease me").await;
+    cluster.wait_run(&accepted, "completed").await;
+
+    let audit: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT attempt, (extract(epoch FROM expires - db_now) * 1e6)::bigint
+           FROM lease_audit ORDER BY db_now",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("audit");
+    assert!(
+        audit.len() >= 3,
+        "a claim and at least two renewals: {audit:?}"
+    );
+    for (attempt, lease_us) in &audit {
+        assert_eq!(
+            (*attempt, *lease_us),
+            (1, 3_000_000),
+            "every lease is the database's now() plus 3 s: {audit:?}"
+        );
     }
 }
 
