@@ -423,6 +423,37 @@ impl RunOverrides {
         errors
     }
 
+    /// What the run keeps once these overrides answer a pause whose next model call is
+    /// `next_step`: the next-step choice becomes a rule for that step, the posted rules go ahead
+    /// of those posted at earlier pauses, and the newest default tool choice wins. What earlier
+    /// pauses posted lasts for the rest of the run, except their next-step choices, which
+    /// applied to steps already taken.
+    pub fn accumulate(self, earlier: Option<Self>, next_step: u32) -> Self {
+        let earlier = earlier.unwrap_or_default();
+        let mut rules = Vec::new();
+        if self.tool_choice.is_some() || self.active_tools.is_some() {
+            rules.push(StepRule {
+                step: next_step,
+                tool_choice: self.tool_choice,
+                active_tools: self.active_tools,
+            });
+        }
+        rules.extend(self.step_rules.into_iter().flatten());
+        rules.extend(earlier.step_rules.into_iter().flatten());
+        let defaults = match self.defaults.and_then(|d| d.tool_choice) {
+            Some(choice) => Some(RunDefaults {
+                tool_choice: Some(choice),
+            }),
+            None => earlier.defaults,
+        };
+        Self {
+            tool_choice: None,
+            active_tools: None,
+            step_rules: (!rules.is_empty()).then_some(rules),
+            defaults,
+        }
+    }
+
     /// Applies the overrides to the spec a run executes: `tool_choice`/`active_tools` become a
     /// rule for `next_step`, the posted rules go ahead of the agent's, and the default tool
     /// choice replaces the agent's.
@@ -843,6 +874,44 @@ mod tests {
                 "step_rules[0].step",
                 "step_rules[1].step",
             ]
+        );
+    }
+
+    #[test]
+    fn overrides_posted_at_later_pauses_add_to_those_of_earlier_ones() {
+        let first = overrides(json!({"tool_choice": "read", "step_rules": [{"step": 5,
+            "tool_choice": "none"}], "defaults": {"tool_choice": "required"}}))
+        .accumulate(None, 2);
+        let second = overrides(json!({"active_tools": [], "step_rules": [{"step": 5,
+            "tool_choice": "auto"}]}))
+        .accumulate(Some(first), 4);
+        let rules: Vec<(u32, Option<ToolChoice>, Option<usize>)> = second
+            .step_rules
+            .iter()
+            .flatten()
+            .map(|r| {
+                (
+                    r.step,
+                    r.tool_choice.clone(),
+                    r.active_tools.as_ref().map(Vec::len),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (4, None, Some(0)),
+                (5, Some(ToolChoice::Auto), None),
+                (2, Some(ToolChoice::Tool("read".into())), None),
+                (5, Some(ToolChoice::None), None),
+            ],
+            "newest first, each next-step choice pinned to its step"
+        );
+        assert_eq!(second.tool_choice, None);
+        assert_eq!(
+            second.defaults.and_then(|d| d.tool_choice),
+            Some(ToolChoice::Required),
+            "the defaults of the first pause last"
         );
     }
 

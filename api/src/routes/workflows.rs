@@ -389,6 +389,12 @@ async fn post_tool_outputs(
             details,
         });
     }
+    // Kept with what earlier pauses of the run posted: their rules and defaults last.
+    let earlier = run
+        .overrides
+        .as_ref()
+        .and_then(|stored| serde_json::from_value::<RunOverrides>(stored.0.clone()).ok());
+    let overrides = overrides.accumulate(earlier, next_step);
     let overrides = serde_json::to_value(&overrides).map_err(anyhow::Error::from)?;
     steps::replace(&mut *tx, id, step.step, &data).await?;
     if !runs::resume(&mut *tx, id, RunStatus::RequiresAction, Some(&overrides)).await? {

@@ -204,6 +204,103 @@ async fn a_client_tool_pauses_the_run_survives_a_worker_restart_and_resumes_with
     app.stop().await;
 }
 
+#[tokio::test]
+async fn partial_outputs_are_refused_and_overrides_last_across_later_pauses() {
+    // Step 1 asks two client tools at once, step 2 one more, step 3 answers.
+    let fake = FakeLlm::start(|_, n| match n {
+        0 => fake_llm::tool_calls(&[
+            ("call_a", "read_local_file", r#"{"path": "a"}"#),
+            ("call_b", "list_dir", r#"{"path": "."}"#),
+        ]),
+        1 => fake_llm::tool_calls(&[("call_c", "list_dir", r#"{"path": "b"}"#)]),
+        _ => fake_llm::text("done", 1),
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let list_dir = json!({"type": "client", "name": "list_dir", "parameters": {"type": "object"}});
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "files", "model": "gpt-4o-mini", "tools": [client_tool(), list_dir]}),
+        )
+        .await;
+    let (_, accepted) = ask(&app, &agent, "tidy up").await;
+    let alice = token("alice", "acme");
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    let path = format!("/v1/workflows/{workflow}/tool_outputs");
+    wait_status(&app, &accepted, "requires_action").await;
+
+    let (status, body) = app
+        .post(
+            &alice,
+            &path,
+            &json!({"tool_outputs": [{"tool_call_id": "call_a", "output": "A"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "missing_tool_outputs");
+    assert_eq!(body["error"]["missing"], json!(["call_b"]));
+
+    // Step 2: only list_dir, and it must be called; step 3: only read_local_file; every step
+    // without a rule of its own: some tool must be called.
+    let (status, body) = app
+        .post(
+            &alice,
+            &path,
+            &json!({
+                "tool_outputs": [{"tool_call_id": "call_a", "output": "A"},
+                                 {"tool_call_id": "call_b", "output": "B"}],
+                "tool_choice": "list_dir",
+                "active_tools": ["list_dir"],
+                "step_rules": [{"step": 3, "active_tools": ["read_local_file"]}],
+                "defaults": {"tool_choice": "required"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    poll_until("the second pause", Duration::from_secs(20), || async {
+        let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
+        (run["pending_action"]["tool_calls"][0]["tool_call_id"] == "call_c").then_some(())
+    })
+    .await;
+    // The second answer posts no overrides: those of the first pause still hold.
+    let (status, body) = app
+        .post(
+            &alice,
+            &path,
+            &json!({"tool_outputs": [{"tool_call_id": "call_c", "output": "C"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let run = finished(&app, &accepted).await;
+    assert_eq!(run["status"], "completed", "{run}");
+
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 3);
+    let offered = |request: &Value| -> Vec<String> {
+        request["tools"]
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(offered(&requests[1]), ["list_dir"]);
+    assert_eq!(
+        requests[1]["tool_choice"],
+        json!({"type": "function", "function": {"name": "list_dir"}})
+    );
+    // Posted at the first pause, both still held after the second.
+    assert_eq!(offered(&requests[2]), ["read_local_file"], "step 3's rule");
+    assert_eq!(
+        requests[2]["tool_choice"], "required",
+        "the default for the rest of the run"
+    );
+    app.stop().await;
+}
+
 async fn approval_app(fake: &FakeLlm, base: &str, timeout_secs: u32) -> (TestApp, String) {
     let app = app_with(fake).await;
     let mut tool = http_tool("get_weather", format!("{base}/weather"));

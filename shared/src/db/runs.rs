@@ -312,7 +312,7 @@ pub async fn pause(
     let result = sqlx::query(
         "UPDATE runs
             SET status = $3, pending_action = $4, approval_expires_at = $5, resumed = false,
-                overrides = NULL, lease_expires_at = NULL, queued_at = now(), updated_at = now()
+                lease_expires_at = NULL, queued_at = now(), updated_at = now()
           WHERE id = $1 AND attempt = $2 AND status = 'running'",
     )
     .bind(id)
@@ -325,8 +325,9 @@ pub async fn pause(
     Ok(result.rows_affected() == 1)
 }
 
-/// Re-queues a paused run after its pause was answered, with optional overrides. `false` if it
-/// is not in `expected` status (answered twice, cancelled meanwhile).
+/// Re-queues a paused run after its pause was answered. `overrides`, if given, replace the
+/// run's (the caller has merged them with what earlier pauses posted); `None` keeps them.
+/// `false` if it is not in `expected` status (answered twice, cancelled meanwhile).
 pub async fn resume(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
@@ -336,7 +337,8 @@ pub async fn resume(
     let result = sqlx::query(
         "UPDATE runs
             SET status = 'queued', pending_action = NULL, approval_expires_at = NULL,
-                resumed = true, overrides = $3, queued_at = now(), updated_at = now()
+                resumed = true, overrides = coalesce($3, overrides), queued_at = now(),
+                updated_at = now()
           WHERE id = $1 AND status = $2",
     )
     .bind(id)
