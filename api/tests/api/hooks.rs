@@ -138,6 +138,69 @@ async fn http_hooks_rewrite_arguments_and_results() {
 }
 
 #[tokio::test]
+async fn an_http_hook_can_deny_a_call_and_one_that_hangs_is_passed_over_at_its_timeout() {
+    let fake = weather_model().await;
+    let (tools, base) = Tools::start().await;
+    let (seen, deny) = hook_server(|_| {
+        (
+            200,
+            json!({"decision": "deny", "reason": "weather is classified"}),
+        )
+    })
+    .await;
+    // A hook endpoint that never answers in time.
+    let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hanging_url = format!("http://{}/hook", hanging.local_addr().expect("addr"));
+    let slow = axum::Router::new().route(
+        "/hook",
+        post(|| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Json(json!({"decision": "deny", "reason": "too late to count"}))
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(hanging, slow).await;
+    });
+    let app = app_with(&fake).await;
+
+    // The hanging hook comes first: after its 1 s it is passed over, and the deny still holds.
+    let agent = app.create_agent("acme", &json!({"name": "guarded", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "pre_tool_use", "type": "http", "url": hanging_url, "timeout_secs": 1},
+                  {"event": "pre_tool_use", "type": "http", "url": deny, "matcher": "get_weather"}]})).await;
+    let started = std::time::Instant::now();
+    let (_, accepted) = ask(&app, &agent, "weather?").await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the hanging hook held the run for {:?}",
+        started.elapsed()
+    );
+    assert!(tools.calls().is_empty(), "the denied call was not made");
+    let told = last_tool_message(&fake);
+    assert!(
+        told.contains("weather is classified") && !told.contains("too late"),
+        "{told}"
+    );
+    assert_eq!(seen.lock().expect("lock")[0]["tool_name"], "get_weather");
+
+    // Alone, the hanging hook fails open: the call is made.
+    let agent = app.create_agent("acme", &json!({"name": "slow", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "pre_tool_use", "type": "http", "url": hanging_url, "timeout_secs": 1}]})).await;
+    let (_, accepted) = ask(&app, &agent, "weather?").await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert_eq!(
+        tools.calls().len(),
+        1,
+        "a hook past its timeout allows the call"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn failing_or_dead_http_hooks_fail_open() {
     let fake = weather_model().await;
     let (tools, base) = Tools::start().await;
