@@ -454,22 +454,12 @@ impl RunOverrides {
         }
     }
 
-    /// Applies the overrides to the spec a run executes: `tool_choice`/`active_tools` become a
-    /// rule for `next_step`, the posted rules go ahead of the agent's, and the default tool
-    /// choice replaces the agent's.
-    pub fn apply(self, spec: &mut AgentSpec, next_step: u32) {
+    /// Applies what a run keeps (see [`Self::accumulate`], which pinned every next-step choice
+    /// to its step) to the spec it executes: the rules go ahead of the agent's, and the default
+    /// tool choice replaces the agent's.
+    pub fn apply(self, spec: &mut AgentSpec) {
         if let Some(rules) = self.step_rules {
             spec.step_rules.splice(0..0, rules);
-        }
-        if self.tool_choice.is_some() || self.active_tools.is_some() {
-            spec.step_rules.insert(
-                0,
-                StepRule {
-                    step: next_step,
-                    tool_choice: self.tool_choice,
-                    active_tools: self.active_tools,
-                },
-            );
         }
         if let Some(choice) = self.defaults.and_then(|d| d.tool_choice) {
             spec.tool_choice = choice;
@@ -928,7 +918,8 @@ mod tests {
             json!({"tool_choice": null, "active_tools": null, "step_rules": null,
             "defaults": null}),
         )
-        .apply(&mut unchanged, 2);
+        .accumulate(None, 2)
+        .apply(&mut unchanged);
         assert_eq!(unchanged, agent);
 
         let mut steered = agent.clone();
@@ -936,7 +927,8 @@ mod tests {
             json!({"tool_choice": "none", "step_rules": [{"step": 3, "active_tools": []}],
             "defaults": {"tool_choice": "auto"}}),
         )
-        .apply(&mut steered, 2);
+        .accumulate(None, 2)
+        .apply(&mut steered);
         assert_eq!(steered.tool_choice, ToolChoice::Auto);
         let rules: Vec<(u32, Option<ToolChoice>)> = steered
             .step_rules

@@ -278,13 +278,10 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
     let mut first = u32::try_from(saved.len())
         .unwrap_or(u32::MAX)
         .saturating_add(1);
-    // Overrides posted with tool outputs apply from the next model call on, which comes after
-    // the step being settled.
-    let next_call = first + u32::from(unsettled.is_some());
     if let Some(overrides) = &run.overrides {
-        // Checked by the API before it was stored; a row it cannot read steers nothing.
+        // Checked and pinned to their steps by the API; a row it cannot read steers nothing.
         match serde_json::from_value::<RunOverrides>(overrides.0.clone()) {
-            Ok(overrides) => overrides.apply(&mut spec, next_call),
+            Ok(overrides) => overrides.apply(&mut spec),
             Err(err) => tracing::warn!(error = %err, "ignoring unreadable run overrides"),
         }
     }
