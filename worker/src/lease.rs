@@ -40,6 +40,7 @@ pub struct LeaseKeeper {
 /// One held lease. Dropping it stops renewing.
 pub struct Lease {
     id: WorkflowId,
+    attempt: i32,
     held: Table,
     /// Fires when the lease is lost: the run must stop at once and write nothing more.
     pub lost: CancellationToken,
@@ -95,6 +96,7 @@ impl LeaseKeeper {
         );
         Lease {
             id,
+            attempt,
             held: self.held.clone(),
             lost,
             cancel_requested,
@@ -138,7 +140,15 @@ impl Drop for LeaseKeeper {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        lock(&self.held).remove(&self.id);
+        // Only this attempt's entry: the same worker may already hold a later attempt of the
+        // run (resumed after a pause, or released and claimed again) under the same id.
+        let mut table = lock(&self.held);
+        if table
+            .get(&self.id)
+            .is_some_and(|h| h.attempt == self.attempt)
+        {
+            table.remove(&self.id);
+        }
     }
 }
 
@@ -209,5 +219,31 @@ fn give_up_expired(table: &mut HashMap<WorkflowId, Held>, error: &str, safe_for:
                 "lease may have expired while Postgres was unreachable; stopping the run");
             entry.lost.cancel();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropping_an_attempt_s_lease_leaves_a_later_attempt_of_the_run_held() {
+        // Nothing here reaches the database: the pool is lazy and the heartbeat far away.
+        let hour = Duration::from_secs(3600);
+        let keeper =
+            LeaseKeeper::start("postgres://nobody@127.0.0.1:1/none", hour, hour).expect("keeper");
+        let id = WorkflowId::new();
+        let first = keeper.hold(id, 1, Instant::now());
+        // Resumed after a pause and claimed again by this worker before the first attempt has
+        // let go of its lease (it drops it after its final flush).
+        let second = keeper.hold(id, 2, Instant::now());
+        drop(first);
+        keeper.canceller().cancel(id);
+        assert!(
+            second.cancel_requested.is_cancelled(),
+            "the second attempt is still held"
+        );
+        drop(second);
+        assert!(lock(&keeper.held).is_empty());
     }
 }
