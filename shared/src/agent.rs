@@ -409,6 +409,30 @@ impl RunOverrides {
                 unknown(format!("step_rules[{i}].active_tools[{j}]"), name);
             }
         }
+        // A named choice outside the tools offered alongside it is one the provider refuses.
+        let mut conflicts =
+            |field: String, choice: Option<&ToolChoice>, active: &Option<Vec<String>>| {
+                if let (Some(ToolChoice::Tool(name)), Some(active)) = (choice, active)
+                    && !active.contains(name)
+                {
+                    errors.push(FieldError {
+                        field,
+                        message: format!("`{name}` is not among the active tools"),
+                    });
+                }
+            };
+        conflicts(
+            "tool_choice".into(),
+            self.tool_choice.as_ref(),
+            &self.active_tools,
+        );
+        for (i, rule) in self.step_rules.iter().flatten().enumerate() {
+            conflicts(
+                format!("step_rules[{i}].tool_choice"),
+                rule.tool_choice.as_ref(),
+                &rule.active_tools,
+            );
+        }
         for (i, rule) in self.step_rules.iter().flatten().enumerate() {
             if rule.step < next_step || rule.step > agent.max_steps {
                 errors.push(FieldError {
@@ -847,7 +871,8 @@ mod tests {
         assert_eq!(good.validate(&agent, 3), []);
         let bad = overrides(
             json!({"tool_choice": "gh", "active_tools": ["ghost", "read"],
-            "step_rules": [{"step": 2}, {"step": 5, "active_tools": ["gh_"]}],
+            "step_rules": [{"step": 2}, {"step": 5, "active_tools": ["gh_"]},
+                           {"step": 3, "tool_choice": "read", "active_tools": ["gh_issues"]}],
             "defaults": {"tool_choice": "reader"}}),
         );
         let fields: Vec<String> = bad
@@ -861,6 +886,8 @@ mod tests {
                 "tool_choice",
                 "defaults.tool_choice",
                 "active_tools[0]",
+                "tool_choice",
+                "step_rules[2].tool_choice",
                 "step_rules[0].step",
                 "step_rules[1].step",
             ]

@@ -1179,20 +1179,22 @@ impl ToolSet {
     }
 
     /// The tools offered at `step` and the tool choice, after `step_rules`; none on the last.
+    /// Each field comes from the first rule for the step that sets it, so a rule posted later
+    /// that only narrows the tools keeps an earlier rule's tool choice.
     fn offer(&self, spec: &AgentSpec, step: u32, last: bool) -> (Vec<ToolDef>, Choice) {
         if last || self.tools.is_empty() {
             return (Vec::new(), Choice::Auto);
         }
-        let rule = spec.step_rules.iter().find(|r| r.step == step);
-        let active: Option<&Vec<String>> = rule.and_then(|r| r.active_tools.as_ref());
+        let mut rules = spec.step_rules.iter().filter(|r| r.step == step);
+        let active: Option<&Vec<String>> = rules.clone().find_map(|r| r.active_tools.as_ref());
         let offered = self
             .tools
             .iter()
             .filter(|tool| active.is_none_or(|names| names.contains(&tool.def.name)))
             .map(|tool| tool.def.clone())
             .collect();
-        let choice = match rule
-            .and_then(|r| r.tool_choice.clone())
+        let choice = match rules
+            .find_map(|r| r.tool_choice.clone())
             .unwrap_or_else(|| spec.tool_choice.clone())
         {
             ToolChoice::Auto => Choice::Auto,

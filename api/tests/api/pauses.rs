@@ -136,6 +136,7 @@ async fn a_client_tool_pauses_the_run_survives_a_worker_restart_and_resumes_with
             "defaults.tool_choice",
             "step_rules[0].step",
             "step_rules[0].tool_choice",
+            "tool_choice",
             "tool_choice"
         ]
     );
@@ -206,13 +207,14 @@ async fn a_client_tool_pauses_the_run_survives_a_worker_restart_and_resumes_with
 
 #[tokio::test]
 async fn partial_outputs_are_refused_and_overrides_last_across_later_pauses() {
-    // Step 1 asks two client tools at once, step 2 one more, step 3 answers.
+    // Step 1 asks two client tools at once, steps 2 and 3 one more each, step 4 answers.
     let fake = FakeLlm::start(|_, n| match n {
         0 => fake_llm::tool_calls(&[
             ("call_a", "read_local_file", r#"{"path": "a"}"#),
             ("call_b", "list_dir", r#"{"path": "."}"#),
         ]),
         1 => fake_llm::tool_calls(&[("call_c", "list_dir", r#"{"path": "b"}"#)]),
+        2 => fake_llm::tool_calls(&[("call_d", "read_local_file", r#"{"path": "c"}"#)]),
         _ => fake_llm::text("done", 1),
     })
     .await;
@@ -241,8 +243,8 @@ async fn partial_outputs_are_refused_and_overrides_last_across_later_pauses() {
     assert_eq!(body["error"]["code"], "missing_tool_outputs");
     assert_eq!(body["error"]["missing"], json!(["call_b"]));
 
-    // Step 2: only list_dir, and it must be called; step 3: only read_local_file; every step
-    // without a rule of its own: some tool must be called.
+    // Step 2: only list_dir, and it must be called; step 3: read_local_file must be called;
+    // every step without a rule of its own: some tool must be called.
     let (status, body) = app
         .post(
             &alice,
@@ -252,22 +254,36 @@ async fn partial_outputs_are_refused_and_overrides_last_across_later_pauses() {
                                  {"tool_call_id": "call_b", "output": "B"}],
                 "tool_choice": "list_dir",
                 "active_tools": ["list_dir"],
-                "step_rules": [{"step": 3, "active_tools": ["read_local_file"]}],
+                "step_rules": [{"step": 3, "tool_choice": "read_local_file"}],
                 "defaults": {"tool_choice": "required"}}),
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    poll_until("the second pause", Duration::from_secs(20), || async {
-        let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
-        (run["pending_action"]["tool_calls"][0]["tool_call_id"] == "call_c").then_some(())
-    })
-    .await;
-    // The second answer posts no overrides: those of the first pause still hold.
+    let pending = async |call: &str| {
+        poll_until("the next pause", Duration::from_secs(20), || async {
+            let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
+            (run["pending_action"]["tool_calls"][0]["tool_call_id"] == call).then_some(())
+        })
+        .await;
+    };
+    pending("call_c").await;
+    // The second answer only narrows step 3's tools: the first pause's choice for that step,
+    // and its default, still hold.
     let (status, body) = app
         .post(
             &alice,
             &path,
-            &json!({"tool_outputs": [{"tool_call_id": "call_c", "output": "C"}]}),
+            &json!({"tool_outputs": [{"tool_call_id": "call_c", "output": "C"}],
+                    "active_tools": ["read_local_file"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    pending("call_d").await;
+    let (status, body) = app
+        .post(
+            &alice,
+            &path,
+            &json!({"tool_outputs": [{"tool_call_id": "call_d", "output": "D"}]}),
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
@@ -275,7 +291,7 @@ async fn partial_outputs_are_refused_and_overrides_last_across_later_pauses() {
     assert_eq!(run["status"], "completed", "{run}");
 
     let requests = fake.requests();
-    assert_eq!(requests.len(), 3);
+    assert_eq!(requests.len(), 4);
     let offered = |request: &Value| -> Vec<String> {
         request["tools"]
             .as_array()
@@ -292,11 +308,20 @@ async fn partial_outputs_are_refused_and_overrides_last_across_later_pauses() {
         requests[1]["tool_choice"],
         json!({"type": "function", "function": {"name": "list_dir"}})
     );
-    // Posted at the first pause, both still held after the second.
-    assert_eq!(offered(&requests[2]), ["read_local_file"], "step 3's rule");
     assert_eq!(
-        requests[2]["tool_choice"], "required",
-        "the default for the rest of the run"
+        offered(&requests[2]),
+        ["read_local_file"],
+        "narrowed at the second pause"
+    );
+    assert_eq!(
+        requests[2]["tool_choice"],
+        json!({"type": "function", "function": {"name": "read_local_file"}}),
+        "step 3's choice, posted at the first pause"
+    );
+    assert_eq!(offered(&requests[3]).len(), 2, "no rule for step 4");
+    assert_eq!(
+        requests[3]["tool_choice"], "required",
+        "the default posted at the first pause, two pauses later"
     );
     app.stop().await;
 }
