@@ -22,7 +22,7 @@ fn completed<'a>(content: &'a str, empty: &'a serde_json::Value) -> Outcome<'a> 
 }
 
 #[tokio::test]
-async fn a_worker_whose_clock_is_wrong_still_gets_leases_by_the_database_clock() {
+async fn every_lease_a_worker_writes_is_the_database_s_now_plus_the_lease() {
     let cluster = Cluster::start().await;
     let pool = &cluster.db.pool;
     // Record, in the same transaction as every write of a lease, the database's own now().
