@@ -668,6 +668,15 @@ impl AgentSpec {
                     );
                 }
             }
+            if let (Some(ToolChoice::Tool(name)), Some(active)) =
+                (&rule.tool_choice, &rule.active_tools)
+                && !active.contains(name)
+            {
+                fail(
+                    format!("step_rules[{i}].tool_choice"),
+                    format!("`{name}` is not among the active tools"),
+                );
+            }
         }
         for (i, hook) in self.hooks.iter().enumerate() {
             let tool_event = matches!(hook.event, HookEvent::PreToolUse | HookEvent::PostToolUse);
@@ -828,7 +837,8 @@ mod tests {
               {"type": "mcp", "name": "gh", "url": "not a url"},
               {"type": "client", "name": "gh_issues"}],
             "stop_conditions": [{"type": "has_tool_call", "tool_name": "missing"}],
-            "step_rules": [{"step": 9, "active_tools": ["ghost"]}]}),
+            "step_rules": [{"step": 9, "active_tools": ["ghost"]},
+                           {"step": 1, "tool_choice": "a", "active_tools": ["gh_issues"]}]}),
         );
         let fields: Vec<String> = agent.validate().into_iter().map(|e| e.field).collect();
         for expected in [
@@ -844,6 +854,7 @@ mod tests {
             "stop_conditions[0].tool_name",
             "step_rules[0].step",
             "step_rules[0].active_tools[0]",
+            "step_rules[1].tool_choice",
         ] {
             assert!(
                 fields.contains(&expected.to_owned()),
