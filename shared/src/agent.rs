@@ -478,6 +478,52 @@ impl RunOverrides {
         }
     }
 
+    /// Every step from `next_step` on whose rules, merged as the worker merges them (each field
+    /// from the first rule that sets it; these overrides' rules ahead of the agent's), end up
+    /// choosing a named tool that is not among that step's active tools: a choice posted at
+    /// one pause and tools narrowed at another can clash, and the provider refuses the call.
+    /// For overrides already accumulated.
+    pub fn clashes(&self, agent: &AgentSpec, next_step: u32) -> Vec<FieldError> {
+        let rules: Vec<&StepRule> = self
+            .step_rules
+            .iter()
+            .flatten()
+            .chain(&agent.step_rules)
+            .collect();
+        let default = self
+            .defaults
+            .as_ref()
+            .and_then(|d| d.tool_choice.as_ref())
+            .unwrap_or(&agent.tool_choice);
+        let mut steps: Vec<u32> = rules
+            .iter()
+            .map(|r| r.step)
+            .filter(|s| *s >= next_step)
+            .collect();
+        steps.sort_unstable();
+        steps.dedup();
+        let mut errors = Vec::new();
+        for step in steps {
+            let of_step = || rules.iter().filter(move |r| r.step == step);
+            let active = of_step().find_map(|r| r.active_tools.as_ref());
+            let choice = of_step()
+                .find_map(|r| r.tool_choice.as_ref())
+                .unwrap_or(default);
+            if let (ToolChoice::Tool(name), Some(active)) = (choice, active)
+                && !active.contains(name)
+            {
+                errors.push(FieldError {
+                    field: "step_rules".into(),
+                    message: format!(
+                        "at step {step}, with the rules posted earlier, `{name}` would be chosen \
+                         but is not among the active tools"
+                    ),
+                });
+            }
+        }
+        errors
+    }
+
     /// Applies what a run keeps (see [`Self::accumulate`], which pinned every next-step choice
     /// to its step) to the spec it executes: the rules go ahead of the agent's, and the default
     /// tool choice replaces the agent's.
@@ -941,6 +987,23 @@ mod tests {
             Some(ToolChoice::Required),
             "the defaults of the first pause last"
         );
+    }
+
+    #[test]
+    fn a_choice_from_one_pause_and_tools_narrowed_at_another_clash() {
+        let agent = spec(json!({"name": "a", "model": "demo", "tools": [
+            {"type": "client", "name": "read"}, {"type": "client", "name": "list"}]}));
+        let first = overrides(json!({"step_rules": [{"step": 3, "tool_choice": "read"}]}))
+            .accumulate(None, 2);
+        assert_eq!(first.clashes(&agent, 2), []);
+        let narrowed =
+            overrides(json!({"active_tools": ["list"]})).accumulate(Some(first.clone()), 3);
+        let clashes = narrowed.clashes(&agent, 3);
+        assert_eq!(clashes.len(), 1, "{clashes:?}");
+        assert!(clashes[0].message.contains("at step 3"), "{clashes:?}");
+        let widened =
+            overrides(json!({"active_tools": ["list", "read"]})).accumulate(Some(first), 3);
+        assert_eq!(widened.clashes(&agent, 3), []);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use spool_shared::agent::{AgentSpec, RunDefaults, RunOverrides, StepRule, ToolChoice};
+use spool_shared::agent::{AgentSpec, FieldError, RunDefaults, RunOverrides, StepRule, ToolChoice};
 use spool_shared::db::runs::{self, Run};
 use spool_shared::db::{self, agents, steps};
 use spool_shared::event::{EventType, Origin};
@@ -261,6 +261,19 @@ pub struct ToolOutputsRequest {
     pub defaults: Option<RunDefaults>,
 }
 
+fn invalid_overrides(errors: Vec<FieldError>) -> ApiError {
+    let mut details = Map::new();
+    details.insert("errors".into(), json!(errors));
+    ApiError::Unprocessable {
+        code: "invalid_overrides",
+        message: format!(
+            "the overrides have {} problem(s); see `errors`",
+            errors.len()
+        ),
+        details,
+    }
+}
+
 fn not_waiting(run: &Run, waits_for: &str) -> ApiError {
     let mut details = Map::new();
     details.insert("status".into(), json!(run.status));
@@ -376,18 +389,11 @@ async fn post_tool_outputs(
     // The paused step is settled by these outputs; the next model call is the one after it.
     let next_step = u32::try_from(step.step).unwrap_or(0).saturating_add(1);
     // An agent deleted while its run waited fails the run when it resumes, whatever is posted.
-    let errors = agent.map_or_else(Vec::new, |agent| overrides.validate(&agent, next_step));
+    let errors = agent
+        .as_ref()
+        .map_or_else(Vec::new, |agent| overrides.validate(agent, next_step));
     if !errors.is_empty() {
-        let mut details = Map::new();
-        details.insert("errors".into(), json!(errors));
-        return Err(ApiError::Unprocessable {
-            code: "invalid_overrides",
-            message: format!(
-                "the overrides have {} problem(s); see `errors`",
-                errors.len()
-            ),
-            details,
-        });
+        return Err(invalid_overrides(errors));
     }
     // Kept with what earlier pauses of the run posted: their rules and defaults last.
     let earlier = run
@@ -395,6 +401,10 @@ async fn post_tool_outputs(
         .as_ref()
         .and_then(|stored| serde_json::from_value::<RunOverrides>(stored.0.clone()).ok());
     let overrides = overrides.accumulate(earlier, next_step);
+    let clashes = agent.map_or_else(Vec::new, |agent| overrides.clashes(&agent, next_step));
+    if !clashes.is_empty() {
+        return Err(invalid_overrides(clashes));
+    }
     let overrides = serde_json::to_value(&overrides).map_err(anyhow::Error::from)?;
     steps::replace(&mut *tx, id, step.step, &data).await?;
     if !runs::resume(&mut *tx, id, RunStatus::RequiresAction, Some(&overrides)).await? {

@@ -267,6 +267,17 @@ async fn partial_outputs_are_refused_and_overrides_last_across_later_pauses() {
         .await;
     };
     pending("call_c").await;
+    // Narrowing step 3 to tools without the one the first pause chose for it: refused.
+    let (status, body) = app
+        .post(
+            &alice,
+            &path,
+            &json!({"tool_outputs": [{"tool_call_id": "call_c", "output": "C"}],
+                    "active_tools": ["list_dir"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_overrides");
     // The second answer only narrows step 3's tools: the first pause's choice for that step,
     // and its default, still hold.
     let (status, body) = app
