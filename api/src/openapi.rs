@@ -12,7 +12,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::openapi::{Object, ObjectBuilder, OpenApi, RefOr, Type};
 
 use spool_shared::agent::FieldError;
-use spool_shared::model::RunStatus;
+use spool_shared::status::RunStatus;
 use spool_shared::{AgentId, MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;

@@ -32,7 +32,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::db::{messages, runs, threads};
-use spool_shared::model::MessageStatus;
+use spool_shared::status::MessageStatus;
 use spool_shared::stream::{self as events, EntryId, RedisConn, StoredEvent};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 

@@ -10,8 +10,9 @@ pub mod db;
 pub mod event;
 pub mod ids;
 pub mod metrics;
-pub mod model;
+pub mod run;
 pub mod shutdown;
+pub mod status;
 pub mod stream;
 pub mod telemetry;
 

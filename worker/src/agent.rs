@@ -36,13 +36,15 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use spool_shared::agent::{
-    AgentSpec, HookEvent, RunOverrides, StopCondition, ToolChoice, ToolSpec,
-};
+use spool_shared::agent::{AgentSpec, HookEvent, StopCondition, ToolChoice, ToolSpec};
 use spool_shared::db::runs::{self, Claimed};
+use spool_shared::db::steps::{AssistantTurn, CallResult, CallState, SavedStep};
 use spool_shared::db::{agents, messages, steps};
 use spool_shared::event::EventType;
-use spool_shared::model::{Role, RunStatus, Usage};
+use spool_shared::run::{
+    Citation, FailureCode, MessagePart, PendingAction, PendingCall, RunFailure, Usage,
+};
+use spool_shared::status::{Role, RunStatus};
 
 use crate::claim::Worker;
 use crate::lease::Lease;
@@ -78,8 +80,8 @@ pub(crate) struct Turn<'a> {
 pub(crate) enum LoopEnd {
     /// An answer (or a stop condition).
     Completed(Answer),
-    /// A failure to record: `{code, message}` and what was produced before it.
-    Failed(Value, Answer),
+    /// A failure to record, and what was produced before it.
+    Failed(RunFailure, Answer),
     /// Cancelled on request: record what was produced.
     Cancelled(Answer),
     /// Paused (client tool outputs or an approval); the run no longer holds a worker.
@@ -135,9 +137,9 @@ fn halt_now(t: &Turn<'_>) -> Option<Halt> {
 #[derive(Debug, Default)]
 pub(crate) struct Answer {
     pub(crate) content: String,
-    pub(crate) parts: Vec<Value>,
+    pub(crate) parts: Vec<MessagePart>,
     pub(crate) usage: Usage,
-    pub(crate) citations: Vec<Value>,
+    pub(crate) citations: Vec<Citation>,
 }
 
 impl Answer {
@@ -149,54 +151,34 @@ impl Answer {
             self.content.push_str("\n\n");
         }
         self.content.push_str(text);
-        self.parts.push(json!({"type": "text", "text": text}));
+        self.parts.push(MessagePart::Text { text: text.into() });
+    }
+
+    /// Adds a settled step's tool calls and results as parts.
+    fn add_calls(&mut self, step: u32, saved: &SavedStep) {
+        for call in &saved.assistant.tool_calls {
+            self.parts.push(MessagePart::ToolCall {
+                step: Some(step),
+                tool_call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            });
+            let Some(result) = saved.results.iter().find(|r| r.tool_call_id == call.id) else {
+                continue;
+            };
+            self.parts.push(MessagePart::ToolResult {
+                step: Some(step),
+                tool_call_id: result.tool_call_id.clone(),
+                name: result.name.clone(),
+                output: result.output.clone(),
+                is_error: result.is_error,
+            });
+        }
     }
 }
 
-fn failure(code: &str, message: impl Into<String>) -> Value {
-    json!({"code": code, "message": message.into()})
-}
-
-/// The state of one tool call of a saved step.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum CallState {
-    /// Executed; `output` is its result.
-    Done,
-    /// Waits for the client's output.
-    PendingClient,
-    /// The client posted its output.
-    ClientOutput,
-    /// Waits for a person's decision until `expires_at`.
-    PendingApproval,
-    /// Approved: to execute.
-    Approved,
-    /// Denied (`reason`).
-    Denied,
-}
-
-/// One tool call's result (or pending state) in a saved step.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-struct CallResult {
-    tool_call_id: String,
-    name: String,
-    #[serde(default)]
-    output: String,
-    #[serde(default)]
-    is_error: bool,
-    #[serde(default = "done")]
-    state: CallState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    expires_at: Option<chrono::DateTime<chrono::Utc>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
-    /// Whether its `step` result event went out (a paused step publishes what is final).
-    #[serde(default)]
-    published: bool,
-}
-
-fn done() -> CallState {
-    CallState::Done
+fn failure(code: FailureCode, message: impl Into<String>) -> RunFailure {
+    RunFailure::new(code, message)
 }
 
 /// Runs the agent for this attempt.
@@ -210,7 +192,10 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
             None => {
                 t.events
                     .send(EventType::MessageStart, json!({"role": "assistant"}));
-                let error = failure("agent_not_found", "the run's agent no longer exists");
+                let error = failure(
+                    FailureCode::AgentNotFound,
+                    "the run's agent no longer exists",
+                );
                 return Ok(LoopEnd::Failed(error, Answer::default()));
             }
         },
@@ -227,7 +212,7 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
     let model = match engine.model(&spec.model) {
         Ok(model) => model,
         Err(err) => {
-            let error = failure("model_unavailable", err.to_string());
+            let error = failure(FailureCode::ModelUnavailable, err.to_string());
             return Ok(LoopEnd::Failed(error, Answer::default()));
         }
     };
@@ -264,26 +249,16 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
     let mut saved = steps::load(&t.worker.db, run.id).await?;
     // The last step is unsettled if some of its calls have not finished: cut short by a crash,
     // or paused for the client or a person.
-    let unsettled = saved.pop_if(|step| {
-        let results = &step.data.0["results"];
-        results.is_null()
-            || results.as_array().is_some_and(|r| {
-                r.iter()
-                    .any(|c| c["state"].as_str().is_some_and(|s| s != "done"))
-            })
-    });
+    let unsettled = saved.pop_if(|step| !step.data.0.is_settled());
     for step in &saved {
-        replay(&step.data.0, &mut conversation, &mut answer, &mut recent);
+        replay(step, &mut conversation, &mut answer, &mut recent);
     }
     let mut first = u32::try_from(saved.len())
         .unwrap_or(u32::MAX)
         .saturating_add(1);
     if let Some(overrides) = &run.overrides {
-        // Checked and pinned to their steps by the API; a row it cannot read steers nothing.
-        match serde_json::from_value::<RunOverrides>(overrides.0.clone()) {
-            Ok(overrides) => overrides.apply(&mut spec),
-            Err(err) => tracing::warn!(error = %err, "ignoring unreadable run overrides"),
-        }
+        // Checked and pinned to their steps by the API.
+        overrides.0.clone().apply(&mut spec);
     }
     let context = json!({"workflow_id": run.id, "thread_id": run.thread_id, "agent": spec.name});
     let hooks = Hooks::new(&spec, &engine.http, &engine.policy, context);
@@ -292,36 +267,32 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
         && unsettled.is_none()
         && let Some(reason) = hooks.on_run_start(&input).await
     {
-        return Ok(LoopEnd::Failed(failure("blocked_by_hook", reason), answer));
+        return Ok(LoopEnd::Failed(
+            failure(FailureCode::BlockedByHook, reason),
+            answer,
+        ));
     }
     let tools = ToolSet::build(t, &spec).await;
 
     if let Some(step) = unsettled {
-        let data = step.data.0;
-        let mut output = ModelOutput {
-            text: data["assistant"]["text"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            tool_calls: serde_json::from_value(data["assistant"]["tool_calls"].clone())
-                .unwrap_or_default(),
-            usage: serde_json::from_value(data["usage"].clone()).unwrap_or_default(),
+        let SavedStep {
+            assistant,
+            mut results,
+            usage,
+            ..
+        } = step.data.0;
+        let output = ModelOutput {
+            text: assistant.text,
+            tool_calls: assistant.tool_calls,
+            usage,
         };
         // After a crash (not an answered pause) the client dropped this step's events on
         // `attempt_restarted`: show its text and calls again, and publish every result anew.
         let restarted = !run.resumed;
         if restarted {
             emit_text(t, &format!("s{first}"), &output.text);
+            results.iter_mut().for_each(|r| r.published = false);
         }
-        let results = match serde_json::from_value::<Vec<CallResult>>(data["results"].clone()) {
-            Ok(mut results) => {
-                if restarted {
-                    results.iter_mut().for_each(|r| r.published = false);
-                }
-                results
-            }
-            Err(_) => classify(&spec, &tools, &hooks, &mut output).await,
-        };
         answer.usage.add(output.usage);
         recent.extend(
             output
@@ -371,9 +342,9 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
             }
             Err(LlmEnd::Error(err)) => {
                 let code = if err.is_retryable() {
-                    "model_unavailable"
+                    FailureCode::ModelUnavailable
                 } else {
-                    "model_error"
+                    FailureCode::ModelError
                 };
                 return Ok(LoopEnd::Failed(failure(code, err.to_string()), answer));
             }
@@ -388,7 +359,10 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
                         text
                     }
                     Err(reason) => {
-                        return Ok(LoopEnd::Failed(failure("response_blocked", reason), answer));
+                        return Ok(LoopEnd::Failed(
+                            failure(FailureCode::ResponseBlocked, reason),
+                            answer,
+                        ));
                     }
                 }
             } else {
@@ -408,17 +382,16 @@ pub(crate) async fn run(t: &Turn<'_>) -> anyhow::Result<LoopEnd> {
                     "the model called `{}` with the same arguments {DOOM_LOOP} times in a row",
                     call.name
                 );
-                return Ok(LoopEnd::Failed(failure("doom_loop", message), answer));
+                return Ok(LoopEnd::Failed(
+                    failure(FailureCode::DoomLoop, message),
+                    answer,
+                ));
             }
         }
         let results = classify(&spec, &tools, &hooks, &mut output).await;
         // Saved before any call runs: a new attempt repeats these calls with the same ids (and
         // so the same idempotency keys), never the model call that chose them.
-        let data = json!({
-            "assistant": {"text": output.text, "tool_calls": output.tool_calls},
-            "results": results,
-            "usage": output.usage,
-        });
+        let data = output.saved(results.clone(), Vec::new());
         if !steps::save(&t.worker.db, run.id, run.attempt, step_number(step), &data).await? {
             return Ok(LoopEnd::LeaseLost);
         }
@@ -469,24 +442,13 @@ async fn classify(
     let mut results = Vec::with_capacity(output.tool_calls.len());
     for call in &mut output.tool_calls {
         let tool = tools.find(&call.name);
-        let mut result = CallResult {
-            tool_call_id: call.id.clone(),
-            name: call.name.clone(),
-            output: String::new(),
-            is_error: false,
-            state: CallState::Approved,
-            expires_at: None,
-            reason: None,
-            published: false,
-        };
+        let mut result = CallResult::new(call, CallState::Approved);
         let decision = hooks
-            .pre_tool_use(&call.name, &parse_arguments(&call.arguments))
+            .pre_tool_use(&call.name, &call.parsed_arguments())
             .await;
         let hook_timeout = match decision {
             ToolDecision::Deny(reason) => {
-                result.output = format!("Blocked by a hook: {reason}");
-                result.is_error = true;
-                result.state = CallState::Done;
+                result.settle(format!("Blocked by a hook: {reason}"), true);
                 results.push(result);
                 continue;
             }
@@ -572,7 +534,7 @@ async fn settle_step(
                 EventType::Step,
                 json!({"phase": "call", "step": step,
                 "tool_call_id": call.id, "tool_name": call.name,
-                "arguments": parse_arguments(&call.arguments)}),
+                "arguments": call.parsed_arguments()}),
             );
         }
     }
@@ -580,20 +542,18 @@ async fn settle_step(
     for result in &mut results {
         match result.state {
             CallState::Denied => {
-                result.output = match &result.reason {
+                let output = match &result.reason {
                     Some(reason) => format!("The user denied this tool call: {reason}"),
                     None => "The user denied this tool call.".to_owned(),
                 };
-                result.is_error = true;
-                result.state = CallState::Done;
+                result.settle(output, true);
             }
             CallState::PendingApproval if result.expires_at.is_none_or(|at| at <= now) => {
-                result.output = format!(
+                let output = format!(
                     "No one approved this tool call within {} s; it was not made.",
                     spec.approval_timeout_secs
                 );
-                result.is_error = true;
-                result.state = CallState::Done;
+                result.settle(output, true);
             }
             CallState::ClientOutput => result.state = CallState::Done,
             _ => {}
@@ -613,11 +573,10 @@ async fn settle_step(
         };
         for (call, out) in to_run.iter().zip(outputs) {
             if let Some(result) = results.iter_mut().find(|r| r.tool_call_id == call.id) {
-                result.output = hooks
-                    .post_tool_use(&call.name, &parse_arguments(&call.arguments), out.content)
+                let output = hooks
+                    .post_tool_use(&call.name, &call.parsed_arguments(), out.content)
                     .await;
-                result.is_error = out.is_error;
-                result.state = CallState::Done;
+                result.settle(output, out.is_error);
             }
         }
     }
@@ -645,28 +604,31 @@ async fn settle_step(
         .filter(|r| r.state == CallState::PendingClient)
         .collect();
     if !pending_approval.is_empty() || !pending_client.is_empty() {
-        let data = json!({
-            "assistant": {"text": output.text, "tool_calls": output.tool_calls},
-            "results": results,
-            "usage": output.usage,
-        });
+        let data = output.saved(results.clone(), Vec::new());
         if !steps::save(&t.worker.db, run.id, run.attempt, step_number(step), &data).await? {
             return Ok(Some(LoopEnd::LeaseLost));
         }
-        let arguments_of = |id: &str| {
-            output
+        let pending = |result: &CallResult| PendingCall {
+            tool_call_id: result.tool_call_id.clone(),
+            tool_name: result.name.clone(),
+            arguments: output
                 .tool_calls
                 .iter()
-                .find(|c| c.id == id)
-                .map_or(Value::Null, |c| parse_arguments(&c.arguments))
+                .find(|c| c.id == result.tool_call_id)
+                .map_or(Value::Null, |c| c.parsed_arguments()),
         };
         // Approvals first, one call at a time; client tools once no approval is pending.
         let (status, action, expires_at, event, event_data) =
             if let Some(first) = pending_approval.first() {
-                let data = json!({"tool_call_id": first.tool_call_id, "tool_name": first.name,
-                "arguments": arguments_of(&first.tool_call_id), "expires_at": first.expires_at});
-                let mut action = data.clone();
-                action["type"] = json!("approval");
+                let call = pending(first);
+                let data = json!({"tool_call_id": call.tool_call_id, "tool_name": call.tool_name,
+                "arguments": call.arguments, "expires_at": first.expires_at});
+                let action = PendingAction::Approval {
+                    tool_call_id: call.tool_call_id,
+                    tool_name: call.tool_name,
+                    arguments: call.arguments,
+                    expires_at: first.expires_at,
+                };
                 (
                     RunStatus::AwaitingApproval,
                     action,
@@ -675,19 +637,14 @@ async fn settle_step(
                     data,
                 )
             } else {
-                let calls: Vec<Value> = pending_client
-                    .iter()
-                    .map(|r| {
-                        json!({"tool_call_id": r.tool_call_id, "tool_name": r.name,
-                    "arguments": arguments_of(&r.tool_call_id)})
-                    })
-                    .collect();
+                let calls: Vec<PendingCall> = pending_client.iter().map(|r| pending(r)).collect();
+                let data = json!({"tool_calls": calls});
                 (
                     RunStatus::RequiresAction,
-                    json!({"type": "submit_tool_outputs", "tool_calls": calls}),
+                    PendingAction::SubmitToolOutputs { tool_calls: calls },
                     None,
                     EventType::RequiresAction,
-                    json!({"tool_calls": calls}),
+                    data,
                 )
             };
         if !runs::pause(
@@ -706,29 +663,17 @@ async fn settle_step(
         return Ok(Some(LoopEnd::Paused));
     }
 
-    answer.add_text(&output.text);
-    let mut step_citations = Vec::new();
-    for (call, result) in output.tool_calls.iter().zip(&results) {
-        answer.parts.push(
-            json!({"type": "tool_call", "step": step, "tool_call_id": call.id,
-            "name": call.name, "arguments": call.arguments}),
-        );
-        answer.parts.push(
-            json!({"type": "tool_result", "step": step, "tool_call_id": call.id,
-            "name": call.name, "output": result.output, "is_error": result.is_error}),
-        );
-        step_citations.extend(citations_in(&result.output, result.is_error));
-    }
-    let data = json!({
-        "assistant": {"text": output.text, "tool_calls": output.tool_calls},
-        "results": results,
-        "usage": output.usage,
-        "citations": step_citations,
-    });
+    let citations = results
+        .iter()
+        .flat_map(|r| citations_in(&r.output, r.is_error))
+        .collect();
+    let data = output.saved(results.clone(), citations);
     if !steps::save(&t.worker.db, run.id, run.attempt, step_number(step), &data).await? {
         return Ok(Some(LoopEnd::LeaseLost));
     }
-    answer.citations.extend(step_citations);
+    answer.add_text(&output.text);
+    answer.add_calls(step, &data);
+    answer.citations.extend(data.citations);
     conversation.push(ChatMessage::Assistant {
         content: (!output.text.is_empty()).then(|| output.text.clone()),
         tool_calls: output.tool_calls.clone(),
@@ -750,57 +695,34 @@ async fn settle_step(
 
 /// Restores a saved, settled step into the conversation and the answer.
 fn replay(
-    data: &Value,
+    step: &steps::Step,
     conversation: &mut Vec<ChatMessage>,
     answer: &mut Answer,
     recent: &mut Vec<(String, String)>,
 ) {
-    let text = data["assistant"]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let calls: Vec<ToolCall> =
-        serde_json::from_value(data["assistant"]["tool_calls"].clone()).unwrap_or_default();
-    answer.add_text(&text);
+    let saved = &step.data.0;
+    let text = &saved.assistant.text;
+    answer.add_text(text);
+    answer.add_calls(u32::try_from(step.step).unwrap_or(0), saved);
     conversation.push(ChatMessage::Assistant {
-        content: (!text.is_empty()).then_some(text),
-        tool_calls: calls.clone(),
+        content: (!text.is_empty()).then(|| text.clone()),
+        tool_calls: saved.assistant.tool_calls.clone(),
     });
-    for call in &calls {
+    for call in &saved.assistant.tool_calls {
         recent.push((call.name.clone(), call.arguments.clone()));
-        answer.parts.push(
-            json!({"type": "tool_call", "tool_call_id": call.id, "name": call.name,
-            "arguments": call.arguments}),
-        );
     }
-    for result in data["results"].as_array().into_iter().flatten() {
-        let output = result["output"].as_str().unwrap_or_default().to_owned();
+    for result in &saved.results {
         conversation.push(ChatMessage::Tool {
-            tool_call_id: result["tool_call_id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            content: output.clone(),
+            tool_call_id: result.tool_call_id.clone(),
+            content: result.output.clone(),
         });
-        answer.parts.push(
-            json!({"type": "tool_result", "tool_call_id": result["tool_call_id"],
-            "name": result["name"], "output": output, "is_error": result["is_error"]}),
-        );
     }
-    if let Ok(usage) = serde_json::from_value::<Usage>(data["usage"].clone()) {
-        answer.usage.add(usage);
-    }
-    answer
-        .citations
-        .extend(data["citations"].as_array().into_iter().flatten().cloned());
-}
-
-fn parse_arguments(arguments: &str) -> Value {
-    serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()))
+    answer.usage.add(saved.usage);
+    answer.citations.extend(saved.citations.iter().cloned());
 }
 
 /// The citations a tool result carries: `{"citations": [{title, url, snippet}]}` in JSON.
-fn citations_in(output: &str, is_error: bool) -> Vec<Value> {
+fn citations_in(output: &str, is_error: bool) -> Vec<Citation> {
     if is_error {
         return Vec::new();
     }
@@ -812,7 +734,11 @@ fn citations_in(output: &str, is_error: bool) -> Vec<Value> {
         .into_iter()
         .flatten()
         .filter(|c| c["url"].is_string() || c["title"].is_string())
-        .map(|c| json!({"title": c["title"], "url": c["url"], "snippet": c["snippet"]}))
+        .map(|c| Citation {
+            title: c["title"].clone(),
+            url: c["url"].clone(),
+            snippet: c["snippet"].clone(),
+        })
         .collect()
 }
 
@@ -821,6 +747,21 @@ struct ModelOutput {
     text: String,
     tool_calls: Vec<ToolCall>,
     usage: Usage,
+}
+
+impl ModelOutput {
+    /// The step to save: this output with its calls' `results` and `citations`.
+    fn saved(&self, results: Vec<CallResult>, citations: Vec<Citation>) -> SavedStep {
+        SavedStep {
+            assistant: AssistantTurn {
+                text: self.text.clone(),
+                tool_calls: self.tool_calls.clone(),
+            },
+            results,
+            usage: self.usage,
+            citations,
+        }
+    }
 }
 
 /// The text of one model call as it streams.
@@ -1411,7 +1352,11 @@ mod tests {
         );
         assert_eq!(
             citations_in(&result.content, result.is_error),
-            [json!({"title": "T", "url": "https://x", "snippet": "s"})]
+            [Citation {
+                title: json!("T"),
+                url: json!("https://x"),
+                snippet: json!("s")
+            }]
         );
         assert!(citations_in("plain text", false).is_empty());
     }

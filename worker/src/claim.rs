@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use spool_shared::WorkflowId;
 use spool_shared::db::{CANCEL_CHANNEL, RUNS_CHANNEL, runs};
-use spool_shared::model::RunStatus;
+use spool_shared::status::RunStatus;
 
 use crate::config::WorkerArgs;
 use crate::lease::{Canceller, LeaseKeeper};

@@ -14,14 +14,15 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::FutureExt as _;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use spool_shared::db::runs::{self, Claimed, Outcome};
 use spool_shared::event::{EventType, Origin};
-use spool_shared::model::RunStatus;
+use spool_shared::run::{FailureCode, MessagePart, RunFailure};
+use spool_shared::status::RunStatus;
 
 use crate::agent::{self, Answer, LoopEnd, Turn};
 use crate::claim::Worker;
@@ -102,7 +103,7 @@ pub(crate) async fn execute(
             }
             Err(_) => {
                 tracing::error!("attempt panicked; failing the run");
-                let error = json!({"code": "internal_error", "message": "the worker panicked"});
+                let error = RunFailure::new(FailureCode::InternalError, "the worker panicked");
                 let failed = end(
                     &worker,
                     &claimed,
@@ -168,14 +169,14 @@ async fn attempt(
     }
     if run.reclaims > worker.args.max_reclaims {
         events.send(EventType::MessageStart, json!({"role": "assistant"}));
-        let error = json!({
-            "code": "too_many_attempts",
-            "message": format!(
+        let error = RunFailure::new(
+            FailureCode::TooManyAttempts,
+            format!(
                 "the run was reclaimed {} times after its worker stopped heart-beating \
                  (crashed or hung); giving up",
                 run.reclaims
             ),
-        });
+        );
         return end(
             worker,
             claimed,
@@ -217,9 +218,9 @@ async fn attempt(
         LoopEnd::Completed(mut answer) => {
             if !answer.citations.is_empty() {
                 events.send(EventType::Citations, json!({"citations": answer.citations}));
-                answer
-                    .parts
-                    .push(json!({"type": "citations", "citations": answer.citations}));
+                answer.parts.push(MessagePart::Citations {
+                    citations: answer.citations.clone(),
+                });
             }
             end(worker, claimed, events, RunStatus::Completed, answer, None).await
         }
@@ -247,24 +248,25 @@ async fn end(
     events: &Publisher,
     status: RunStatus,
     answer: Answer,
-    error: Option<&Value>,
+    error: Option<&RunFailure>,
 ) -> anyhow::Result<Ended> {
     let run = &claimed.run;
-    let usage = serde_json::to_value(answer.usage)?;
+    let usage = answer.usage;
     let outcome = Outcome {
         status,
         content: &answer.content,
-        parts: &Value::Array(answer.parts),
-        usage: &usage,
+        parts: &answer.parts,
+        usage,
         error,
     };
     if !runs::finish(&worker.db, run.id, run.attempt, &outcome).await? {
         return Ok(Ended::LeaseLost);
     }
     if let Some(error) = error {
-        let mut data = error.clone();
-        data["retryable"] = json!(false);
-        events.send(EventType::Error, data);
+        events.send(
+            EventType::Error,
+            json!({"code": error.code, "message": error.message, "retryable": false}),
+        );
     }
     events.send(
         EventType::MessageEnd,

@@ -18,7 +18,7 @@ use spool_shared::db::runs::{self, NewRun};
 use spool_shared::db::threads::{self, Thread};
 use spool_shared::db::{self, agents, idempotency};
 use spool_shared::ids::AgentId;
-use spool_shared::model::{MessageStatus, Role};
+use spool_shared::status::{MessageStatus, Role};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;

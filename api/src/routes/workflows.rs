@@ -11,10 +11,12 @@ use serde_json::{Map, Value, json};
 
 use spool_shared::agent::{AgentSpec, FieldError, RunDefaults, RunOverrides, StepRule, ToolChoice};
 use spool_shared::db::runs::{self, Run};
+use spool_shared::db::steps::{AnswerError, DecideError};
 use spool_shared::db::{self, agents, steps};
 use spool_shared::event::{EventType, Origin};
 use spool_shared::ids::AgentId;
-use spool_shared::model::RunStatus;
+use spool_shared::run::{PendingAction, RunFailure, Usage};
+use spool_shared::status::RunStatus;
 use spool_shared::stream;
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
@@ -56,15 +58,12 @@ pub struct WorkflowResponse {
     pub user_message_id: MessageId,
     /// The assistant message it produces.
     pub message_id: MessageId,
-    /// `{code, message}` if it failed.
-    #[schema(value_type = Option<Object>)]
-    pub error: Option<Value>,
-    /// Token usage.
-    #[schema(value_type = Option<Object>)]
-    pub usage: Option<Value>,
+    /// Why it failed (`null` unless `failed`).
+    pub error: Option<RunFailure>,
+    /// Token usage (once it has ended).
+    pub usage: Option<Usage>,
     /// What it waits for while paused.
-    #[schema(value_type = Option<Object>)]
-    pub pending_action: Option<Value>,
+    pub pending_action: Option<PendingAction>,
     /// When cancellation was asked for.
     pub cancel_requested_at: Option<DateTime<Utc>>,
     /// When it was enqueued.
@@ -325,53 +324,29 @@ async fn post_tool_outputs(
         .await?
         .ok_or_else(|| anyhow::anyhow!("a paused run without a saved step"))?;
     let mut data = step.data.0;
-    let Some(results) = data["results"].as_array_mut() else {
-        return Err(anyhow::anyhow!("a paused step without results").into());
-    };
-    let pending: Vec<String> = results
-        .iter()
-        .filter(|r| r["state"] == "pending_client")
-        .filter_map(|r| r["tool_call_id"].as_str().map(str::to_owned))
+    let outputs = request
+        .tool_outputs
+        .into_iter()
+        .map(|output| {
+            let text = match output.output {
+                Value::String(text) => text,
+                other => other.to_string(),
+            };
+            (output.tool_call_id, text)
+        })
         .collect();
-    let mut seen = std::collections::HashSet::new();
-    for output in &request.tool_outputs {
-        if !pending.contains(&output.tool_call_id) || !seen.insert(output.tool_call_id.as_str()) {
-            return Err(ApiError::unprocessable(
-                "unknown_tool_call",
-                format!(
-                    "`{}` is not a pending call of this run (or is given twice)",
-                    output.tool_call_id
-                ),
-            ));
+    data.answer_client(outputs).map_err(|err| match err {
+        AnswerError::Unknown(_) => ApiError::unprocessable("unknown_tool_call", err.to_string()),
+        AnswerError::Missing(missing) => {
+            let mut details = Map::new();
+            details.insert("missing".into(), json!(missing));
+            ApiError::Unprocessable {
+                code: "missing_tool_outputs",
+                message: "every pending tool call needs an output".into(),
+                details,
+            }
         }
-    }
-    let missing: Vec<&String> = pending
-        .iter()
-        .filter(|id| !seen.contains(id.as_str()))
-        .collect();
-    if !missing.is_empty() {
-        let mut details = Map::new();
-        details.insert("missing".into(), json!(missing));
-        return Err(ApiError::Unprocessable {
-            code: "missing_tool_outputs",
-            message: "every pending tool call needs an output".into(),
-            details,
-        });
-    }
-    for output in request.tool_outputs {
-        let text = match output.output {
-            Value::String(text) => text,
-            other => other.to_string(),
-        };
-        if let Some(result) = results
-            .iter_mut()
-            .find(|r| r["tool_call_id"] == output.tool_call_id.as_str())
-        {
-            result["output"] = json!(text);
-            result["is_error"] = json!(false);
-            result["state"] = json!("client_output");
-        }
-    }
+    })?;
     let overrides = RunOverrides {
         tool_choice: request.tool_choice,
         active_tools: request.active_tools,
@@ -396,16 +371,12 @@ async fn post_tool_outputs(
         return Err(invalid_overrides(errors));
     }
     // Kept with what earlier pauses of the run posted: their rules and defaults last.
-    let earlier = run
-        .overrides
-        .as_ref()
-        .and_then(|stored| serde_json::from_value::<RunOverrides>(stored.0.clone()).ok());
+    let earlier = run.overrides.clone().map(|stored| stored.0);
     let overrides = overrides.accumulate(earlier, next_step);
     let clashes = agent.map_or_else(Vec::new, |agent| overrides.clashes(&agent, next_step));
     if !clashes.is_empty() {
         return Err(invalid_overrides(clashes));
     }
-    let overrides = serde_json::to_value(&overrides).map_err(anyhow::Error::from)?;
     steps::replace(&mut *tx, id, step.step, &data).await?;
     if !runs::resume(&mut *tx, id, RunStatus::RequiresAction, Some(&overrides)).await? {
         return Err(not_waiting(&run, "tool outputs"));
@@ -465,39 +436,15 @@ async fn post_approval(
         .await?
         .ok_or_else(|| anyhow::anyhow!("a paused run without a saved step"))?;
     let mut data = step.data.0;
-    let result = data["results"]
-        .as_array_mut()
-        .and_then(|results| {
-            results
-                .iter_mut()
-                .find(|r| r["tool_call_id"] == tool_call_id.as_str())
-        })
-        .filter(|r| r["state"] == "pending_approval")
-        .ok_or_else(|| {
-            ApiError::not_found(
-                "tool_call_not_found",
-                "no pending approval for this tool call",
-            )
+    data.decide(&tool_call_id, request.approved, request.reason, Utc::now())
+        .map_err(|err| match err {
+            DecideError::NotPending => ApiError::not_found("tool_call_not_found", err.to_string()),
+            DecideError::Expired => ApiError::Conflict {
+                code: "approval_expired",
+                message: err.to_string(),
+                details: Map::new(),
+            },
         })?;
-    let expired = result["expires_at"]
-        .as_str()
-        .and_then(|at| at.parse::<DateTime<Utc>>().ok())
-        .is_some_and(|at| at <= Utc::now());
-    if expired {
-        return Err(ApiError::Conflict {
-            code: "approval_expired",
-            message: "the approval expired; the call counts as denied".into(),
-            details: Map::new(),
-        });
-    }
-    result["state"] = json!(if request.approved {
-        "approved"
-    } else {
-        "denied"
-    });
-    if let Some(reason) = request.reason {
-        result["reason"] = json!(reason.chars().take(1000).collect::<String>());
-    }
     steps::replace(&mut *tx, id, step.step, &data).await?;
     if !runs::resume(&mut *tx, id, RunStatus::AwaitingApproval, None).await? {
         return Err(not_waiting(&run, "an approval"));

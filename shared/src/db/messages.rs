@@ -7,7 +7,8 @@ use sqlx::PgExecutor;
 use sqlx::types::Json;
 
 use crate::ids::{MessageId, ThreadId, WorkflowId};
-use crate::model::{MessageStatus, Role};
+use crate::run::{MessagePart, Usage};
+use crate::status::{MessageStatus, Role};
 
 /// A message as stored and returned by the API.
 #[derive(Clone, Debug, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
@@ -21,13 +22,13 @@ pub struct Message {
     /// Its text.
     pub content: String,
     /// Structured content: text blocks, tool steps, citations.
-    #[schema(value_type = Vec<Object>)]
-    pub parts: Json<Value>,
+    #[schema(value_type = Vec<MessagePart>)]
+    pub parts: Json<Vec<MessagePart>>,
     /// Whether the content is final.
     pub status: MessageStatus,
     /// Token usage (assistant messages).
-    #[schema(value_type = Option<Object>)]
-    pub usage: Option<Json<Value>>,
+    #[schema(value_type = Option<Usage>)]
+    pub usage: Option<Json<Usage>>,
     /// Caller-defined metadata (user messages).
     #[schema(value_type = Object)]
     pub metadata: Json<Value>,

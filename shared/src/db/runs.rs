@@ -12,14 +12,15 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use sqlx::PgExecutor;
 use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
 
+use crate::agent::RunOverrides;
 use crate::db::threads::Owner;
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
-use crate::model::RunStatus;
+use crate::run::{MessagePart, PendingAction, RunFailure, Usage};
+use crate::status::RunStatus;
 
 /// The name of the unique index that allows one active run per thread.
 pub const ONE_ACTIVE_PER_THREAD: &str = "runs_one_active_per_thread";
@@ -55,10 +56,10 @@ pub struct Run {
     pub heartbeat_at: Option<DateTime<Utc>>,
     /// When cancellation was asked for.
     pub cancel_requested_at: Option<DateTime<Utc>>,
-    /// `{code, message}` of a failed run.
-    pub error: Option<Json<Value>>,
+    /// Why a failed run failed.
+    pub error: Option<Json<RunFailure>>,
     /// Token usage.
-    pub usage: Option<Json<Value>>,
+    pub usage: Option<Json<Usage>>,
     /// W3C traceparent of the request that enqueued it.
     pub trace_context: Option<String>,
     /// When it was enqueued.
@@ -70,13 +71,13 @@ pub struct Run {
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
     /// What a paused run waits for.
-    pub pending_action: Option<Json<Value>>,
+    pub pending_action: Option<Json<PendingAction>>,
     /// When an unanswered approval counts as denied.
     pub approval_expires_at: Option<DateTime<Utc>>,
     /// Whether the next attempt continues after a pause (rather than after a crash).
     pub resumed: bool,
     /// Overrides given with tool outputs.
-    pub overrides: Option<Json<Value>>,
+    pub overrides: Option<Json<RunOverrides>>,
     /// Why cancellation was asked for.
     pub cancel_reason: Option<String>,
     /// Who asked for cancellation.
@@ -306,7 +307,7 @@ pub async fn pause(
     id: WorkflowId,
     attempt: i32,
     status: RunStatus,
-    pending_action: &Value,
+    pending_action: &PendingAction,
     approval_expires_at: Option<DateTime<Utc>>,
 ) -> sqlx::Result<bool> {
     let result = sqlx::query(
@@ -332,7 +333,7 @@ pub async fn resume(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
     expected: RunStatus,
-    overrides: Option<&Value>,
+    overrides: Option<&RunOverrides>,
 ) -> sqlx::Result<bool> {
     let result = sqlx::query(
         "UPDATE runs
@@ -408,8 +409,8 @@ pub async fn cancel_unclaimed(
               WHERE id = $1 AND status IN ('queued', 'requires_action', 'awaiting_approval')
           RETURNING id, attempt, assistant_message_id),
          partial AS (
-             SELECT coalesce(string_agg(s.data->'assistant'->>'text', E'\n\n' ORDER BY s.step)
-                        FILTER (WHERE s.data->'assistant'->>'text' <> ''), '') AS content
+             SELECT coalesce(string_agg(s.text, E'\n\n' ORDER BY s.step)
+                        FILTER (WHERE s.text <> ''), '') AS content
                FROM run_steps s, cancelled c WHERE s.workflow_id = c.id)
          UPDATE messages m
             SET status = 'cancelled', content = partial.content, updated_at = now()
@@ -451,11 +452,11 @@ pub struct Outcome<'a> {
     /// The assistant message's final text (partial for failed and cancelled runs).
     pub content: &'a str,
     /// Its structured parts.
-    pub parts: &'a Value,
+    pub parts: &'a [MessagePart],
     /// Token usage.
-    pub usage: &'a Value,
-    /// `{code, message}` for a failed run.
-    pub error: Option<&'a Value>,
+    pub usage: Usage,
+    /// Why, for a failed run.
+    pub error: Option<&'a RunFailure>,
 }
 
 /// Finishes the run and writes its assistant message, in one statement fenced on the attempt:

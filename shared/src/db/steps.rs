@@ -1,18 +1,240 @@
-//! Checkpoints: the completed steps of a run, each saved before the next model call.
+//! Checkpoints: the steps of a run, each saved before the next model call, and the one type that
+//! says what a saved step holds ([`SavedStep`]).
+//!
+//! A step is one model call and the tool calls it asked for. The worker saves it twice, fenced
+//! on its attempt: with its calls before they run (each in a state that says what happens to
+//! it), then with their results. A step whose calls are not all [`CallState::Done`] is
+//! *unsettled*: cut short by a crash, or paused for the client or a person. The API answers a
+//! pause by editing the unsettled step through [`SavedStep::answer_client`] and
+//! [`SavedStep::decide`]; the next attempt settles it and goes on. Nobody reads or writes the
+//! stored JSON but through these types.
 
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgExecutor;
 use sqlx::types::Json;
 
 use crate::ids::WorkflowId;
+use crate::run::{Citation, Usage};
 
-/// A saved step.
+/// Longest reason recorded with an approval decision, in characters.
+pub const MAX_REASON_CHARS: usize = 1000;
+
+/// A tool call the model asked for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The provider's id of the call.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments, as the JSON text the model wrote.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The arguments as JSON; text that is not JSON comes back as a JSON string.
+    pub fn parsed_arguments(&self) -> Value {
+        serde_json::from_str(&self.arguments)
+            .unwrap_or_else(|_| Value::String(self.arguments.clone()))
+    }
+}
+
+/// The model's side of a step: its text and the tool calls it asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssistantTurn {
+    /// The text it wrote.
+    #[serde(default)]
+    pub text: String,
+    /// The tool calls it asked for, in its order.
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// Where one tool call of a saved step stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallState {
+    /// Settled: `output` is what the model sees.
+    Done,
+    /// Waits for the client's output.
+    PendingClient,
+    /// The client posted its output; the next attempt settles it.
+    ClientOutput,
+    /// Waits for a person's decision until `expires_at`.
+    PendingApproval,
+    /// To execute (allowed at once, or approved by a person).
+    Approved,
+    /// Denied by a person (`reason`).
+    Denied,
+}
+
+/// One tool call's result, or where it stands, in a saved step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallResult {
+    /// The call it belongs to.
+    pub tool_call_id: String,
+    /// The tool.
+    pub name: String,
+    /// The result the model sees (once settled).
+    #[serde(default)]
+    pub output: String,
+    /// Whether the call failed.
+    #[serde(default)]
+    pub is_error: bool,
+    /// Where it stands.
+    pub state: CallState,
+    /// When a pending approval counts as denied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Why a person decided as they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Whether its `step` result event went out (a paused step publishes what is final).
+    #[serde(default)]
+    pub published: bool,
+}
+
+impl CallResult {
+    /// A call of `call` in `state`, with no output yet.
+    pub fn new(call: &ToolCall, state: CallState) -> Self {
+        Self {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            output: String::new(),
+            is_error: false,
+            state,
+            expires_at: None,
+            reason: None,
+            published: false,
+        }
+    }
+
+    /// Settles the call with `output` (an error the model sees, if `is_error`).
+    pub fn settle(&mut self, output: String, is_error: bool) {
+        self.output = output;
+        self.is_error = is_error;
+        self.state = CallState::Done;
+    }
+}
+
+/// A step as it is saved: what the model said and asked for, where each call stands, the
+/// tokens the model call used, and the citations its results carry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SavedStep {
+    /// The model's text and tool calls.
+    pub assistant: AssistantTurn,
+    /// One per tool call, in the calls' order.
+    #[serde(default)]
+    pub results: Vec<CallResult>,
+    /// Tokens of the step's model call.
+    #[serde(default)]
+    pub usage: Usage,
+    /// Sources its results cite (once settled).
+    #[serde(default)]
+    pub citations: Vec<Citation>,
+}
+
+/// Why client tool outputs cannot answer a paused step.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    /// An output for a call that is not pending, or a second output for one.
+    #[error("`{0}` is not a pending call of this run (or is given twice)")]
+    Unknown(String),
+    /// Pending calls without an output.
+    #[error("every pending tool call needs an output")]
+    Missing(Vec<String>),
+}
+
+/// Why a decision cannot answer a paused step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    /// No call of that id waits for approval.
+    #[error("no pending approval for this tool call")]
+    NotPending,
+    /// The approval expired; the call counts as denied.
+    #[error("the approval expired; the call counts as denied")]
+    Expired,
+}
+
+impl SavedStep {
+    /// Whether every call is done: nothing is left to run, answer or decide.
+    pub fn is_settled(&self) -> bool {
+        self.results.iter().all(|r| r.state == CallState::Done)
+    }
+
+    /// The ids of the calls that wait for the client's output.
+    pub fn pending_client_ids(&self) -> impl Iterator<Item = &str> {
+        self.results
+            .iter()
+            .filter(|r| r.state == CallState::PendingClient)
+            .map(|r| r.tool_call_id.as_str())
+    }
+
+    /// Answers every pending client call with its output (`(tool_call_id, output)`), or
+    /// changes nothing and says why not.
+    pub fn answer_client(&mut self, outputs: Vec<(String, String)>) -> Result<(), AnswerError> {
+        let pending: Vec<String> = self.pending_client_ids().map(str::to_owned).collect();
+        let mut seen = std::collections::HashSet::new();
+        for (id, _) in &outputs {
+            if !pending.contains(id) || !seen.insert(id.as_str()) {
+                return Err(AnswerError::Unknown(id.clone()));
+            }
+        }
+        let missing: Vec<String> = pending
+            .iter()
+            .filter(|id| !seen.contains(id.as_str()))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            return Err(AnswerError::Missing(missing));
+        }
+        for (id, output) in outputs {
+            if let Some(result) = self.results.iter_mut().find(|r| r.tool_call_id == id) {
+                result.output = output;
+                result.is_error = false;
+                result.state = CallState::ClientOutput;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a person's decision on the call `tool_call_id` that waits for approval, unless
+    /// its approval has expired by `now`.
+    pub fn decide(
+        &mut self,
+        tool_call_id: &str,
+        approved: bool,
+        reason: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<(), DecideError> {
+        let result = self
+            .results
+            .iter_mut()
+            .find(|r| r.tool_call_id == tool_call_id && r.state == CallState::PendingApproval)
+            .ok_or(DecideError::NotPending)?;
+        if result.expires_at.is_some_and(|at| at <= now) {
+            return Err(DecideError::Expired);
+        }
+        result.state = if approved {
+            CallState::Approved
+        } else {
+            CallState::Denied
+        };
+        if let Some(reason) = reason {
+            result.reason = Some(reason.chars().take(MAX_REASON_CHARS).collect());
+        }
+        Ok(())
+    }
+}
+
+/// A saved step and its number.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct Step {
     /// Its number (1-based).
     pub step: i32,
-    /// Model output, tool calls and results, usage, citations.
-    pub data: Json<Value>,
+    /// What it holds.
+    pub data: Json<SavedStep>,
 }
 
 /// The run's saved steps, in order.
@@ -35,21 +257,22 @@ pub async fn save(
     workflow_id: WorkflowId,
     attempt: i32,
     step: i32,
-    data: &Value,
+    data: &SavedStep,
 ) -> sqlx::Result<bool> {
     let saved: Option<(i32,)> = sqlx::query_as(
         "WITH held AS (
              SELECT id FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running' FOR SHARE)
-         INSERT INTO run_steps (workflow_id, step, attempt, data)
-         SELECT held.id, $3, $2, $4 FROM held
+         INSERT INTO run_steps (workflow_id, step, attempt, data, text)
+         SELECT held.id, $3, $2, $4, $5 FROM held
          ON CONFLICT (workflow_id, step)
-         DO UPDATE SET data = EXCLUDED.data, attempt = EXCLUDED.attempt
+         DO UPDATE SET data = EXCLUDED.data, text = EXCLUDED.text, attempt = EXCLUDED.attempt
          RETURNING step",
     )
     .bind(workflow_id)
     .bind(attempt)
     .bind(step)
     .bind(Json(data))
+    .bind(&data.assistant.text)
     .fetch_optional(executor)
     .await?;
     Ok(saved.is_some())
@@ -70,12 +293,12 @@ pub async fn last_for_update(
 }
 
 /// Replaces a step's data without a fence: for the API answering a pause, which holds the
-/// run row's lock instead.
+/// run row's lock instead. The model's text does not change.
 pub async fn replace(
     executor: impl PgExecutor<'_>,
     workflow_id: WorkflowId,
     step: i32,
-    data: &Value,
+    data: &SavedStep,
 ) -> sqlx::Result<()> {
     sqlx::query("UPDATE run_steps SET data = $3 WHERE workflow_id = $1 AND step = $2")
         .bind(workflow_id)
@@ -84,4 +307,113 @@ pub async fn replace(
         .execute(executor)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: "t".into(),
+            arguments: "{}".into(),
+        }
+    }
+
+    fn step(states: &[(&str, CallState)]) -> SavedStep {
+        SavedStep {
+            results: states
+                .iter()
+                .map(|(id, state)| CallResult::new(&call(id), *state))
+                .collect(),
+            ..SavedStep::default()
+        }
+    }
+
+    #[test]
+    fn client_outputs_answer_every_pending_call_or_change_nothing() {
+        let mut paused = step(&[
+            ("a", CallState::PendingClient),
+            ("b", CallState::PendingClient),
+            ("c", CallState::Done),
+        ]);
+        let before = paused.clone();
+        let answer = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(id, out)| ((*id).to_owned(), (*out).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            paused.answer_client(answer(&[("a", "1")])),
+            Err(AnswerError::Missing(vec!["b".into()]))
+        );
+        assert_eq!(
+            paused.answer_client(answer(&[("a", "1"), ("a", "2"), ("b", "3")])),
+            Err(AnswerError::Unknown("a".into()))
+        );
+        assert_eq!(
+            paused.answer_client(answer(&[("c", "1")])),
+            Err(AnswerError::Unknown("c".into()))
+        );
+        assert_eq!(paused, before, "a refused answer changes nothing");
+        assert_eq!(
+            paused.answer_client(answer(&[("b", "2"), ("a", "1")])),
+            Ok(())
+        );
+        assert_eq!(paused.results[0].output, "1");
+        assert_eq!(paused.results[1].state, CallState::ClientOutput);
+        assert!(
+            !paused.is_settled(),
+            "the next attempt settles client outputs"
+        );
+    }
+
+    #[test]
+    fn a_decision_needs_a_pending_approval_that_has_not_expired() {
+        let now = Utc::now();
+        let mut paused = step(&[
+            ("a", CallState::PendingApproval),
+            ("b", CallState::PendingApproval),
+            ("c", CallState::PendingClient),
+        ]);
+        paused.results[1].expires_at = Some(now);
+        assert_eq!(
+            paused.decide("c", true, None, now),
+            Err(DecideError::NotPending)
+        );
+        assert_eq!(
+            paused.decide("b", true, None, now),
+            Err(DecideError::Expired)
+        );
+        let long = "x".repeat(MAX_REASON_CHARS + 10);
+        assert_eq!(paused.decide("a", false, Some(long), now), Ok(()));
+        assert_eq!(paused.results[0].state, CallState::Denied);
+        assert_eq!(
+            paused.results[0].reason.as_deref().map(str::len),
+            Some(MAX_REASON_CHARS)
+        );
+        assert_eq!(
+            paused.decide("a", true, None, now),
+            Err(DecideError::NotPending),
+            "decided once"
+        );
+    }
+
+    #[test]
+    fn the_stored_json_keeps_the_shape_earlier_releases_wrote() {
+        let stored = serde_json::json!({
+            "assistant": {"text": "Let me look.", "tool_calls": [{"id": "c1", "name": "t",
+                "arguments": "{\"q\":1}"}]},
+            "results": [{"tool_call_id": "c1", "name": "t", "output": "", "is_error": false,
+                "state": "pending_approval", "expires_at": "2026-11-23T10:00:00Z",
+                "published": false}],
+            "usage": {"input_tokens": 3, "output_tokens": 4}});
+        let step: SavedStep = serde_json::from_value(stored).expect("parses");
+        assert_eq!(step.results[0].state, CallState::PendingApproval);
+        assert_eq!(step.assistant.tool_calls[0].parsed_arguments()["q"], 1);
+        assert!(step.citations.is_empty());
+        assert!(!step.is_settled());
+    }
 }

@@ -3,20 +3,19 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use spool_shared::WorkflowId;
 use spool_shared::db::runs::{self, Outcome};
-use spool_shared::model::RunStatus;
+use spool_shared::status::RunStatus;
 use spool_tests::{poll_until, token};
 
 use crate::cluster::{Cluster, TIMEOUT, workflow_id};
 
-fn completed<'a>(content: &'a str, empty: &'a serde_json::Value) -> Outcome<'a> {
+fn completed(content: &str) -> Outcome<'_> {
     Outcome {
         status: RunStatus::Completed,
         content,
-        parts: empty,
-        usage: empty,
+        parts: &[],
+        usage: Default::default(),
         error: None,
     }
 }
@@ -114,7 +113,6 @@ async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
         (2, 1, RunStatus::Running)
     );
 
-    let empty = json!({});
     assert!(
         runs::heartbeat(pool, &[(id, 1)], lease)
             .await
@@ -124,7 +122,7 @@ async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
     assert!(!runs::start_streaming(pool, id, 1).await.expect("stream"));
     assert!(!runs::release(pool, id, 1).await.expect("release"));
     assert!(
-        !runs::finish(pool, id, 1, &completed("stale", &empty))
+        !runs::finish(pool, id, 1, &completed("stale"))
             .await
             .expect("finish")
     );
@@ -134,13 +132,13 @@ async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
         .expect("hb");
     assert_eq!(renewed.len(), 1);
     assert!(
-        runs::finish(pool, id, 2, &completed("fresh", &empty))
+        runs::finish(pool, id, 2, &completed("fresh"))
             .await
             .expect("finish")
     );
     // Terminal: nothing changes it again, not even the attempt that finished it.
     assert!(
-        !runs::finish(pool, id, 2, &completed("again", &empty))
+        !runs::finish(pool, id, 2, &completed("again"))
             .await
             .expect("finish")
     );

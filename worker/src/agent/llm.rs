@@ -19,7 +19,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use spool_shared::model::Usage;
+pub use spool_shared::db::steps::ToolCall;
+use spool_shared::run::Usage;
 
 /// One message of the conversation sent to the model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,17 +51,6 @@ pub enum ChatMessage {
         /// The result text.
         content: String,
     },
-}
-
-/// A tool call the model asked for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ToolCall {
-    /// The provider's id of the call.
-    pub id: String,
-    /// The tool's name.
-    pub name: String,
-    /// The arguments, as the JSON text the model wrote.
-    pub arguments: String,
 }
 
 /// A tool offered to the model.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
 
-use spool_shared::model::Usage;
+use spool_shared::run::Usage;
 
 use super::{
     ChatChunk, ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatStream, FinishReason,

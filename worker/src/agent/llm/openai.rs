@@ -17,7 +17,7 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde_json::{Value, json};
 use sse_stream::SseStream;
 
-use spool_shared::model::Usage;
+use spool_shared::run::Usage;
 
 use super::{
     ChatChunk, ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatStream, Choice, FinishReason,

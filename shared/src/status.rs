@@ -76,20 +76,3 @@ pub enum Role {
     /// The agent.
     Assistant,
 }
-
-/// Token usage of one or more model calls.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Tokens in the prompts.
-    pub input_tokens: u64,
-    /// Tokens generated.
-    pub output_tokens: u64,
-}
-
-impl Usage {
-    /// Adds another call's usage to this one.
-    pub fn add(&mut self, other: Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-    }
-}

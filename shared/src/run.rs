@@ -1,0 +1,191 @@
+//! What a run records: its token usage, why it failed, what it waits for while paused, and the
+//! parts of the assistant message it writes.
+//!
+//! The worker writes these and the API returns them; both go through these types, so the JSON
+//! stored in `runs.error`, `runs.usage`, `runs.pending_action` and `messages.parts` has exactly
+//! one definition. The failure codes are part of the API: they appear in the OpenAPI document.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Token usage of one or more model calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Usage {
+    /// Tokens in the prompts.
+    pub input_tokens: u64,
+    /// Tokens generated.
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Adds another call's usage to this one.
+    pub fn add(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}
+
+/// Why a run failed: every code a failed run can carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureCode {
+    /// The run's agent was deleted before the run started.
+    AgentNotFound,
+    /// The model could not be reached, or kept failing after its retries (429, 5xx, timeouts),
+    /// or no provider serves it.
+    ModelUnavailable,
+    /// The provider refused the request (a 4xx other than 408 and 429, or an invalid response).
+    ModelError,
+    /// An `on_run_start` hook blocked the run.
+    BlockedByHook,
+    /// A `pre_response` hook blocked the final answer.
+    ResponseBlocked,
+    /// The model called the same tool with the same arguments three times in a row.
+    DoomLoop,
+    /// The run kept crashing or hanging its workers (reclaimed more than `SPOOL_MAX_RECLAIMS`
+    /// times after its lease expired).
+    TooManyAttempts,
+    /// The worker failed unexpectedly (a panic).
+    InternalError,
+}
+
+impl FailureCode {
+    /// Every code, in the order the documentation lists them.
+    pub const ALL: [Self; 8] = [
+        Self::AgentNotFound,
+        Self::ModelUnavailable,
+        Self::ModelError,
+        Self::BlockedByHook,
+        Self::ResponseBlocked,
+        Self::DoomLoop,
+        Self::TooManyAttempts,
+        Self::InternalError,
+    ];
+
+    /// The code as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AgentNotFound => "agent_not_found",
+            Self::ModelUnavailable => "model_unavailable",
+            Self::ModelError => "model_error",
+            Self::BlockedByHook => "blocked_by_hook",
+            Self::ResponseBlocked => "response_blocked",
+            Self::DoomLoop => "doom_loop",
+            Self::TooManyAttempts => "too_many_attempts",
+            Self::InternalError => "internal_error",
+        }
+    }
+}
+
+/// A failed run's error: a code and a message for people.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunFailure {
+    /// What went wrong, as a stable code.
+    pub code: FailureCode,
+    /// The details, for people.
+    pub message: String,
+}
+
+impl RunFailure {
+    /// A failure with `code`.
+    pub fn new(code: FailureCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// One call a paused run waits on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PendingCall {
+    /// The call's id (answer it with this id).
+    pub tool_call_id: String,
+    /// The tool the model called.
+    pub tool_name: String,
+    /// The arguments (JSON; a string if the model wrote something that is not JSON).
+    #[schema(value_type = Object)]
+    pub arguments: Value,
+}
+
+/// What a paused run waits for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PendingAction {
+    /// `requires_action`: the outputs of these client tool calls
+    /// (`POST .../tool_outputs`).
+    SubmitToolOutputs {
+        /// The calls to answer, all at once.
+        tool_calls: Vec<PendingCall>,
+    },
+    /// `awaiting_approval`: a person's decision on this call (`POST .../approvals/{id}`).
+    Approval {
+        /// The call's id.
+        tool_call_id: String,
+        /// The tool the model called.
+        tool_name: String,
+        /// The arguments.
+        #[schema(value_type = Object)]
+        arguments: Value,
+        /// When no decision counts as a denial.
+        expires_at: Option<DateTime<Utc>>,
+    },
+}
+
+/// A source an answer cites, as a tool result gave it (`{"citations": [{title, url,
+/// snippet}]}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Citation {
+    /// Its title.
+    #[schema(value_type = Option<String>)]
+    pub title: Value,
+    /// Its address.
+    #[schema(value_type = Option<String>)]
+    pub url: Value,
+    /// The quoted passage.
+    #[schema(value_type = Option<String>)]
+    pub snippet: Value,
+}
+
+/// One part of an assistant message: its text blocks, tool steps and citations, in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum MessagePart {
+    /// A block of text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// A tool call the model made.
+    ToolCall {
+        /// The step (model call) it belongs to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<u32>,
+        /// The call's id.
+        tool_call_id: String,
+        /// The tool.
+        name: String,
+        /// The arguments, as the JSON text the model wrote.
+        arguments: String,
+    },
+    /// A tool call's result.
+    ToolResult {
+        /// The step (model call) it belongs to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<u32>,
+        /// The call it answers.
+        tool_call_id: String,
+        /// The tool.
+        name: String,
+        /// The result the model saw.
+        output: String,
+        /// Whether the call failed.
+        is_error: bool,
+    },
+    /// The sources the answer cites.
+    Citations {
+        /// The sources.
+        citations: Vec<Citation>,
+    },
+}
