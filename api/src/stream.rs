@@ -232,7 +232,7 @@ async fn stream_thread(
 /// worker writes the run's end to Postgres first and publishes `message_end` and `done` after
 /// it, for at most this long. A client resuming in between must get the `done`, not a stream
 /// cut short (spool-bench P2 hit this).
-const FLUSH_WINDOW: Duration = spool_worker::run::FLUSH_TIMEOUT;
+const FLUSH_WINDOW: Duration = spool_worker::attempt::FLUSH_TIMEOUT;
 
 /// With no run active and `last` after the cursor: until when to wait for more events. Only
 /// when `last` is not a `done` and its run (of this thread) changed within [`FLUSH_WINDOW`].

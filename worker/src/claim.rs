@@ -22,49 +22,8 @@ use spool_shared::WorkflowId;
 use spool_shared::db::{CANCEL_CHANNEL, RUNS_CHANNEL, runs};
 use spool_shared::status::RunStatus;
 
-use crate::config::WorkerArgs;
 use crate::lease::{Canceller, LeaseKeeper};
-
-/// What a worker needs: its database, its settings and its name.
-#[derive(Clone)]
-pub struct Worker {
-    /// The shared Postgres pool.
-    pub db: PgPool,
-    /// The database URL (the lease keeper opens its own pool on its own thread).
-    pub database_url: String,
-    /// Settings.
-    pub args: Arc<WorkerArgs>,
-    /// This worker's name in `runs.lease_owner`: host, pid and a random suffix.
-    pub id: String,
-    /// Where run events are published.
-    pub streams: crate::Streams,
-    /// Models, tools and the default agent.
-    pub engine: Arc<crate::agent::engine::Engine>,
-}
-
-impl Worker {
-    /// A worker with a fresh unique name; fails on settings that cannot work (a bad network
-    /// allow list, say).
-    pub fn new(
-        db: PgPool,
-        database_url: String,
-        args: WorkerArgs,
-        streams: crate::Streams,
-    ) -> anyhow::Result<Self> {
-        let engine = Arc::new(crate::agent::engine::Engine::new(&args)?);
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
-        let suffix = uuid::Uuid::new_v4().simple().to_string();
-        let id = format!("{host}-{}-{}", std::process::id(), &suffix[..8]);
-        Ok(Self {
-            db,
-            database_url,
-            args: Arc::new(args),
-            id,
-            streams,
-            engine,
-        })
-    }
-}
+use crate::worker::Worker;
 
 /// Claims and executes runs until `shutdown` fires, then drains. Returns when every in-flight
 /// run has finished or been released.
@@ -93,7 +52,7 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
             Ok(Some(claimed)) => {
                 record_claim(&claimed);
                 let held = keeper.hold(claimed.run.id, claimed.run.attempt, claimed_from);
-                tracker.spawn(crate::run::execute(
+                tracker.spawn(crate::attempt::execute(
                     worker.clone(),
                     claimed,
                     held,

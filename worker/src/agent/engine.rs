@@ -47,7 +47,7 @@ impl Engine {
         let model = if provider.is_some() {
             args.llm_model.as_str()
         } else {
-            crate::demo::MODEL_NAME
+            super::llm::demo::MODEL_NAME
         };
         let policy = Arc::new(NetworkPolicy::parse(&args.tools_allow_networks)?);
         let http = GuardedClients::new(&policy, args.tool_timeout())?;
@@ -66,7 +66,7 @@ impl Engine {
 
     /// The model that serves `name`: `demo` is built in; anything else needs a provider.
     pub fn model(&self, name: &str) -> Result<Arc<dyn ChatModel>, LlmError> {
-        if name == crate::demo::MODEL_NAME {
+        if name == super::llm::demo::MODEL_NAME {
             return Ok(self.demo.clone());
         }
         match &self.provider {

@@ -15,7 +15,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use spool_shared::agent::{AgentSpec, HookEvent, HookKind, HookSpec, RuleCondition, RuleOperator};
+use spool_shared::db::runs::Run;
 
+use super::engine::Engine;
 use super::tools::http::{self, HttpTool};
 use super::tools::ssrf::{GuardedClients, NetworkPolicy};
 
@@ -32,25 +34,22 @@ pub(crate) enum ToolDecision {
 
 /// The hooks of one run.
 pub(crate) struct Hooks<'a> {
-    hooks: &'a [HookSpec],
+    hooks: Vec<HookSpec>,
     clients: &'a GuardedClients,
     policy: &'a NetworkPolicy,
     context: Value,
 }
 
 impl<'a> Hooks<'a> {
-    /// The agent's hooks; `context` (workflow, thread, agent) goes into every HTTP hook's body.
-    pub(crate) fn new(
-        spec: &'a AgentSpec,
-        clients: &'a GuardedClients,
-        policy: &'a NetworkPolicy,
-        context: Value,
-    ) -> Self {
+    /// The agent's hooks for one run, calling out through the engine's guarded clients; the
+    /// run's workflow, thread and agent go into every HTTP hook's body.
+    pub(crate) fn for_run(spec: &AgentSpec, engine: &'a Engine, run: &Run) -> Self {
         Self {
-            hooks: &spec.hooks,
-            clients,
-            policy,
-            context,
+            hooks: spec.hooks.clone(),
+            clients: &engine.http,
+            policy: &engine.policy,
+            context: json!({"workflow_id": run.id, "thread_id": run.thread_id,
+                "agent": spec.name}),
         }
     }
 

@@ -1,11 +1,35 @@
-//! Tools the model may call: HTTP endpoints, MCP servers, and (later) client tools.
+//! Tools the model may call: HTTP endpoints, MCP servers (discovered at run start) and client
+//! tools (executed by the client while the run pauses).
 //!
 //! Every tool call ends as a [`ToolOutput`]: text the model sees, flagged as an error or not.
 //! A tool failing is not the run failing: the model sees the error and can work around it.
+//!
+//! [`ToolSet`] holds one attempt's tools: what the model is offered at each step, and how the
+//! calls of a step execute: read-only calls concurrently, the others in order, each within the
+//! tool timeout, each result cut at [`MAX_TOOL_RESULT_CHARS`] characters with a marker. Every
+//! call carries the idempotency key `{workflow_id}:{step}:{tool_call_id}` ([`idempotency_key`]),
+//! so a call repeated by a new attempt after a crash can be de-duplicated by the tool.
 
 pub mod http;
 pub mod mcp;
 pub mod ssrf;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tracing::Instrument as _;
+
+use spool_shared::WorkflowId;
+use spool_shared::agent::{AgentSpec, ToolChoice, ToolSpec};
+
+use super::context::Attempt;
+use super::engine::Engine;
+use super::llm::{Choice, ToolCall, ToolDef};
+use mcp::{McpServer, McpSession};
+
+/// Tool results longer than this are truncated.
+pub const MAX_TOOL_RESULT_CHARS: usize = 50_000;
 
 /// What a tool call returned, as the model will see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,5 +55,298 @@ impl ToolOutput {
             content: content.into(),
             is_error: true,
         }
+    }
+}
+
+/// The `Idempotency-Key` of a tool call: the same for every attempt that repeats it.
+pub fn idempotency_key(workflow: WorkflowId, step: u32, tool_call_id: &str) -> String {
+    format!("{workflow}:{step}:{tool_call_id}")
+}
+
+/// The tools of one attempt.
+pub(crate) struct ToolSet {
+    tools: Vec<Tool>,
+}
+
+pub(crate) struct Tool {
+    def: ToolDef,
+    read_only: bool,
+    pub(crate) requires_approval: bool,
+    pub(crate) kind: Kind,
+}
+
+pub(crate) enum Kind {
+    /// Executed by the client: the run waits for its output.
+    Client,
+    Http(spool_shared::agent::HttpToolSpec),
+    Mcp {
+        session: Arc<McpSession>,
+        remote: String,
+    },
+}
+
+impl ToolSet {
+    /// The agent's HTTP tools, and the tools of its MCP servers (a server that cannot be
+    /// reached only removes its own tools).
+    pub(crate) async fn build(engine: &Engine, spec: &AgentSpec) -> Self {
+        let mut tools = Vec::new();
+        for tool in &spec.tools {
+            match tool {
+                ToolSpec::Http(http) => tools.push(Tool {
+                    def: ToolDef {
+                        name: http.name.clone(),
+                        description: http.description.clone(),
+                        parameters: http.parameters.clone(),
+                    },
+                    read_only: http.read_only,
+                    requires_approval: http.requires_approval,
+                    kind: Kind::Http(http.clone()),
+                }),
+                ToolSpec::Mcp(mcp) => {
+                    let server = McpServer {
+                        prefix: &mcp.name,
+                        url: &mcp.url,
+                        headers: &mcp.headers,
+                    };
+                    match McpSession::connect(
+                        &server,
+                        engine.http.for_headers(server.headers).clone(),
+                        engine.tool_timeout,
+                    )
+                    .await
+                    {
+                        Ok((session, discovered)) => {
+                            let session = Arc::new(session);
+                            for found in discovered {
+                                tools.push(Tool {
+                                    def: ToolDef {
+                                        name: found.name,
+                                        description: found.description,
+                                        parameters: found.parameters,
+                                    },
+                                    read_only: found.read_only,
+                                    requires_approval: mcp.requires_approval,
+                                    kind: Kind::Mcp {
+                                        session: session.clone(),
+                                        remote: found.remote_name,
+                                    },
+                                });
+                            }
+                        }
+                        Err(err) => {
+                            tracing::warn!(mcp.server = %mcp.name, error = format!("{err:#}"),
+                            "MCP server unavailable; running without its tools")
+                        }
+                    }
+                }
+                ToolSpec::Client(client) => tools.push(Tool {
+                    def: ToolDef {
+                        name: client.name.clone(),
+                        description: client.description.clone(),
+                        parameters: client.parameters.clone(),
+                    },
+                    read_only: false,
+                    requires_approval: client.requires_approval,
+                    kind: Kind::Client,
+                }),
+            }
+        }
+        Self { tools }
+    }
+
+    /// The tools offered at `step` and the tool choice, after `step_rules`; none on the last.
+    /// Each field comes from the first rule for the step that sets it, so a rule posted later
+    /// that only narrows the tools keeps an earlier rule's tool choice.
+    pub(crate) fn offer(&self, spec: &AgentSpec, step: u32, last: bool) -> (Vec<ToolDef>, Choice) {
+        if last || self.tools.is_empty() {
+            return (Vec::new(), Choice::Auto);
+        }
+        let mut rules = spec.step_rules.iter().filter(|r| r.step == step);
+        let active: Option<&Vec<String>> = rules.clone().find_map(|r| r.active_tools.as_ref());
+        let offered = self
+            .tools
+            .iter()
+            .filter(|tool| active.is_none_or(|names| names.contains(&tool.def.name)))
+            .map(|tool| tool.def.clone())
+            .collect();
+        let choice = match rules
+            .find_map(|r| r.tool_choice.clone())
+            .unwrap_or_else(|| spec.tool_choice.clone())
+        {
+            ToolChoice::Auto => Choice::Auto,
+            ToolChoice::Required => Choice::Required,
+            ToolChoice::None => Choice::None,
+            ToolChoice::Tool(name) => Choice::Tool(name),
+        };
+        (offered, choice)
+    }
+
+    /// The tool of this name, if the agent has one.
+    pub(crate) fn find(&self, name: &str) -> Option<&Tool> {
+        self.tools.iter().find(|tool| tool.def.name == name)
+    }
+
+    /// Executes calls of one step: read-only tools concurrently, the others in order; results
+    /// come back in the calls' order.
+    pub(crate) async fn execute(
+        &self,
+        a: &Attempt<'_>,
+        step: u32,
+        calls: &[&ToolCall],
+    ) -> Vec<ToolOutput> {
+        let by_name: HashMap<&str, &Tool> = self
+            .tools
+            .iter()
+            .map(|tool| (tool.def.name.as_str(), tool))
+            .collect();
+        let mut results: Vec<Option<ToolOutput>> = vec![None; calls.len()];
+        let concurrent = calls.iter().enumerate().filter(|(_, c)| {
+            by_name
+                .get(c.name.as_str())
+                .is_some_and(|tool| tool.read_only)
+        });
+        let outputs =
+            futures::future::join_all(concurrent.clone().map(|(_, call)| {
+                self.call(a, step, call, by_name.get(call.name.as_str()).copied())
+            }))
+            .await;
+        for ((index, _), output) in concurrent.zip(outputs) {
+            results[index] = Some(output);
+        }
+        for (index, call) in calls.iter().enumerate() {
+            if results[index].is_none() {
+                let tool = by_name.get(call.name.as_str()).copied();
+                results[index] = Some(self.call(a, step, call, tool).await);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| ToolOutput::error("not executed")))
+            .collect()
+    }
+
+    async fn call(
+        &self,
+        a: &Attempt<'_>,
+        step: u32,
+        call: &ToolCall,
+        tool: Option<&Tool>,
+    ) -> ToolOutput {
+        let Some(tool) = tool else {
+            return ToolOutput::error(format!("unknown tool `{}`", call.name));
+        };
+        let kind = match tool.kind {
+            Kind::Http(_) => "http",
+            Kind::Mcp { .. } => "mcp",
+            Kind::Client => "client",
+        };
+        let span = tracing::info_span!("tool",
+            otel.name = %format!("tool {}", call.name),
+            otel.status_code = tracing::field::Empty,
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.call.id = %call.id,
+            tool.name = %call.name,
+            tool.kind = kind,
+            tool.outcome = tracing::field::Empty,
+            run.step = i64::from(step));
+        let started = std::time::Instant::now();
+        let output = self
+            .run_tool(a, step, call, tool)
+            .instrument(span.clone())
+            .await;
+        let outcome = if output.is_error { "error" } else { "ok" };
+        span.record("tool.outcome", outcome);
+        if output.is_error {
+            span.record("otel.status_code", "error");
+        }
+        metrics::counter!("spool_tool_calls_total", "kind" => kind, "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!("spool_tool_call_duration_seconds", "kind" => kind)
+            .record(started.elapsed().as_secs_f64());
+        truncate(output)
+    }
+
+    /// Parses the arguments and executes one call of `tool`, within the tool timeout.
+    async fn run_tool(
+        &self,
+        a: &Attempt<'_>,
+        step: u32,
+        call: &ToolCall,
+        tool: &Tool,
+    ) -> ToolOutput {
+        let arguments: Value = if call.arguments.trim().is_empty() {
+            json!({})
+        } else {
+            match serde_json::from_str(&call.arguments) {
+                Ok(arguments) => arguments,
+                Err(err) => {
+                    return ToolOutput::error(format!("the arguments are not valid JSON: {err}"));
+                }
+            }
+        };
+        let engine = a.engine;
+        let key = idempotency_key(a.claimed.run.id, step, &call.id);
+        let call = async {
+            match &tool.kind {
+                Kind::Http(http) => {
+                    let target = http::HttpTool {
+                        url: &http.url,
+                        method: &http.method,
+                        headers: &http.headers,
+                    };
+                    http::call(
+                        engine.http.for_headers(target.headers),
+                        &engine.policy,
+                        &target,
+                        &arguments,
+                        &key,
+                    )
+                    .await
+                }
+                Kind::Client => ToolOutput::error("client tools are executed by the client"),
+                Kind::Mcp { session, remote } => {
+                    session
+                        .call(remote, arguments, &key, engine.tool_timeout)
+                        .await
+                }
+            }
+        };
+        match tokio::time::timeout(engine.tool_timeout, call).await {
+            Ok(output) => output,
+            Err(_) => ToolOutput::error(format!(
+                "the tool did not answer within {:?}",
+                engine.tool_timeout
+            )),
+        }
+    }
+}
+
+/// Cuts a result over [`MAX_TOOL_RESULT_CHARS`] characters, saying how much was cut.
+fn truncate(mut output: ToolOutput) -> ToolOutput {
+    let total = output.content.chars().count();
+    if total > MAX_TOOL_RESULT_CHARS {
+        let cut: String = output.content.chars().take(MAX_TOOL_RESULT_CHARS).collect();
+        output.content = format!(
+            "{cut}\n[truncated: {} more characters]",
+            total - MAX_TOOL_RESULT_CHARS
+        );
+    }
+    output
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_results_are_truncated_with_a_marker() {
+        let short = truncate(ToolOutput::ok("x".repeat(10)));
+        assert_eq!(short.content.len(), 10);
+        let long = truncate(ToolOutput::ok("é".repeat(MAX_TOOL_RESULT_CHARS + 5)));
+        assert!(long.content.ends_with("[truncated: 5 more characters]"));
+        assert_eq!(
+            long.content.chars().filter(|c| *c == 'é').count(),
+            MAX_TOOL_RESULT_CHARS
+        );
     }
 }

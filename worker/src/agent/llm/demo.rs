@@ -1,5 +1,7 @@
-//! The built-in `demo` model as a [`ChatModel`]: the deterministic reply of [`crate::demo`],
-//! streamed delta by delta at `SPOOL_DEMO_DELAY_MS`. It never calls tools.
+//! The built-in `demo` model: a deterministic reply streamed delta by delta, so the whole
+//! pipeline runs with no provider. Its length and pace come from `SPOOL_DEMO_TOKENS` and
+//! `SPOOL_DEMO_DELAY_MS`, so tests and benchmarks can make runs short, long, fast or slow. It
+//! never calls tools.
 
 use std::time::Duration;
 
@@ -12,6 +14,47 @@ use super::{
     ChatChunk, ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatStream, FinishReason,
     LlmError,
 };
+
+/// The model name under which the demo answers.
+pub const MODEL_NAME: &str = "demo";
+
+const WORDS: &[&str] = &[
+    "This",
+    "is",
+    "Spool's",
+    "built-in",
+    "demo",
+    "model,",
+    "streaming",
+    "a",
+    "deterministic",
+    "reply",
+    "so",
+    "the",
+    "whole",
+    "pipeline",
+    "runs",
+    "without",
+    "a",
+    "provider.",
+];
+
+/// The reply to `input`, as exactly `tokens` deltas (at least one). The first delta echoes the
+/// start of the input, so each thread's reply is recognisably its own.
+pub fn reply(input: &str, tokens: usize) -> Vec<String> {
+    let echo: String = input.chars().take(40).collect();
+    let mut deltas = Vec::with_capacity(tokens.max(1));
+    deltas.push(format!("[demo] You said \"{echo}\". "));
+    for i in 0..tokens.saturating_sub(1) {
+        let word = WORDS[i % WORDS.len()];
+        deltas.push(if i + 2 == tokens {
+            word.to_owned()
+        } else {
+            format!("{word} ")
+        });
+    }
+    deltas
+}
 
 /// The demo model.
 #[derive(Clone, Debug)]
@@ -37,7 +80,7 @@ impl ChatModel for DemoModel {
                 _ => None,
             })
             .unwrap_or_default();
-        let deltas = crate::demo::reply(input, self.tokens);
+        let deltas = reply(input, self.tokens);
         let usage = Usage {
             input_tokens: input.split_whitespace().count() as u64,
             output_tokens: deltas.len() as u64,
@@ -59,5 +102,27 @@ impl ChatModel for DemoModel {
             }))
         });
         async move { Ok(chunks.chain(done).boxed()) }.boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reply_has_exactly_the_configured_number_of_deltas() {
+        for n in [1, 2, 5, 100] {
+            assert_eq!(reply("hi", n).len(), n);
+        }
+        assert_eq!(reply("hi", 0).len(), 1);
+    }
+
+    #[test]
+    fn the_reply_is_deterministic_and_echoes_the_input() {
+        assert_eq!(reply("hello there", 4), reply("hello there", 4));
+        assert_eq!(
+            reply("hello", 4).concat(),
+            "[demo] You said \"hello\". This is Spool's"
+        );
     }
 }

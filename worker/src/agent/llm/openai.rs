@@ -209,6 +209,10 @@ impl Assembler {
     }
 
     /// Feeds one SSE `data:` payload; returns the chunks it completes.
+    ///
+    /// One function on purpose (about 85 lines): it is the wire format's state machine (done,
+    /// errors, usage, text and refusal deltas, tool-call fragments by index, finish reasons), and
+    /// reads best as one piece against the recorded transcripts its tests replay.
     pub fn feed(&mut self, data: &str) -> Result<Vec<ChatChunk>, LlmError> {
         let data = data.trim();
         if data == "[DONE]" {

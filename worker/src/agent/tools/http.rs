@@ -53,40 +53,80 @@ pub async fn call(
     arguments: &Value,
     idempotency_key: &str,
 ) -> ToolOutput {
-    let mut url = match Url::parse(tool.url) {
-        Ok(url) => url,
-        Err(err) => return ToolOutput::error(format!("invalid tool URL: {err}")),
+    let (request, host) = match request(client, policy, tool, arguments, idempotency_key) {
+        Ok(request) => request,
+        Err(refused) => return refused,
     };
-    if let Err(reason) = policy.check_url(&url) {
-        return ToolOutput::error(Refused::new(reason).to_string());
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(err) => return failure(err, &host),
+    };
+    let status = response.status();
+    // A redirect that comes back as the response was not followed (no usable Location); saying
+    // where it pointed explains the error better than its usually empty body.
+    let unfollowed = status
+        .is_redirection()
+        .then(|| {
+            response
+                .headers()
+                .get(LOCATION)?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        })
+        .flatten();
+    let text = match read_capped(response).await {
+        Ok(text) => text,
+        Err(err) => return failure(err, &host),
+    };
+    if status.is_success() {
+        if text.is_empty() {
+            // An empty result reads to a model like a lost one; say what happened.
+            ToolOutput::ok(format!("HTTP {status} (empty body)"))
+        } else {
+            ToolOutput::ok(text)
+        }
+    } else {
+        let mut message = format!("HTTP {status}: {text}");
+        if let Some(location) = unfollowed {
+            message.push_str(&format!("\n[redirect to {location} was not followed]"));
+        }
+        ToolOutput::error(message)
     }
-    let host = url.host_str().unwrap_or_default().to_owned();
+}
 
+/// The request of one call, and the host it goes to; an error output if the URL is refused or
+/// the tool's method or headers are not valid.
+fn request(
+    client: &reqwest::Client,
+    policy: &NetworkPolicy,
+    tool: &HttpTool<'_>,
+    arguments: &Value,
+    idempotency_key: &str,
+) -> Result<(reqwest::RequestBuilder, String), ToolOutput> {
+    let mut url = Url::parse(tool.url)
+        .map_err(|err| ToolOutput::error(format!("invalid tool URL: {err}")))?;
+    policy
+        .check_url(&url)
+        .map_err(|reason| ToolOutput::error(Refused::new(reason).to_string()))?;
+    let host = url.host_str().unwrap_or_default().to_owned();
     let method = match tool.method.trim() {
         "" => Method::POST,
-        method => match Method::from_bytes(method.to_ascii_uppercase().as_bytes()) {
-            Ok(method) => method,
-            Err(_) => return ToolOutput::error(format!("invalid HTTP method `{method}`")),
-        },
+        method => Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+            .map_err(|_| ToolOutput::error(format!("invalid HTTP method `{method}`")))?,
     };
-
     let mut headers = HeaderMap::new();
     for (name, value) in tool.headers {
-        let name = match HeaderName::from_bytes(name.as_bytes()) {
-            Ok(name) => name,
-            Err(_) => return ToolOutput::error(format!("invalid tool header name `{name}`")),
-        };
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| ToolOutput::error(format!("invalid tool header name `{name}`")))?;
         // The value may be a secret, so it stays out of the message.
-        let Ok(value) = HeaderValue::from_str(value) else {
-            return ToolOutput::error(format!("invalid value for tool header `{name}`"));
-        };
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| ToolOutput::error(format!("invalid value for tool header `{name}`")))?;
         headers.insert(name, value);
     }
-    let Ok(key) = HeaderValue::from_str(idempotency_key) else {
-        return ToolOutput::error("invalid idempotency key for an HTTP header");
-    };
+    let key = HeaderValue::from_str(idempotency_key)
+        .map_err(|_| ToolOutput::error("invalid idempotency key for an HTTP header"))?;
     headers.insert(IDEMPOTENCY_KEY, key);
-
     let query = if method == Method::GET {
         flat_query(arguments)
     } else {
@@ -106,61 +146,26 @@ pub async fn call(
             client.request(method, url).headers(headers).body(body)
         }
     };
+    Ok((request, host))
+}
 
-    let mut response = match request.send().await {
-        Ok(response) => response,
-        Err(err) => return failure(err, &host),
-    };
-    let status = response.status();
-    // A redirect that comes back as the response was not followed (no usable Location); saying
-    // where it pointed explains the error better than its usually empty body.
-    let unfollowed = status
-        .is_redirection()
-        .then(|| {
-            response
-                .headers()
-                .get(LOCATION)?
-                .to_str()
-                .ok()
-                .map(str::to_owned)
-        })
-        .flatten();
-
+/// The response's text, read up to [`MAX_RESPONSE_BYTES`] and marked where it was cut.
+async fn read_capped(mut response: reqwest::Response) -> reqwest::Result<String> {
     let mut body = Vec::new();
     let mut truncated = false;
-    loop {
-        match response.chunk().await {
-            Ok(Some(chunk)) => {
-                body.extend_from_slice(&chunk);
-                if body.len() > MAX_RESPONSE_BYTES {
-                    body.truncate(char_boundary(&body, MAX_RESPONSE_BYTES));
-                    truncated = true;
-                    break;
-                }
-            }
-            Ok(None) => break,
-            Err(err) => return failure(err, &host),
+    while let Some(chunk) = response.chunk().await? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_RESPONSE_BYTES {
+            body.truncate(char_boundary(&body, MAX_RESPONSE_BYTES));
+            truncated = true;
+            break;
         }
     }
     let mut text = String::from_utf8_lossy(&body).into_owned();
     if truncated {
         text.push_str("\n[response truncated at 1 MiB]");
     }
-
-    if status.is_success() {
-        if text.is_empty() {
-            // An empty result reads to a model like a lost one; say what happened.
-            ToolOutput::ok(format!("HTTP {status} (empty body)"))
-        } else {
-            ToolOutput::ok(text)
-        }
-    } else {
-        let mut message = format!("HTTP {status}: {text}");
-        if let Some(location) = unfollowed {
-            message.push_str(&format!("\n[redirect to {location} was not followed]"));
-        }
-        ToolOutput::error(message)
-    }
+    Ok(text)
 }
 
 /// The arguments as query pairs, when they are a flat JSON object.

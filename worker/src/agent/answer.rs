@@ -1,0 +1,110 @@
+//! What the loop produces ([`Answer`]) and how it ends ([`LoopEnd`]).
+
+use spool_shared::db::steps::SavedStep;
+use spool_shared::run::{Citation, MessagePart, RunFailure, Usage};
+
+use crate::stop::Halt;
+
+/// What the run produced: the message's text and parts, the tokens used, the sources cited.
+#[derive(Debug, Default)]
+pub(crate) struct Answer {
+    pub(crate) content: String,
+    pub(crate) parts: Vec<MessagePart>,
+    pub(crate) usage: Usage,
+    pub(crate) citations: Vec<Citation>,
+}
+
+impl Answer {
+    /// Adds a block of text (paragraphs of the message are separated by a blank line).
+    pub(crate) fn add_text(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if !self.content.is_empty() {
+            self.content.push_str("\n\n");
+        }
+        self.content.push_str(text);
+        self.parts.push(MessagePart::Text { text: text.into() });
+    }
+
+    /// Adds a settled step: its text, each tool call followed by its result, its citations.
+    pub(crate) fn add_step(&mut self, step: u32, saved: &SavedStep) {
+        self.add_text(&saved.assistant.text);
+        for call in &saved.assistant.tool_calls {
+            self.parts.push(MessagePart::ToolCall {
+                step: Some(step),
+                tool_call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            });
+            let Some(result) = saved.results.iter().find(|r| r.tool_call_id == call.id) else {
+                continue;
+            };
+            self.parts.push(MessagePart::ToolResult {
+                step: Some(step),
+                tool_call_id: result.tool_call_id.clone(),
+                name: result.name.clone(),
+                output: result.output.clone(),
+                is_error: result.is_error,
+            });
+        }
+        self.citations.extend(saved.citations.iter().cloned());
+    }
+}
+
+/// How the loop ended.
+#[derive(Debug)]
+pub(crate) enum LoopEnd {
+    /// An answer (or a stop condition).
+    Completed(Answer),
+    /// A failure to record, and what was produced before it.
+    Failed(RunFailure, Answer),
+    /// Cancelled on request: record what was produced.
+    Cancelled(Answer),
+    /// Paused (client tool outputs or an approval); the run no longer holds a worker.
+    Paused,
+    /// The lease is gone: write nothing.
+    LeaseLost,
+    /// Shutdown: give the run back.
+    Released,
+}
+
+impl LoopEnd {
+    /// The end a halt makes, keeping `answer` where it is recorded (a cancel).
+    pub(crate) fn halted(halt: Halt, answer: Answer) -> Self {
+        match halt {
+            Halt::LeaseLost => Self::LeaseLost,
+            Halt::Released => Self::Released,
+            Halt::Cancelled => Self::Cancelled(answer),
+        }
+    }
+}
+
+/// Why the loop leaves early: an end to record, or an error that leaves the lease to expire (so
+/// the run is retried elsewhere). Every part of the loop returns it, so `?` ends the loop from
+/// anywhere.
+#[derive(Debug)]
+pub(crate) enum Exit {
+    /// The loop is over.
+    End(LoopEnd),
+    /// Something broke (Postgres unreachable, say).
+    Error(anyhow::Error),
+}
+
+impl From<LoopEnd> for Exit {
+    fn from(end: LoopEnd) -> Self {
+        Self::End(end)
+    }
+}
+
+impl From<anyhow::Error> for Exit {
+    fn from(err: anyhow::Error) -> Self {
+        Self::Error(err)
+    }
+}
+
+impl From<sqlx::Error> for Exit {
+    fn from(err: sqlx::Error) -> Self {
+        Self::Error(err.into())
+    }
+}

@@ -1,0 +1,80 @@
+//! The attempt as the agent loop sees it: the database, the worker's engine (models, tools'
+//! clients), the claimed run, its stop signal and its event publisher. Nothing of the claim loop
+//! or the lease keeper: the loop cannot reach them.
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sqlx::PgPool;
+
+use spool_shared::db::runs::{self, Claimed};
+use spool_shared::db::steps::{self, SavedStep};
+use spool_shared::event::EventType;
+use spool_shared::run::PendingAction;
+use spool_shared::status::RunStatus;
+
+use super::answer::{Exit, LoopEnd};
+use super::engine::Engine;
+use crate::publish::Publisher;
+use crate::stop::Stop;
+
+/// What one attempt's loop works with.
+pub(crate) struct Attempt<'a> {
+    /// Postgres.
+    pub(crate) db: &'a PgPool,
+    /// Models, tools' HTTP clients and the default agent.
+    pub(crate) engine: &'a Engine,
+    /// The run and the attempt that holds it.
+    pub(crate) claimed: &'a Claimed,
+    /// When to stop whatever it is doing.
+    pub(crate) stop: &'a Stop,
+    /// Where its events go.
+    pub(crate) events: &'a Publisher,
+}
+
+impl Attempt<'_> {
+    /// Saves step `step` (fenced on this attempt); ends the loop if the lease is lost.
+    pub(crate) async fn save_step(&self, step: u32, data: &SavedStep) -> Result<(), Exit> {
+        let run = &self.claimed.run;
+        let step = i32::try_from(step).unwrap_or(i32::MAX);
+        if steps::save(self.db, run.id, run.attempt, step, data).await? {
+            Ok(())
+        } else {
+            Err(LoopEnd::LeaseLost.into())
+        }
+    }
+
+    /// Pauses the run (fenced on this attempt) for `action`; ends the loop if the lease is lost.
+    pub(crate) async fn pause(
+        &self,
+        status: RunStatus,
+        action: &PendingAction,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<(), Exit> {
+        let run = &self.claimed.run;
+        if runs::pause(self.db, run.id, run.attempt, status, action, expires_at).await? {
+            Ok(())
+        } else {
+            Err(LoopEnd::LeaseLost.into())
+        }
+    }
+
+    /// Publishes a whole text block at once (held-back or re-shown text).
+    pub(crate) fn emit_text(&self, block: &str, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        self.events
+            .send(EventType::TextStart, json!({"block_id": block}));
+        self.events.send(
+            EventType::TextDelta,
+            json!({"block_id": block, "delta": text}),
+        );
+        self.events
+            .send(EventType::TextEnd, json!({"block_id": block}));
+    }
+}
+
+/// The id of step `step`'s text block.
+pub(crate) fn block_id(step: u32) -> String {
+    format!("s{step}")
+}

@@ -1,0 +1,274 @@
+//! One model call of a step: streamed as `text_*` events while it arrives, retried, continued.
+//!
+//! - Retries: a retryable failure (429, 5xx, timeouts, a stream cut short) is retried up to
+//!   [`MODEL_RETRIES`] times with exponential backoff and jitter, waiting at least what the
+//!   provider asked (`Retry-After`); only while no text of that try has been shown, so a client
+//!   never sees text twice.
+//! - Continuations: `finish_reason: length` without tool calls continues up to
+//!   [`MAX_CONTINUATIONS`] times; the text of every part goes into one block.
+//! - Held text: with `pre_response` hooks the text is not published as it streams; the loop
+//!   shows it once the hooks have decided.
+//! - A stop (cancel, lost lease, shutdown) ends the call at once with the text streamed so far.
+
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder as _, ExponentialBuilder};
+use futures::StreamExt as _;
+use serde_json::json;
+use tracing::Instrument as _;
+
+use spool_shared::db::steps::{AssistantTurn, CallResult, SavedStep};
+use spool_shared::event::EventType;
+use spool_shared::run::{Citation, Usage};
+
+use super::context::{Attempt, block_id};
+use super::llm::{
+    ChatChunk, ChatMessage, ChatModel, ChatRequest, ChatResponse, FinishReason, LlmError, ToolCall,
+};
+use crate::stop::Halt;
+
+/// Continuations after `finish_reason: length`.
+const MAX_CONTINUATIONS: usize = 3;
+/// Retries of a retryable model error.
+const MODEL_RETRIES: usize = 3;
+
+/// One model call's result.
+#[derive(Debug)]
+pub(crate) struct ModelOutput {
+    pub(crate) text: String,
+    pub(crate) tool_calls: Vec<ToolCall>,
+    pub(crate) usage: Usage,
+}
+
+impl ModelOutput {
+    /// The step to save: this output with its calls' `results` and `citations`.
+    pub(crate) fn saved(&self, results: Vec<CallResult>, citations: Vec<Citation>) -> SavedStep {
+        SavedStep {
+            assistant: AssistantTurn {
+                text: self.text.clone(),
+                tool_calls: self.tool_calls.clone(),
+            },
+            results,
+            usage: self.usage,
+            citations,
+        }
+    }
+}
+
+/// Why a model call produced no output.
+pub(crate) enum LlmEnd {
+    /// Stopped from outside, with the text streamed so far.
+    Halt(Halt, String),
+    /// The provider failed (after the retries, if it was retryable).
+    Error(LlmError),
+}
+
+/// Calls the model inside a `chat {model}` span (GenAI semantic conventions: operation, system,
+/// model, and the tokens used, summed over retries and continuations).
+pub(crate) async fn call_model(
+    a: &Attempt<'_>,
+    model: &dyn ChatModel,
+    request: ChatRequest,
+    step: u32,
+    buffer: bool,
+) -> Result<ModelOutput, LlmEnd> {
+    let span = tracing::info_span!("chat",
+        otel.name = %format!("chat {}", request.model),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "chat",
+        gen_ai.system = model.system(),
+        gen_ai.request.model = %request.model,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        run.step = i64::from(step));
+    let mut out = Streamed {
+        a,
+        block: block_id(step),
+        buffer,
+        block_open: false,
+        text: String::new(),
+        streamed: false,
+    };
+    let result = continued(model, request, &mut out)
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok(output) => {
+            // As i64: OpenTelemetry has no unsigned integers (a u64 would arrive as text).
+            let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            span.record(
+                "gen_ai.usage.input_tokens",
+                tokens(output.usage.input_tokens),
+            );
+            span.record(
+                "gen_ai.usage.output_tokens",
+                tokens(output.usage.output_tokens),
+            );
+        }
+        Err(LlmEnd::Error(err)) => {
+            span.record("otel.status_code", "error");
+            span.record("error.type", err.kind());
+        }
+        // A halt (cancel, lease lost, shutdown) is not the model's failure.
+        Err(LlmEnd::Halt(..)) => {}
+    }
+    result
+}
+
+/// The call, continued after `finish_reason: length`; the block's `text_end` goes out however
+/// it ends.
+async fn continued(
+    model: &dyn ChatModel,
+    mut request: ChatRequest,
+    out: &mut Streamed<'_, '_>,
+) -> Result<ModelOutput, LlmEnd> {
+    let mut usage = Usage::default();
+    let mut continuations = 0;
+    loop {
+        let part_start = out.text.len();
+        let started = Instant::now();
+        let response = match retried(model, &request, out).await {
+            Ok(response) => response,
+            Err(end) => {
+                out.close();
+                return Err(match end {
+                    LlmEnd::Halt(halt, _) => LlmEnd::Halt(halt, std::mem::take(&mut out.text)),
+                    error => error,
+                });
+            }
+        };
+        usage.add(response.usage);
+        record(&request.model, response.usage, started.elapsed());
+        if response.finish_reason == FinishReason::Length
+            && response.tool_calls.is_empty()
+            && continuations < MAX_CONTINUATIONS
+        {
+            continuations += 1;
+            request.messages.push(ChatMessage::Assistant {
+                content: Some(out.text[part_start..].to_owned()),
+                tool_calls: Vec::new(),
+            });
+            request.messages.push(ChatMessage::User {
+                content: "Continue exactly where you stopped, without repeating anything.".into(),
+            });
+            continue;
+        }
+        out.close();
+        return Ok(ModelOutput {
+            text: std::mem::take(&mut out.text),
+            tool_calls: response.tool_calls,
+            usage,
+        });
+    }
+}
+
+/// One request, retried while it fails retryably before any of its text was shown.
+async fn retried(
+    model: &dyn ChatModel,
+    request: &ChatRequest,
+    out: &mut Streamed<'_, '_>,
+) -> Result<ChatResponse, LlmEnd> {
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(8))
+        .with_jitter()
+        .with_max_times(MODEL_RETRIES)
+        .build();
+    loop {
+        out.streamed = false;
+        let err = match streamed_once(model, request.clone(), out).await {
+            Err(LlmEnd::Error(err)) if err.is_retryable() && !out.streamed => err,
+            result => return result,
+        };
+        let Some(delay) = delays.next() else {
+            return Err(LlmEnd::Error(err));
+        };
+        let delay = err.retry_after().map_or(delay, |asked| asked.max(delay));
+        tracing::warn!(error = %err, ?delay, "model call failed; retrying");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            halt = out.a.stop.wait() => return Err(LlmEnd::Halt(halt, String::new())),
+        }
+    }
+}
+
+/// One streaming request: its text goes out as it arrives.
+async fn streamed_once(
+    model: &dyn ChatModel,
+    request: ChatRequest,
+    out: &mut Streamed<'_, '_>,
+) -> Result<ChatResponse, LlmEnd> {
+    let stop = out.a.stop;
+    let mut stream = tokio::select! {
+        stream = model.stream(request) => stream.map_err(LlmEnd::Error)?,
+        halt = stop.wait() => return Err(LlmEnd::Halt(halt, String::new())),
+    };
+    loop {
+        let chunk = tokio::select! {
+            chunk = stream.next() => chunk,
+            halt = stop.wait() => return Err(LlmEnd::Halt(halt, String::new())),
+        };
+        match chunk {
+            Some(Ok(ChatChunk::Text(delta))) => out.push(delta),
+            Some(Ok(ChatChunk::Done(response))) => return Ok(response),
+            Some(Err(err)) => return Err(LlmEnd::Error(err)),
+            None => return Err(LlmEnd::Error(LlmError::Incomplete)),
+        }
+    }
+}
+
+/// Counts a model response's tokens and times it, by model.
+fn record(model: &str, usage: Usage, took: Duration) {
+    let model = model.to_owned();
+    metrics::counter!("spool_model_tokens_total", "model" => model.clone(), "direction" => "input")
+        .increment(usage.input_tokens);
+    metrics::counter!("spool_model_tokens_total", "model" => model.clone(), "direction" => "output")
+        .increment(usage.output_tokens);
+    metrics::histogram!("spool_model_call_duration_seconds", "model" => model)
+        .record(took.as_secs_f64());
+}
+
+/// The text of one model call as it streams, across its retries and continuations.
+struct Streamed<'a, 'b> {
+    a: &'a Attempt<'b>,
+    block: String,
+    /// Hold the text back instead of publishing it.
+    buffer: bool,
+    block_open: bool,
+    text: String,
+    /// Whether text arrived in the current try (a retry would then repeat it).
+    streamed: bool,
+}
+
+impl Streamed<'_, '_> {
+    /// Takes one delta: kept, and published unless held back (for `pre_response` hooks, until
+    /// the loop knows what to show).
+    fn push(&mut self, delta: String) {
+        self.streamed = true;
+        self.text.push_str(&delta);
+        if self.buffer {
+            return;
+        }
+        if !self.block_open {
+            self.a
+                .events
+                .send(EventType::TextStart, json!({"block_id": self.block}));
+            self.block_open = true;
+        }
+        self.a.events.send(
+            EventType::TextDelta,
+            json!({"block_id": self.block, "delta": delta}),
+        );
+    }
+
+    /// Ends the block, if one was opened.
+    fn close(&mut self) {
+        if std::mem::take(&mut self.block_open) {
+            self.a
+                .events
+                .send(EventType::TextEnd, json!({"block_id": self.block}));
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! One step's tool calls, from the model's request to a settled step.
+//!
+//! - [`Loop::classify`]: what happens to each call of a new step: run it, hold it for the
+//!   client or for a person's approval, or refuse it (a `pre_tool_use` hook, which may also
+//!   rewrite the arguments).
+//! - [`Loop::settle`]: applies decisions and expiries, executes what may run (read-only calls
+//!   concurrently; results through `post_tool_use` hooks), publishes what is final, then either
+//!   pauses the run (approvals first, one call at a time; client tools once no approval is
+//!   pending) or commits the step: saved with its results, added to the answer and the
+//!   conversation, and checked against the agent's stop conditions.
+//! - [`Recent`]: the same call three times in a row is a doom loop and fails the run.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use spool_shared::agent::StopCondition;
+use spool_shared::db::steps::{CallResult, CallState};
+use spool_shared::event::EventType;
+use spool_shared::run::{Citation, PendingAction, PendingCall};
+use spool_shared::status::RunStatus;
+
+use super::Loop;
+use super::answer::{Exit, LoopEnd};
+use super::context::Attempt;
+use super::hooks::ToolDecision;
+use super::llm::{ChatMessage, ToolCall};
+use super::model_call::ModelOutput;
+use super::tools::Kind;
+
+/// The same call this many times in a row is a doom loop.
+pub(crate) const DOOM_LOOP: usize = 3;
+
+/// The run's recent tool calls (name and arguments), for doom-loop detection.
+#[derive(Debug, Default)]
+pub(crate) struct Recent(Vec<(String, String)>);
+
+impl Recent {
+    /// Records calls that were already made (a replayed or resumed step).
+    pub(crate) fn extend(&mut self, calls: &[ToolCall]) {
+        self.0
+            .extend(calls.iter().map(|c| (c.name.clone(), c.arguments.clone())));
+    }
+
+    /// Records a step's calls in order; the first that makes [`DOOM_LOOP`] identical calls in a
+    /// row, if any.
+    pub(crate) fn doom<'c>(&mut self, calls: &'c [ToolCall]) -> Option<&'c ToolCall> {
+        calls.iter().find(|call| {
+            self.0.push((call.name.clone(), call.arguments.clone()));
+            let tail = &self.0[self.0.len().saturating_sub(DOOM_LOOP)..];
+            tail.len() == DOOM_LOOP && tail.iter().all(|c| *c == tail[DOOM_LOOP - 1])
+        })
+    }
+}
+
+impl Loop<'_> {
+    /// Decides, for each call of a new step, what happens to it. Hooks may rewrite the
+    /// arguments (in `output`, so the saved step holds what runs).
+    pub(crate) async fn classify(&self, output: &mut ModelOutput) -> Vec<CallResult> {
+        let now = Utc::now();
+        let timeout = self.spec.approval_timeout_secs;
+        let mut results = Vec::with_capacity(output.tool_calls.len());
+        for call in &mut output.tool_calls {
+            let tool = self.tools.find(&call.name);
+            let mut result = CallResult::new(call, CallState::Approved);
+            let decision = self
+                .hooks
+                .pre_tool_use(&call.name, &call.parsed_arguments())
+                .await;
+            let hook_timeout = match decision {
+                ToolDecision::Deny(reason) => {
+                    result.settle(format!("Blocked by a hook: {reason}"), true);
+                    results.push(result);
+                    continue;
+                }
+                ToolDecision::Allow(Some(arguments)) => {
+                    call.arguments = arguments.to_string();
+                    None
+                }
+                ToolDecision::Allow(None) => None,
+                ToolDecision::Approval(secs) => Some(secs.unwrap_or(timeout)),
+            };
+            let approval = hook_timeout.or(tool.filter(|t| t.requires_approval).map(|_| timeout));
+            if let Some(secs) = approval {
+                result.state = CallState::PendingApproval;
+                result.expires_at = Some(now + chrono::Duration::seconds(i64::from(secs)));
+            } else if tool.is_some_and(|t| matches!(t.kind, Kind::Client)) {
+                result.state = CallState::PendingClient;
+            }
+            results.push(result);
+        }
+        results
+    }
+
+    /// Brings the step's calls to a settled state and commits the step, or pauses the run.
+    /// `announce` publishes the calls (a new step, or one re-shown after a crash).
+    pub(crate) async fn settle(
+        &mut self,
+        a: &Attempt<'_>,
+        step: u32,
+        output: ModelOutput,
+        mut results: Vec<CallResult>,
+        announce: bool,
+    ) -> Result<(), Exit> {
+        if announce {
+            announce_calls(a, step, &output.tool_calls);
+        }
+        apply_decisions(&mut results, Utc::now(), self.spec.approval_timeout_secs);
+        self.execute(a, step, &output, &mut results).await?;
+        if let Some(halt) = a.stop.now() {
+            return Err(self.halted(halt));
+        }
+        publish_results(a, step, &mut results);
+        if results.iter().any(|r| {
+            matches!(
+                r.state,
+                CallState::PendingApproval | CallState::PendingClient
+            )
+        }) {
+            return Err(pause(a, step, &output, results).await);
+        }
+        self.commit(a, step, output, results).await
+    }
+
+    /// Executes the calls that may run, racing the stop signal; settles each with its result
+    /// as `post_tool_use` hooks leave it.
+    async fn execute(
+        &mut self,
+        a: &Attempt<'_>,
+        step: u32,
+        output: &ModelOutput,
+        results: &mut [CallResult],
+    ) -> Result<(), Exit> {
+        let to_run: Vec<&ToolCall> = output
+            .tool_calls
+            .iter()
+            .zip(results.iter())
+            .filter(|(_, r)| r.state == CallState::Approved)
+            .map(|(call, _)| call)
+            .collect();
+        if to_run.is_empty() {
+            return Ok(());
+        }
+        let outputs = tokio::select! {
+            outputs = self.tools.execute(a, step, &to_run) => Ok(outputs),
+            halt = a.stop.wait() => Err(halt),
+        };
+        let outputs = outputs.map_err(|halt| self.halted(halt))?;
+        for (call, out) in to_run.iter().zip(outputs) {
+            if let Some(result) = results.iter_mut().find(|r| r.tool_call_id == call.id) {
+                let output = self
+                    .hooks
+                    .post_tool_use(&call.name, &call.parsed_arguments(), out.content)
+                    .await;
+                result.settle(output, out.is_error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves the settled step with its results and citations, adds it to the answer and the
+    /// conversation, and ends the run if a stop condition holds.
+    async fn commit(
+        &mut self,
+        a: &Attempt<'_>,
+        step: u32,
+        output: ModelOutput,
+        results: Vec<CallResult>,
+    ) -> Result<(), Exit> {
+        let citations = results
+            .iter()
+            .flat_map(|r| citations_in(&r.output, r.is_error))
+            .collect();
+        let saved = output.saved(results, citations);
+        a.save_step(step, &saved).await?;
+        self.answer.add_step(step, &saved);
+        let text = saved.assistant.text;
+        let calls = saved.assistant.tool_calls;
+        let stop =
+            self.spec
+                .stop_conditions
+                .iter()
+                .any(|StopCondition::HasToolCall { tool_name }| {
+                    calls.iter().any(|c| c.name == *tool_name)
+                });
+        self.conversation.push(ChatMessage::Assistant {
+            content: (!text.is_empty()).then_some(text),
+            tool_calls: calls,
+        });
+        for result in saved.results {
+            self.conversation.push(ChatMessage::Tool {
+                tool_call_id: result.tool_call_id,
+                content: result.output,
+            });
+        }
+        if stop {
+            return Err(LoopEnd::Completed(std::mem::take(&mut self.answer)).into());
+        }
+        Ok(())
+    }
+}
+
+/// Publishes a `step` event (`phase: call`) per call.
+fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
+    for call in calls {
+        a.events.send(
+            EventType::Step,
+            json!({"phase": "call", "step": step,
+            "tool_call_id": call.id, "tool_name": call.name,
+            "arguments": call.parsed_arguments()}),
+        );
+    }
+}
+
+/// Settles what people decided, or failed to decide in time: a denial, or no decision before
+/// the approval expired, reaches the model as an error; a client's output as it is.
+fn apply_decisions(results: &mut [CallResult], now: DateTime<Utc>, approval_timeout_secs: u32) {
+    for result in results {
+        match result.state {
+            CallState::Denied => {
+                let output = match &result.reason {
+                    Some(reason) => format!("The user denied this tool call: {reason}"),
+                    None => "The user denied this tool call.".to_owned(),
+                };
+                result.settle(output, true);
+            }
+            CallState::PendingApproval if result.expires_at.is_none_or(|at| at <= now) => {
+                let output = format!(
+                    "No one approved this tool call within {approval_timeout_secs} s; it was \
+                     not made."
+                );
+                result.settle(output, true);
+            }
+            CallState::ClientOutput => result.state = CallState::Done,
+            _ => {}
+        }
+    }
+}
+
+/// Publishes a `step` event (`phase: result`) for each settled call not published yet.
+fn publish_results(a: &Attempt<'_>, step: u32, results: &mut [CallResult]) {
+    for result in results
+        .iter_mut()
+        .filter(|r| r.state == CallState::Done && !r.published)
+    {
+        a.events.send(
+            EventType::Step,
+            json!({"phase": "result", "step": step,
+            "tool_call_id": result.tool_call_id, "tool_name": result.name,
+            "output": result.output, "is_error": result.is_error}),
+        );
+        result.published = true;
+    }
+}
+
+/// Saves the step with its held calls and pauses the run for the first pending approval, or
+/// for every pending client call once no approval is pending; then tells the client.
+async fn pause(a: &Attempt<'_>, step: u32, output: &ModelOutput, results: Vec<CallResult>) -> Exit {
+    if let Err(exit) = a
+        .save_step(step, &output.saved(results.clone(), Vec::new()))
+        .await
+    {
+        return exit;
+    }
+    let pending = |result: &CallResult| PendingCall {
+        tool_call_id: result.tool_call_id.clone(),
+        tool_name: result.name.clone(),
+        arguments: output
+            .tool_calls
+            .iter()
+            .find(|c| c.id == result.tool_call_id)
+            .map_or(Value::Null, ToolCall::parsed_arguments),
+    };
+    let approval = results
+        .iter()
+        .find(|r| r.state == CallState::PendingApproval);
+    let (status, action, expires_at, event, data) = match approval {
+        Some(first) => {
+            let call = pending(first);
+            let data = json!({"tool_call_id": call.tool_call_id, "tool_name": call.tool_name,
+                "arguments": call.arguments, "expires_at": first.expires_at});
+            let action = PendingAction::Approval {
+                tool_call_id: call.tool_call_id,
+                tool_name: call.tool_name,
+                arguments: call.arguments,
+                expires_at: first.expires_at,
+            };
+            let status = RunStatus::AwaitingApproval;
+            (
+                status,
+                action,
+                first.expires_at,
+                EventType::ApprovalRequested,
+                data,
+            )
+        }
+        None => {
+            let calls: Vec<PendingCall> = results
+                .iter()
+                .filter(|r| r.state == CallState::PendingClient)
+                .map(pending)
+                .collect();
+            let data = json!({"tool_calls": calls});
+            let action = PendingAction::SubmitToolOutputs { tool_calls: calls };
+            let status = RunStatus::RequiresAction;
+            (status, action, None, EventType::RequiresAction, data)
+        }
+    };
+    if let Err(exit) = a.pause(status, &action, expires_at).await {
+        return exit;
+    }
+    a.events.send(event, data);
+    LoopEnd::Paused.into()
+}
+
+/// The citations a tool result carries: `{"citations": [{title, url, snippet}]}` in JSON.
+pub(crate) fn citations_in(output: &str, is_error: bool) -> Vec<Citation> {
+    if is_error {
+        return Vec::new();
+    }
+    let Ok(value) = serde_json::from_str::<Value>(output) else {
+        return Vec::new();
+    };
+    value["citations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["url"].is_string() || c["title"].is_string())
+        .map(|c| Citation {
+            title: c["title"].clone(),
+            url: c["url"].clone(),
+            snippet: c["snippet"].clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn citations_are_read_from_json_results() {
+        let output = r#"{"answer": 1, "citations": [{"title": "T", "url": "https://x", "snippet": "s", "extra": 1}]}"#;
+        assert_eq!(
+            citations_in(output, false),
+            [Citation {
+                title: json!("T"),
+                url: json!("https://x"),
+                snippet: json!("s")
+            }]
+        );
+        assert!(citations_in("plain text", false).is_empty());
+    }
+
+    #[test]
+    fn three_identical_calls_in_a_row_are_a_doom_loop_and_two_are_not() {
+        let call = |id: &str, args: &str| ToolCall {
+            id: id.into(),
+            name: "look".into(),
+            arguments: args.into(),
+        };
+        let mut recent = Recent::default();
+        recent.extend(&[call("1", "{}")]);
+        assert!(recent.doom(&[call("2", "{}")]).is_none());
+        assert!(recent.doom(&[call("3", "{\"x\":1}")]).is_none());
+        assert!(recent.doom(&[call("4", "{}"), call("5", "{}")]).is_none());
+        let third = [call("6", "{}")];
+        assert_eq!(recent.doom(&third).map(|c| c.id.as_str()), Some("6"));
+    }
+}

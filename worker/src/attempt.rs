@@ -1,0 +1,297 @@
+//! One attempt of one run: from the claim to a fenced final write, a release, or nothing at
+//! all when the lease was lost. Its events go to the thread's stream through a [`Publisher`].
+//!
+//! Failures are sorted here: a lost lease writes and publishes nothing more (another worker
+//! owns the run now); a release (shutdown) gives the run back without counting a crash; an
+//! error leaves the lease to expire, so the run is retried on another worker and fails for good
+//! after `SPOOL_MAX_RECLAIMS`; a panic fails the run at once, since retrying would panic again.
+//!
+//! Order of the end: the message and status are committed to Postgres first, then
+//! `message_end` and `done` are published, so a client that sees `done` and fetches the message
+//! over REST always finds it final. The agent's spec is loaded once, before the loop, so the
+//! run's end fires its `on_run_complete` hooks (even after a panic) without loading it again.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use serde_json::json;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use spool_shared::agent::AgentSpec;
+use spool_shared::db::runs::{self, Claimed, Outcome};
+use spool_shared::event::{EventType, Origin};
+use spool_shared::run::{FailureCode, MessagePart, RunFailure};
+use spool_shared::status::RunStatus;
+
+use crate::agent::answer::{Answer, LoopEnd};
+use crate::agent::context::Attempt;
+use crate::agent::{self, Hooks};
+use crate::lease::Lease;
+use crate::publish::Publisher;
+use crate::stop::Stop;
+use crate::worker::Worker;
+
+/// How long the end of a run waits for its events to reach Redis (the run's end is already
+/// in Postgres by then; the gateway follows a just-finished run's stream this long).
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why an attempt ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The run reached a terminal status (written by this attempt).
+    Finished(RunStatus),
+    /// Another worker holds the run now; nothing was written.
+    LeaseLost,
+    /// Shutdown: the run went back to the queue.
+    Released,
+    /// The run waits for tool outputs or an approval, without a worker.
+    Paused,
+}
+
+/// Executes one claimed attempt, inside a `run` span that joins the enqueuing request's trace.
+/// Never panics and never returns an error: it logs instead, and says how the attempt ended
+/// (`None`: it failed, and the lease will expire).
+pub(crate) async fn execute(
+    worker: Worker,
+    claimed: Claimed,
+    lease: Lease,
+    release: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+) -> Option<Ended> {
+    let run = &claimed.run;
+    let span = tracing::info_span!("run", workflow.id = %run.id, thread.id = %run.thread_id,
+        run.attempt = run.attempt);
+    // Every attempt of the run joins the trace of the request that enqueued it.
+    if let Some(traceparent) = &run.trace_context {
+        spool_shared::telemetry::set_parent_from_traceparent(&span, traceparent);
+    }
+    // Instrumented, not entered: an entered span held across an await would label whatever
+    // else runs on this thread meanwhile.
+    execute_in_span(&worker, &claimed, lease, release)
+        .instrument(span)
+        .await
+}
+
+async fn execute_in_span(
+    worker: &Worker,
+    claimed: &Claimed,
+    lease: Lease,
+    release: CancellationToken,
+) -> Option<Ended> {
+    let run = &claimed.run;
+    let origin = Origin {
+        thread_id: run.thread_id,
+        workflow_id: run.id,
+        message_id: run.assistant_message_id,
+        attempt: run.attempt,
+    };
+    let events = Publisher::start(
+        worker.streams.clone(),
+        origin,
+        lease.beats.clone(),
+        worker.args.coalesce_max_bytes,
+    );
+    let stop = Stop::new(
+        lease.lost.clone(),
+        lease.cancel_requested.clone(),
+        release,
+        run.cancel_requested_at.is_some(),
+    );
+    let a = Attempt {
+        db: &worker.db,
+        engine: &worker.engine,
+        claimed,
+        stop: &stop,
+        events: &events,
+    };
+    let started = std::time::Instant::now();
+    let spec = agent::load_spec(a.db, a.engine, run).await;
+    let result = match &spec {
+        Ok(spec) => {
+            AssertUnwindSafe(attempt(&a, worker.args.max_reclaims, spec.as_ref()))
+                .catch_unwind()
+                .await
+        }
+        Err(err) => Ok(Err(anyhow::anyhow!("loading the run's agent: {err}"))),
+    };
+    record_attempt(claimed, &result, started.elapsed());
+    let ended = match result {
+        Ok(Ok(ended)) => Some(ended),
+        Ok(Err(err)) => {
+            tracing::error!(
+                error = format!("{err:#}"),
+                "attempt failed; the lease will expire"
+            );
+            None
+        }
+        Err(_) => {
+            tracing::error!("attempt panicked; failing the run");
+            let error = RunFailure::new(FailureCode::InternalError, "the worker panicked");
+            let spec = spec.ok().flatten();
+            let failed = end(
+                &a,
+                spec.as_ref(),
+                RunStatus::Failed,
+                Answer::default(),
+                Some(&error),
+            );
+            match failed.await {
+                Ok(ended) => Some(ended),
+                Err(err) => {
+                    tracing::error!(error = %err, "could not record the failure");
+                    None
+                }
+            }
+        }
+    };
+    if let Some(ended) = &ended {
+        tracing::info!(?ended, "attempt ended");
+    }
+    match &ended {
+        Some(Ended::LeaseLost) | None => events.abort(),
+        Some(_) => {
+            // The attempt's end is written, so it needs no lease any more. Renewing it
+            // during the flush would find the run no longer running and call it lost.
+            drop(lease);
+            events.finish(FLUSH_TIMEOUT).await;
+        }
+    }
+    ended
+}
+
+/// Counts how attempts end, times them, and times finished runs from their enqueue.
+fn record_attempt(
+    claimed: &Claimed,
+    result: &Result<anyhow::Result<Ended>, Box<dyn std::any::Any + Send>>,
+    took: Duration,
+) {
+    let outcome = match result {
+        Ok(Ok(Ended::Finished(status))) => {
+            metrics::counter!("spool_runs_finished_total", "status" => status.as_str())
+                .increment(1);
+            let age = (chrono::Utc::now() - claimed.run.created_at)
+                .to_std()
+                .unwrap_or_default();
+            metrics::histogram!("spool_run_duration_seconds").record(age.as_secs_f64());
+            "finished"
+        }
+        Ok(Ok(Ended::Paused)) => "paused",
+        Ok(Ok(Ended::Released)) => "released",
+        Ok(Ok(Ended::LeaseLost)) => "lease_lost",
+        Ok(Err(_)) => "error",
+        Err(_) => "panic",
+    };
+    metrics::counter!("spool_attempts_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("spool_attempt_duration_seconds").record(took.as_secs_f64());
+}
+
+/// The attempt: a restart notice, the reclaim cap, the agent loop, and the end it leads to.
+/// `spec` is `None` when the run's agent was deleted.
+async fn attempt(
+    a: &Attempt<'_>,
+    max_reclaims: i32,
+    spec: Option<&AgentSpec>,
+) -> anyhow::Result<Ended> {
+    let run = &a.claimed.run;
+    // After a crash or a release, not after an answered pause: that continues cleanly.
+    if run.attempt > 1 && !run.resumed {
+        a.events
+            .send(EventType::AttemptRestarted, json!({"attempt": run.attempt}));
+    }
+    if run.reclaims > max_reclaims {
+        a.events
+            .send(EventType::MessageStart, json!({"role": "assistant"}));
+        let error = RunFailure::new(
+            FailureCode::TooManyAttempts,
+            format!(
+                "the run was reclaimed {} times after its worker stopped heart-beating \
+                 (crashed or hung); giving up",
+                run.reclaims
+            ),
+        );
+        return end(a, spec, RunStatus::Failed, Answer::default(), Some(&error)).await;
+    }
+    if !runs::start_streaming(a.db, run.id, run.attempt).await? {
+        return Ok(Ended::LeaseLost);
+    }
+    let Some(agent) = spec else {
+        a.events
+            .send(EventType::MessageStart, json!({"role": "assistant"}));
+        let error = RunFailure::new(
+            FailureCode::AgentNotFound,
+            "the run's agent no longer exists",
+        );
+        return end(a, None, RunStatus::Failed, Answer::default(), Some(&error)).await;
+    };
+    match agent::run(a, agent).await? {
+        LoopEnd::LeaseLost => Ok(Ended::LeaseLost),
+        LoopEnd::Paused => Ok(Ended::Paused),
+        LoopEnd::Released => release(a).await,
+        LoopEnd::Cancelled(answer) => end(a, spec, RunStatus::Cancelled, answer, None).await,
+        LoopEnd::Failed(error, answer) => {
+            end(a, spec, RunStatus::Failed, answer, Some(&error)).await
+        }
+        LoopEnd::Completed(mut answer) => {
+            if !answer.citations.is_empty() {
+                a.events
+                    .send(EventType::Citations, json!({"citations": answer.citations}));
+                answer.parts.push(MessagePart::Citations {
+                    citations: answer.citations.clone(),
+                });
+            }
+            end(a, spec, RunStatus::Completed, answer, None).await
+        }
+    }
+}
+
+/// Gives the run back to the queue (shutdown), waking a worker to take it.
+async fn release(a: &Attempt<'_>) -> anyhow::Result<Ended> {
+    let run = &a.claimed.run;
+    let mut tx = a.db.begin().await?;
+    if runs::release(&mut *tx, run.id, run.attempt).await? {
+        spool_shared::db::notify_runs(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(Ended::Released)
+}
+
+/// Ends the run (fenced) with `status`, writing what it produced as its message once, then
+/// publishes the end of the message and fires the agent's `on_run_complete` hooks. `LeaseLost`
+/// if this attempt no longer holds the run (nothing is written or published).
+async fn end(
+    a: &Attempt<'_>,
+    spec: Option<&AgentSpec>,
+    status: RunStatus,
+    answer: Answer,
+    error: Option<&RunFailure>,
+) -> anyhow::Result<Ended> {
+    let run = &a.claimed.run;
+    let outcome = Outcome {
+        status,
+        content: &answer.content,
+        parts: &answer.parts,
+        usage: answer.usage,
+        error,
+    };
+    if !runs::finish(a.db, run.id, run.attempt, &outcome).await? {
+        return Ok(Ended::LeaseLost);
+    }
+    if let Some(error) = error {
+        a.events.send(
+            EventType::Error,
+            json!({"code": error.code, "message": error.message, "retryable": false}),
+        );
+    }
+    a.events.send(
+        EventType::MessageEnd,
+        json!({"status": status, "usage": answer.usage}),
+    );
+    a.events.send(EventType::Done, json!({"status": status}));
+    if let Some(spec) = spec {
+        Hooks::for_run(spec, a.engine, run).on_run_complete(status.as_str(), &answer.content);
+    }
+    Ok(Ended::Finished(status))
+}

@@ -1,0 +1,51 @@
+//! A worker: what its claim loop and every attempt it runs share (the database, its settings,
+//! its name, where events go, and the engine of models and tools).
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use crate::agent::engine::Engine;
+use crate::config::WorkerArgs;
+use crate::publish::Streams;
+
+/// What a worker needs: its database, its settings and its name.
+#[derive(Clone)]
+pub struct Worker {
+    /// The shared Postgres pool.
+    pub db: PgPool,
+    /// The database URL (the lease keeper opens its own pool on its own thread).
+    pub database_url: String,
+    /// Settings.
+    pub args: Arc<WorkerArgs>,
+    /// This worker's name in `runs.lease_owner`: host, pid and a random suffix.
+    pub id: String,
+    /// Where run events are published.
+    pub streams: Streams,
+    /// Models, tools and the default agent.
+    pub engine: Arc<Engine>,
+}
+
+impl Worker {
+    /// A worker with a fresh unique name; fails on settings that cannot work (a bad network
+    /// allow list, say).
+    pub fn new(
+        db: PgPool,
+        database_url: String,
+        args: WorkerArgs,
+        streams: Streams,
+    ) -> anyhow::Result<Self> {
+        let engine = Arc::new(Engine::new(&args)?);
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        let id = format!("{host}-{}-{}", std::process::id(), &suffix[..8]);
+        Ok(Self {
+            db,
+            database_url,
+            args: Arc::new(args),
+            id,
+            streams,
+            engine,
+        })
+    }
+}
