@@ -111,7 +111,7 @@ impl<'a> Loop<'a> {
     /// Everything the steps need. Ends the run if the model cannot be served or an
     /// `on_run_start` hook blocks it.
     async fn prepare(a: &Attempt<'a>, spec: &AgentSpec) -> Result<(Self, Checkpoint), Exit> {
-        let run = &a.claimed.run;
+        let run = a.claimed.run();
         if !run.resumed {
             a.events.send(
                 EventType::MessageStart,
@@ -169,7 +169,7 @@ impl<'a> Loop<'a> {
             output,
             mut results,
         } = unsettled;
-        let restarted = !a.claimed.run.resumed;
+        let restarted = !a.claimed.run().resumed;
         if restarted {
             a.emit_text(&block_id(step), &output.text);
             results.iter_mut().for_each(|r| r.published = false);

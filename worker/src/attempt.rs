@@ -16,12 +16,11 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use serde_json::json;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use spool_shared::agent::AgentSpec;
-use spool_shared::db::runs::{self, Claimed, Outcome};
+use spool_shared::db::runs::{Claimed, Fence, Outcome};
 use spool_shared::event::{EventType, Origin};
 use spool_shared::run::{FailureCode, MessagePart, RunFailure};
 use spool_shared::status::RunStatus;
@@ -59,9 +58,8 @@ pub(crate) async fn execute(
     claimed: Claimed,
     lease: Lease,
     release: CancellationToken,
-    _permit: OwnedSemaphorePermit,
 ) -> Option<Ended> {
-    let run = &claimed.run;
+    let run = claimed.run();
     let span = tracing::info_span!("run", workflow.id = %run.id, thread.id = %run.thread_id,
         run.attempt = run.attempt);
     // Every attempt of the run joins the trace of the request that enqueued it.
@@ -81,7 +79,7 @@ async fn execute_in_span(
     lease: Lease,
     release: CancellationToken,
 ) -> Option<Ended> {
-    let run = &claimed.run;
+    let run = claimed.run();
     let origin = Origin {
         thread_id: run.thread_id,
         workflow_id: run.id,
@@ -172,7 +170,7 @@ fn record_attempt(
         Ok(Ok(Ended::Finished(status))) => {
             metrics::counter!("spool_runs_finished_total", "status" => status.as_str())
                 .increment(1);
-            let age = (chrono::Utc::now() - claimed.run.created_at)
+            let age = (chrono::Utc::now() - claimed.run().created_at)
                 .to_std()
                 .unwrap_or_default();
             metrics::histogram!("spool_run_duration_seconds").record(age.as_secs_f64());
@@ -195,7 +193,7 @@ async fn attempt(
     max_reclaims: i32,
     spec: Option<&AgentSpec>,
 ) -> anyhow::Result<Ended> {
-    let run = &a.claimed.run;
+    let run = a.claimed.run();
     // After a crash or a release, not after an answered pause: that continues cleanly.
     if run.attempt > 1 && !run.resumed {
         a.events
@@ -214,7 +212,7 @@ async fn attempt(
         );
         return end(a, spec, RunStatus::Failed, Answer::default(), Some(&error)).await;
     }
-    if !runs::start_streaming(a.db, run.id, run.attempt).await? {
+    if a.claimed.start_streaming(a.db).await?.is_lost() {
         return Ok(Ended::LeaseLost);
     }
     let Some(agent) = spec else {
@@ -249,9 +247,8 @@ async fn attempt(
 
 /// Gives the run back to the queue (shutdown), waking a worker to take it.
 async fn release(a: &Attempt<'_>) -> anyhow::Result<Ended> {
-    let run = &a.claimed.run;
     let mut tx = a.db.begin().await?;
-    if runs::release(&mut *tx, run.id, run.attempt).await? {
+    if a.claimed.release(&mut *tx).await? == Fence::Held {
         spool_shared::db::notify_runs(&mut *tx).await?;
     }
     tx.commit().await?;
@@ -268,7 +265,7 @@ async fn end(
     answer: Answer,
     error: Option<&RunFailure>,
 ) -> anyhow::Result<Ended> {
-    let run = &a.claimed.run;
+    let run = a.claimed.run();
     let outcome = Outcome {
         status,
         content: &answer.content,
@@ -276,7 +273,7 @@ async fn end(
         usage: answer.usage,
         error,
     };
-    if !runs::finish(a.db, run.id, run.attempt, &outcome).await? {
+    if a.claimed.finish(a.db, &outcome).await?.is_lost() {
         return Ok(Ended::LeaseLost);
     }
     if let Some(error) = error {

@@ -7,6 +7,9 @@
 //!
 //! On shutdown it stops claiming, lets in-flight runs finish for the grace period, then tells
 //! the rest to stop and give their runs back to the queue without counting a crash.
+//!
+//! [`run_next`] is the same work one run at a time: claim, execute the attempt to its end,
+//! return. Tests drive the agent loop with it, with no HTTP and no claim loop in between.
 
 use std::sync::Arc;
 
@@ -19,19 +22,63 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use spool_shared::WorkflowId;
-use spool_shared::db::{CANCEL_CHANNEL, RUNS_CHANNEL, runs};
+use spool_shared::db::runs::{self, Claimed};
+use spool_shared::db::{CANCEL_CHANNEL, RUNS_CHANNEL};
 use spool_shared::status::RunStatus;
 
-use crate::lease::{Canceller, LeaseKeeper};
+use crate::attempt::{self, Ended};
+use crate::lease::{Canceller, Lease, LeaseKeeper};
 use crate::worker::Worker;
+
+/// An attempt [`run_next`] executed.
+#[derive(Debug)]
+pub struct Executed {
+    /// The run.
+    pub workflow_id: WorkflowId,
+    /// The attempt.
+    pub attempt: i32,
+    /// How it ended; `None` if it failed and left its lease to expire (the run is retried).
+    pub ended: Option<Ended>,
+}
+
+/// Claims the next claimable run, if any, and executes that attempt to its end. `keeper`
+/// renews its lease meanwhile; nothing releases it early (no shutdown), and cancel requests
+/// reach it through the heartbeat.
+pub async fn run_next(worker: &Worker, keeper: &LeaseKeeper) -> anyhow::Result<Option<Executed>> {
+    let Some((claimed, lease)) = claim(worker, keeper).await? else {
+        return Ok(None);
+    };
+    let (workflow_id, attempt) = (claimed.run().id, claimed.run().attempt);
+    let ended = attempt::execute(worker.clone(), claimed, lease, CancellationToken::new()).await;
+    Ok(Some(Executed {
+        workflow_id,
+        attempt,
+        ended,
+    }))
+}
+
+/// Claims one run (one statement) and starts holding its lease.
+async fn claim(worker: &Worker, keeper: &LeaseKeeper) -> sqlx::Result<Option<(Claimed, Lease)>> {
+    let claimed_from = Instant::now();
+    let lease = worker.args.lease.lease();
+    let Some(claimed) = runs::claim_next(&worker.db, &worker.id, lease).await? else {
+        return Ok(None);
+    };
+    record_claim(&claimed);
+    let held = keeper.hold(claimed.run().id, claimed.run().attempt, claimed_from);
+    Ok(Some((claimed, held)))
+}
 
 /// Claims and executes runs until `shutdown` fires, then drains. Returns when every in-flight
 /// run has finished or been released.
 pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<()> {
     let args = worker.args.clone();
-    let lease = args.lease.lease();
-    let keeper = LeaseKeeper::start(&worker.database_url, lease, args.lease.heartbeat())
-        .context("starting the lease keeper")?;
+    let keeper = LeaseKeeper::start(
+        &worker.database_url,
+        args.lease.lease(),
+        args.lease.heartbeat(),
+    )
+    .context("starting the lease keeper")?;
     let mut listener = PgListener::connect_with(&worker.db)
         .await
         .context("LISTEN connection")?;
@@ -47,18 +94,14 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
             permit = permits.clone().acquire_owned() => permit.context("permits closed")?,
             () = shutdown.cancelled() => break,
         };
-        let claimed_from = Instant::now();
-        match runs::claim_next(&worker.db, &worker.id, lease).await {
-            Ok(Some(claimed)) => {
-                record_claim(&claimed);
-                let held = keeper.hold(claimed.run.id, claimed.run.attempt, claimed_from);
-                tracker.spawn(crate::attempt::execute(
-                    worker.clone(),
-                    claimed,
-                    held,
-                    release.clone(),
-                    permit,
-                ));
+        match claim(&worker, &keeper).await {
+            Ok(Some((claimed, held))) => {
+                let execute = attempt::execute(worker.clone(), claimed, held, release.clone());
+                tracker.spawn(async move {
+                    // Held for as long as the attempt runs.
+                    let _permit = permit;
+                    execute.await
+                });
             }
             Ok(None) => {
                 drop(permit);
@@ -131,16 +174,16 @@ async fn listen_for_cancels(db: PgPool, canceller: Canceller) {
 }
 
 /// Counts a claim by kind and, for runs that waited in the queue, how long they waited.
-fn record_claim(claimed: &runs::Claimed) {
-    let kind = match claimed.previous_status {
+fn record_claim(claimed: &Claimed) {
+    let kind = match claimed.previous_status() {
         RunStatus::Running => "reclaim",
         RunStatus::AwaitingApproval => "approval_expired",
-        _ if claimed.run.resumed => "resume",
+        _ if claimed.run().resumed => "resume",
         _ => "new",
     };
     metrics::counter!("spool_claims_total", "kind" => kind).increment(1);
     if matches!(kind, "new" | "resume") {
-        let waited = (chrono::Utc::now() - claimed.run.queued_at)
+        let waited = (chrono::Utc::now() - claimed.run().queued_at)
             .to_std()
             .unwrap_or_default();
         metrics::histogram!("spool_claim_latency_seconds").record(waited.as_secs_f64());

@@ -27,7 +27,7 @@ pub mod stop;
 pub mod worker;
 
 pub use agent::llm::demo;
-pub use claim::run;
+pub use claim::{Executed, run, run_next};
 pub use config::WorkerArgs;
 pub use publish::Streams;
 pub use worker::Worker;

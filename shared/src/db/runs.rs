@@ -3,11 +3,15 @@
 //! - `claim_next` is one statement: it picks a claimable run with `FOR UPDATE SKIP LOCKED`
 //!   (queued, or running with an expired lease), bumps `attempt`, and sets the lease from the
 //!   database clock. Concurrent workers never claim the same run at once.
-//! - `attempt` is the fencing token. Every later write of an attempt (`heartbeat`, `complete`,
-//!   `fail`, `release`, message updates) says `WHERE id = $1 AND attempt = $2 AND status =
-//!   'running'`: once another worker has reclaimed the run, the old worker's writes match no
-//!   row and it learns that it lost the lease.
+//! - `attempt` is the fencing token, and [`Claimed`] is the handle of the attempt that holds
+//!   it: its methods (`start_streaming`, `save_step`, `pause`, `finish`, `release`) are the only
+//!   writes a worker makes to its run after the claim, and each binds the attempt itself and
+//!   says `WHERE id = $1 AND attempt = $2 AND status = 'running'`. Once another worker has
+//!   reclaimed the run, the old worker's writes match no row and come back [`Fence::Lost`]. The
+//!   heartbeat renews every held `(run, attempt)` pair in one statement with the same fence.
 //! - Lease times are `now() + lease` in SQL; a worker's own clock is never trusted (invariant 5).
+//! - The API's writes (`resume`, `request_cancel`, `cancel_unclaimed`) touch only runs no
+//!   worker holds, or only the cancel request, and are scoped by the owner.
 
 use std::time::Duration;
 
@@ -17,6 +21,7 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
 
 use crate::agent::RunOverrides;
+use crate::db::steps::{self, SavedStep};
 use crate::db::threads::Owner;
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
 use crate::run::{MessagePart, PendingAction, RunFailure, Usage};
@@ -212,14 +217,103 @@ pub async fn seconds_since_update(
     Ok(row.map(|(age,)| age))
 }
 
-/// A run a worker has just claimed.
-#[derive(Clone, Debug, sqlx::FromRow)]
+/// A run a worker has just claimed: the handle of its attempt. Only [`claim_next`] makes one,
+/// and its methods are the only way a worker writes to the run afterwards, each fenced on the
+/// attempt (a write of a stale attempt changes nothing and says [`Fence::Lost`]).
+#[derive(Debug, sqlx::FromRow)]
 pub struct Claimed {
-    /// The run, with its new attempt and lease.
     #[sqlx(flatten)]
-    pub run: Run,
+    run: Run,
+    previous_status: RunStatus,
+}
+
+/// What a fenced write found: this attempt still held the run (the write happened), or it did
+/// not (nothing changed; another attempt holds the run, or it is no longer running).
+#[must_use = "a lost lease must stop the attempt"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// Written.
+    Held,
+    /// Not written: the lease is lost.
+    Lost,
+}
+
+impl Fence {
+    fn of(written: bool) -> Self {
+        if written { Self::Held } else { Self::Lost }
+    }
+
+    /// Whether the lease is lost.
+    pub fn is_lost(self) -> bool {
+        self == Self::Lost
+    }
+}
+
+impl Claimed {
+    /// The run, with its new attempt and lease.
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
     /// The status before the claim: `running` means the previous holder's lease expired.
-    pub previous_status: RunStatus,
+    pub fn previous_status(&self) -> RunStatus {
+        self.previous_status
+    }
+
+    /// Marks the run's assistant message as streaming.
+    pub async fn start_streaming(&self, executor: impl PgExecutor<'_>) -> sqlx::Result<Fence> {
+        start_streaming(executor, self.run.id, self.run.attempt)
+            .await
+            .map(Fence::of)
+    }
+
+    /// Saves step `step` (1-based) of the run: once with its calls before they run, once more
+    /// with their results (the second save replaces the first).
+    pub async fn save_step(
+        &self,
+        executor: impl PgExecutor<'_>,
+        step: u32,
+        data: &SavedStep,
+    ) -> sqlx::Result<Fence> {
+        let step = i32::try_from(step).unwrap_or(i32::MAX);
+        steps::save(executor, self.run.id, self.run.attempt, step, data)
+            .await
+            .map(Fence::of)
+    }
+
+    /// Pauses the run (`requires_action` or `awaiting_approval`) for `action`, giving up its
+    /// lease and its worker.
+    pub async fn pause(
+        &self,
+        executor: impl PgExecutor<'_>,
+        status: RunStatus,
+        action: &PendingAction,
+        approval_expires_at: Option<DateTime<Utc>>,
+    ) -> sqlx::Result<Fence> {
+        let (id, attempt) = (self.run.id, self.run.attempt);
+        pause(executor, id, attempt, status, action, approval_expires_at)
+            .await
+            .map(Fence::of)
+    }
+
+    /// Ends the run and writes its assistant message, in one statement: the message is
+    /// written exactly once however many attempts there were (invariant 8).
+    pub async fn finish(
+        &self,
+        executor: impl PgExecutor<'_>,
+        outcome: &Outcome<'_>,
+    ) -> sqlx::Result<Fence> {
+        finish(executor, self.run.id, self.run.attempt, outcome)
+            .await
+            .map(Fence::of)
+    }
+
+    /// Gives the run back to the queue without counting a crash (graceful shutdown).
+    pub async fn release(&self, executor: impl PgExecutor<'_>) -> sqlx::Result<Fence> {
+        release(executor, self.run.id, self.run.attempt)
+            .await
+            .map(Fence::of)
+    }
 }
 
 /// Claims the oldest claimable run for `worker`: a queued run, a running run whose lease has
@@ -302,7 +396,7 @@ pub async fn heartbeat(
 
 /// Pauses a running run (fenced): `requires_action` or `awaiting_approval`, releasing its lease.
 /// `false` if this attempt no longer holds it.
-pub async fn pause(
+async fn pause(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
     attempt: i32,
@@ -425,7 +519,7 @@ pub async fn cancel_unclaimed(
 }
 
 /// Marks the run's assistant message as streaming. Fenced: `false` if the lease is lost.
-pub async fn start_streaming(
+async fn start_streaming(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
     attempt: i32,
@@ -462,7 +556,7 @@ pub struct Outcome<'a> {
 /// Finishes the run and writes its assistant message, in one statement fenced on the attempt:
 /// the message is written exactly once however many attempts there were (invariant 8). Returns
 /// `false` (and changes nothing) if this attempt no longer holds the run.
-pub async fn finish(
+async fn finish(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
     attempt: i32,
@@ -496,7 +590,7 @@ pub async fn finish(
 
 /// Gives a running run back to the queue without counting a crash (graceful shutdown). Fenced;
 /// returns `false` if this attempt no longer holds it.
-pub async fn release(
+async fn release(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
     attempt: i32,
@@ -518,5 +612,222 @@ fn interval(duration: Duration) -> PgInterval {
         months: 0,
         days: 0,
         microseconds: i64::try_from(duration.as_micros()).unwrap_or(i64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use spool_tests::TestDb;
+
+    use super::*;
+    use crate::db::{messages, threads};
+    use crate::run::PendingCall;
+    use crate::status::Role;
+
+    const WORKER: &str = "worker-a";
+
+    /// A queued run on a thread of its own, with its two messages, as the enqueue leaves it.
+    async fn queued(db: &TestDb) -> (WorkflowId, MessageId) {
+        let owner = Owner {
+            tenant_id: "acme".into(),
+            user_id: "alice".into(),
+        };
+        let thread = ThreadId::new();
+        threads::create(&db.pool, thread, &owner, None, &json!({}))
+            .await
+            .expect("thread");
+        let (id, user, assistant) = (WorkflowId::new(), MessageId::new(), MessageId::new());
+        for (message, role, status) in [
+            (user, Role::User, crate::status::MessageStatus::Completed),
+            (
+                assistant,
+                Role::Assistant,
+                crate::status::MessageStatus::Queued,
+            ),
+        ] {
+            messages::insert(
+                &db.pool,
+                message,
+                thread,
+                role,
+                "hi",
+                status,
+                &json!({}),
+                id,
+            )
+            .await
+            .expect("message");
+        }
+        let run = NewRun {
+            id,
+            thread_id: thread,
+            owner: &owner,
+            agent_id: None,
+            user_message_id: user,
+            assistant_message_id: assistant,
+            idempotency_key: None,
+            trace_context: None,
+        };
+        insert(&db.pool, &run).await.expect("run");
+        (id, assistant)
+    }
+
+    fn completed(content: &str) -> Outcome<'_> {
+        Outcome {
+            status: RunStatus::Completed,
+            content,
+            parts: &[],
+            usage: Usage::default(),
+            error: None,
+        }
+    }
+
+    async fn claim(db: &TestDb, lease: Duration) -> Option<Claimed> {
+        claim_next(&db.pool, WORKER, lease).await.expect("claim")
+    }
+
+    /// Ends the lease now, as time passing would.
+    async fn expire(db: &TestDb, id: WorkflowId) {
+        sqlx::query("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+            .bind(id)
+            .execute(&db.pool)
+            .await
+            .expect("expire");
+    }
+
+    #[tokio::test]
+    async fn a_claim_bumps_the_attempt_and_takes_a_lease_of_the_database_s_now_plus_the_lease() {
+        let db = TestDb::new().await.expect("db");
+        let (id, _) = queued(&db).await;
+        let lease = Duration::from_millis(2_500);
+        let a = claim(&db, lease).await.expect("a run");
+        assert_eq!(
+            (a.run().id, a.run().attempt, a.previous_status()),
+            (id, 1, RunStatus::Queued)
+        );
+        assert_eq!(a.run().lease_owner.as_deref(), Some(WORKER));
+        // Set by the claim statement itself: expiry minus heartbeat is exactly the lease.
+        let (lease_us,): (i64,) = sqlx::query_as(
+            "SELECT (extract(epoch FROM lease_expires_at - heartbeat_at) * 1e6)::bigint
+               FROM runs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("lease");
+        assert_eq!(lease_us, 2_500_000);
+        assert!(
+            claim(&db, lease).await.is_none(),
+            "a leased run is not claimable"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
+        let db = TestDb::new().await.expect("db");
+        let (id, message) = queued(&db).await;
+        let pool = &db.pool;
+        let lease = Duration::from_secs(60);
+        let a = claim(&db, lease).await.expect("a run");
+        expire(&db, id).await;
+        let b = claim(&db, lease).await.expect("a reclaim");
+        assert_eq!(
+            (b.run().attempt, b.run().reclaims, b.previous_status()),
+            (2, 1, RunStatus::Running)
+        );
+
+        assert!(
+            heartbeat(pool, &[(id, 1)], lease)
+                .await
+                .expect("hb")
+                .is_empty()
+        );
+        assert_eq!(a.start_streaming(pool).await.expect("stream"), Fence::Lost);
+        assert_eq!(
+            a.save_step(pool, 1, &SavedStep::default())
+                .await
+                .expect("save"),
+            Fence::Lost
+        );
+        let action = PendingAction::SubmitToolOutputs {
+            tool_calls: vec![PendingCall {
+                tool_call_id: "c1".into(),
+                tool_name: "t".into(),
+                arguments: json!({}),
+            }],
+        };
+        let paused = a.pause(pool, RunStatus::RequiresAction, &action, None);
+        assert_eq!(paused.await.expect("pause"), Fence::Lost);
+        assert_eq!(a.release(pool).await.expect("release"), Fence::Lost);
+        assert_eq!(
+            a.finish(pool, &completed("stale")).await.expect("finish"),
+            Fence::Lost
+        );
+        assert_eq!(steps::load(pool, id).await.expect("steps").len(), 0);
+
+        let renewed = heartbeat(pool, &[(id, 2)], Duration::from_secs(30))
+            .await
+            .expect("hb");
+        assert_eq!(renewed.len(), 1);
+        assert_eq!(b.start_streaming(pool).await.expect("stream"), Fence::Held);
+        assert_eq!(
+            b.finish(pool, &completed("fresh")).await.expect("finish"),
+            Fence::Held
+        );
+        // Terminal: nothing changes it again, not even the attempt that finished it.
+        assert_eq!(
+            b.finish(pool, &completed("again")).await.expect("finish"),
+            Fence::Lost
+        );
+        assert_eq!(b.release(pool).await.expect("release"), Fence::Lost);
+        assert!(claim(&db, lease).await.is_none());
+        let stored = messages::find_in_thread(pool, message, b.run().thread_id)
+            .await
+            .expect("message")
+            .expect("exists");
+        assert_eq!(
+            (stored.status, stored.content.as_str()),
+            (crate::status::MessageStatus::Completed, "fresh")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_approval_is_claimable_once_it_expires_and_a_release_is_not_a_crash() {
+        let db = TestDb::new().await.expect("db");
+        let (id, _) = queued(&db).await;
+        let pool = &db.pool;
+        let lease = Duration::from_secs(60);
+        let a = claim(&db, lease).await.expect("a run");
+        let action = PendingAction::Approval {
+            tool_call_id: "c1".into(),
+            tool_name: "t".into(),
+            arguments: json!({}),
+            expires_at: None,
+        };
+        let soon = chrono::Utc::now() + chrono::Duration::hours(1);
+        let paused = a.pause(pool, RunStatus::AwaitingApproval, &action, Some(soon));
+        assert_eq!(paused.await.expect("pause"), Fence::Held);
+        assert!(
+            claim(&db, lease).await.is_none(),
+            "the approval has not expired"
+        );
+        sqlx::query("UPDATE runs SET approval_expires_at = now() - interval '1 second'")
+            .execute(pool)
+            .await
+            .expect("expire");
+        let b = claim(&db, lease).await.expect("the expired approval");
+        assert_eq!(
+            (b.run().attempt, b.run().reclaims, b.previous_status()),
+            (2, 0, RunStatus::AwaitingApproval)
+        );
+        assert!(b.run().pending_action.is_none());
+        assert_eq!(b.release(pool).await.expect("release"), Fence::Held);
+        let c = claim(&db, lease).await.expect("the released run");
+        assert_eq!(
+            (c.run().id, c.run().attempt, c.run().reclaims),
+            (id, 3, 0),
+            "a release is not counted as a crash"
+        );
     }
 }

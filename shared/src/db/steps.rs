@@ -252,7 +252,8 @@ pub async fn load(
 /// the run. A step is saved twice: with its tool calls (before they run), then with their
 /// results; the second save replaces the first. The run row is locked `FOR SHARE`, so a
 /// concurrent reclaim either happens before (and the write sees the new attempt) or waits.
-pub async fn save(
+/// A worker saves through [`super::runs::Claimed::save_step`], which binds its attempt.
+pub(crate) async fn save(
     executor: impl PgExecutor<'_>,
     workflow_id: WorkflowId,
     attempt: i32,

@@ -1,24 +1,13 @@
-//! The queue's statements, driven directly against a real database (and by a worker process):
-//! claims, leases from the database clock, fencing on the attempt, terminal states.
+//! The queue as worker processes drive it: leases from the database clock, exclusive claims,
+//! the worker's own port, and a pool that survives dropped connections. The statements
+//! themselves (claims, fencing on the attempt, terminal states) are tested beside their SQL,
+//! in `shared/src/db/runs.rs`.
 
 use std::time::Duration;
 
-use spool_shared::WorkflowId;
-use spool_shared::db::runs::{self, Outcome};
-use spool_shared::status::RunStatus;
 use spool_tests::{poll_until, token};
 
-use crate::cluster::{Cluster, TIMEOUT, workflow_id};
-
-fn completed(content: &str) -> Outcome<'_> {
-    Outcome {
-        status: RunStatus::Completed,
-        content,
-        parts: &[],
-        usage: Default::default(),
-        error: None,
-    }
-}
+use crate::cluster::{Cluster, TIMEOUT};
 
 #[tokio::test]
 async fn every_lease_a_worker_writes_is_the_database_s_now_plus_the_lease() {
@@ -65,96 +54,6 @@ async fn every_lease_a_worker_writes_is_the_database_s_now_plus_the_lease() {
             "every lease is the database's now() plus 3 s: {audit:?}"
         );
     }
-}
-
-#[tokio::test]
-async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
-    let cluster = Cluster::start().await;
-    let accepted = cluster.enqueue(&token("alice", "acme"), "fence me").await;
-    let id = WorkflowId(workflow_id(&accepted));
-    let pool = &cluster.db.pool;
-    // Long enough that "cannot be claimed while leased" holds on a loaded machine.
-    let lease = Duration::from_secs(2);
-
-    let a = runs::claim_next(pool, "worker-a", lease)
-        .await
-        .expect("claim")
-        .expect("a run");
-    assert_eq!(
-        (a.run.id, a.run.attempt, a.previous_status),
-        (id, 1, RunStatus::Queued)
-    );
-    // The lease is set by the database clock: expiry minus heartbeat is exactly the lease.
-    let (lease_us,): (i64,) = sqlx::query_as(
-        "SELECT (extract(epoch FROM lease_expires_at - heartbeat_at) * 1e6)::bigint
-           FROM runs WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await
-    .expect("lease");
-    assert_eq!(lease_us, 2_000_000);
-    assert!(
-        runs::claim_next(pool, "worker-b", lease)
-            .await
-            .expect("claim")
-            .is_none(),
-        "a leased run cannot be claimed"
-    );
-
-    let b = poll_until("the lease to expire", TIMEOUT, || async {
-        runs::claim_next(pool, "worker-b", lease)
-            .await
-            .expect("claim")
-    })
-    .await;
-    assert_eq!(
-        (b.run.attempt, b.run.reclaims, b.previous_status),
-        (2, 1, RunStatus::Running)
-    );
-
-    assert!(
-        runs::heartbeat(pool, &[(id, 1)], lease)
-            .await
-            .expect("hb")
-            .is_empty()
-    );
-    assert!(!runs::start_streaming(pool, id, 1).await.expect("stream"));
-    assert!(!runs::release(pool, id, 1).await.expect("release"));
-    assert!(
-        !runs::finish(pool, id, 1, &completed("stale"))
-            .await
-            .expect("finish")
-    );
-
-    let renewed = runs::heartbeat(pool, &[(id, 2)], Duration::from_secs(30))
-        .await
-        .expect("hb");
-    assert_eq!(renewed.len(), 1);
-    assert!(
-        runs::finish(pool, id, 2, &completed("fresh"))
-            .await
-            .expect("finish")
-    );
-    // Terminal: nothing changes it again, not even the attempt that finished it.
-    assert!(
-        !runs::finish(pool, id, 2, &completed("again"))
-            .await
-            .expect("finish")
-    );
-    assert!(!runs::release(pool, id, 2).await.expect("release"));
-    assert!(
-        runs::claim_next(pool, "worker-c", lease)
-            .await
-            .expect("claim")
-            .is_none()
-    );
-    let messages = cluster.messages(&accepted).await;
-    assert_eq!(messages.len(), 2);
-    assert_eq!(
-        messages[1],
-        ("assistant".into(), "completed".into(), "fresh".into())
-    );
 }
 
 #[tokio::test]

@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::PgPool;
 
-use spool_shared::db::runs::{self, Claimed};
-use spool_shared::db::steps::{self, SavedStep};
+use spool_shared::db::runs::{Claimed, Fence};
+use spool_shared::db::steps::SavedStep;
 use spool_shared::event::EventType;
 use spool_shared::run::PendingAction;
 use spool_shared::status::RunStatus;
@@ -34,13 +34,7 @@ pub(crate) struct Attempt<'a> {
 impl Attempt<'_> {
     /// Saves step `step` (fenced on this attempt); ends the loop if the lease is lost.
     pub(crate) async fn save_step(&self, step: u32, data: &SavedStep) -> Result<(), Exit> {
-        let run = &self.claimed.run;
-        let step = i32::try_from(step).unwrap_or(i32::MAX);
-        if steps::save(self.db, run.id, run.attempt, step, data).await? {
-            Ok(())
-        } else {
-            Err(LoopEnd::LeaseLost.into())
-        }
+        held(self.claimed.save_step(self.db, step, data).await?)
     }
 
     /// Pauses the run (fenced on this attempt) for `action`; ends the loop if the lease is lost.
@@ -50,12 +44,8 @@ impl Attempt<'_> {
         action: &PendingAction,
         expires_at: Option<DateTime<Utc>>,
     ) -> Result<(), Exit> {
-        let run = &self.claimed.run;
-        if runs::pause(self.db, run.id, run.attempt, status, action, expires_at).await? {
-            Ok(())
-        } else {
-            Err(LoopEnd::LeaseLost.into())
-        }
+        let paused = self.claimed.pause(self.db, status, action, expires_at);
+        held(paused.await?)
     }
 
     /// Publishes a whole text block at once (held-back or re-shown text).
@@ -77,4 +67,12 @@ impl Attempt<'_> {
 /// The id of step `step`'s text block.
 pub(crate) fn block_id(step: u32) -> String {
     format!("s{step}")
+}
+
+/// A lost lease ends the loop; nothing more may be written.
+fn held(fence: Fence) -> Result<(), Exit> {
+    match fence {
+        Fence::Held => Ok(()),
+        Fence::Lost => Err(LoopEnd::LeaseLost.into()),
+    }
 }

@@ -285,7 +285,7 @@ impl ToolSet {
             }
         };
         let engine = a.engine;
-        let key = idempotency_key(a.claimed.run.id, step, &call.id);
+        let key = idempotency_key(a.claimed.run().id, step, &call.id);
         let call = async {
             match &tool.kind {
                 Kind::Http(http) => {
