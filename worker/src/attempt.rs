@@ -145,10 +145,16 @@ async fn execute_in_span(
             }
         }
     };
-    if let Some(ended) = &ended {
+    wind_up(ended.as_ref(), lease, events).await;
+    ended
+}
+
+/// Flushes the attempt's events once its end is written, or drops them when it lost the run.
+async fn wind_up(ended: Option<&Ended>, lease: Lease, events: Publisher) {
+    if let Some(ended) = ended {
         tracing::info!(?ended, "attempt ended");
     }
-    match &ended {
+    match ended {
         Some(Ended::LeaseLost) | None => events.abort(),
         Some(_) => {
             // The attempt's end is written, so it needs no lease any more. Renewing it
@@ -157,7 +163,6 @@ async fn execute_in_span(
             events.finish(FLUSH_TIMEOUT).await;
         }
     }
-    ended
 }
 
 /// Counts how attempts end, times them, and times finished runs from their enqueue.

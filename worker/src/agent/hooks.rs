@@ -34,7 +34,7 @@ pub(crate) enum ToolDecision {
 
 /// The hooks of one run.
 pub(crate) struct Hooks<'a> {
-    hooks: Vec<HookSpec>,
+    hooks: Vec<Hook>,
     clients: &'a GuardedClients,
     policy: &'a NetworkPolicy,
     context: Value,
@@ -45,7 +45,7 @@ impl<'a> Hooks<'a> {
     /// run's workflow, thread and agent go into every HTTP hook's body.
     pub(crate) fn for_run(spec: &AgentSpec, engine: &'a Engine, run: &Run) -> Self {
         Self {
-            hooks: spec.hooks.clone(),
+            hooks: spec.hooks.iter().map(Hook::new).collect(),
             clients: &engine.http,
             policy: &engine.policy,
             context: json!({"workflow_id": run.id, "thread_id": run.thread_id,
@@ -55,18 +55,14 @@ impl<'a> Hooks<'a> {
 
     /// Whether any hook listens to `event`.
     pub(crate) fn has(&self, event: HookEvent) -> bool {
-        self.hooks.iter().any(|h| h.event == event)
+        self.hooks.iter().any(|h| h.spec.event == event)
     }
 
     fn for_event(&self, event: HookEvent, tool: Option<&str>) -> impl Iterator<Item = &HookSpec> {
-        self.hooks.iter().filter(move |h| {
-            h.event == event
-                && match (&h.matcher, tool) {
-                    (Some(matcher), Some(tool)) => regex::Regex::new(&format!("^(?:{matcher})$"))
-                        .is_ok_and(|re| re.is_match(tool)),
-                    _ => true,
-                }
-        })
+        self.hooks
+            .iter()
+            .filter(move |h| h.spec.event == event && h.applies_to(tool))
+            .map(|h| &h.spec)
     }
 
     /// `on_run_start`: `Some(reason)` blocks the run.
@@ -241,6 +237,30 @@ impl<'a> Hooks<'a> {
                 tracing::warn!(hook.url = %url, "hook timed out; allowing");
                 None
             }
+        }
+    }
+}
+
+/// A hook with its matcher compiled once for the run.
+struct Hook {
+    spec: HookSpec,
+    /// `None`: every tool; `Some(None)`: a matcher that does not compile (stored specs are
+    /// validated, so only a spec from an older release), which matches nothing.
+    matcher: Option<Option<regex::Regex>>,
+}
+
+impl Hook {
+    fn new(spec: &HookSpec) -> Self {
+        Self {
+            matcher: spec.matcher_regex().map(Result::ok),
+            spec: spec.clone(),
+        }
+    }
+
+    fn applies_to(&self, tool: Option<&str>) -> bool {
+        match (&self.matcher, tool) {
+            (Some(matcher), Some(tool)) => matcher.as_ref().is_some_and(|re| re.is_match(tool)),
+            _ => true,
         }
     }
 }

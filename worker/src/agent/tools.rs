@@ -154,29 +154,27 @@ impl ToolSet {
         Self { tools }
     }
 
-    /// The tools offered at `step` and the tool choice, after `step_rules`; none on the last.
-    /// Each field comes from the first rule for the step that sets it, so a rule posted later
-    /// that only narrows the tools keeps an earlier rule's tool choice.
+    /// The tools offered at `step` and the tool choice, as the step's rules resolve
+    /// ([`AgentSpec::rules_for`]); none on the last step.
     pub(crate) fn offer(&self, spec: &AgentSpec, step: u32, last: bool) -> (Vec<ToolDef>, Choice) {
         if last || self.tools.is_empty() {
             return (Vec::new(), Choice::Auto);
         }
-        let mut rules = spec.step_rules.iter().filter(|r| r.step == step);
-        let active: Option<&Vec<String>> = rules.clone().find_map(|r| r.active_tools.as_ref());
+        let plan = spec.rules_for(step);
         let offered = self
             .tools
             .iter()
-            .filter(|tool| active.is_none_or(|names| names.contains(&tool.def.name)))
+            .filter(|tool| {
+                plan.active
+                    .is_none_or(|names| names.contains(&tool.def.name))
+            })
             .map(|tool| tool.def.clone())
             .collect();
-        let choice = match rules
-            .find_map(|r| r.tool_choice.clone())
-            .unwrap_or_else(|| spec.tool_choice.clone())
-        {
+        let choice = match plan.choice {
             ToolChoice::Auto => Choice::Auto,
             ToolChoice::Required => Choice::Required,
             ToolChoice::None => Choice::None,
-            ToolChoice::Tool(name) => Choice::Tool(name),
+            ToolChoice::Tool(name) => Choice::Tool(name.clone()),
         };
         (offered, choice)
     }

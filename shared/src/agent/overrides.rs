@@ -1,0 +1,223 @@
+//! Overrides: the steering a pause's answer posts (`tool_outputs`), kept on the run.
+//!
+//! A pause's answer may set the next model call's tool choice and tools, rules for later steps
+//! and a default tool choice for the rest of the run. The run keeps what every pause posted
+//! ([`RunOverrides::accumulate`]: the next-step choices pinned to their steps, the newest rules
+//! first); the worker applies it to the spec it executes ([`RunOverrides::apply`]), where the
+//! step rules resolve as they always do ([`AgentSpec::rules_for`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::{AgentSpec, FieldError, StepRule, ToolChoice};
+
+/// Steering posted with a pause's answer (`tool_outputs`): the next model call's tool choice
+/// and tools, rules for later steps (ahead of the agent's), and a tool choice for the rest of
+/// the run. Stored on the run as JSON; absent fields change nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunOverrides {
+    /// The tool choice of the next model call.
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    /// The tools offered in the next model call.
+    #[serde(default)]
+    pub active_tools: Option<Vec<String>>,
+    /// Rules for later steps.
+    #[serde(default)]
+    pub step_rules: Option<Vec<StepRule>>,
+    /// Defaults for the rest of the run.
+    #[serde(default)]
+    pub defaults: Option<RunDefaults>,
+}
+
+/// Defaults for the rest of a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunDefaults {
+    /// The tool choice of every later step without a rule.
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+}
+
+impl RunOverrides {
+    /// What the run keeps once these overrides answer a pause whose next model call is
+    /// `next_step`: the next-step choice becomes a rule for that step, the posted rules go ahead
+    /// of those posted at earlier pauses, and the newest default tool choice wins. What earlier
+    /// pauses posted lasts for the rest of the run, except their next-step choices, which
+    /// applied to steps already taken.
+    pub fn accumulate(self, earlier: Option<Self>, next_step: u32) -> Self {
+        let earlier = earlier.unwrap_or_default();
+        let mut rules = Vec::new();
+        if self.tool_choice.is_some() || self.active_tools.is_some() {
+            rules.push(StepRule {
+                step: next_step,
+                tool_choice: self.tool_choice,
+                active_tools: self.active_tools,
+            });
+        }
+        rules.extend(self.step_rules.into_iter().flatten());
+        rules.extend(earlier.step_rules.into_iter().flatten());
+        let defaults = match self.defaults.and_then(|d| d.tool_choice) {
+            Some(choice) => Some(RunDefaults {
+                tool_choice: Some(choice),
+            }),
+            None => earlier.defaults,
+        };
+        Self {
+            tool_choice: None,
+            active_tools: None,
+            step_rules: (!rules.is_empty()).then_some(rules),
+            defaults,
+        }
+    }
+
+    /// Every step from `next_step` on whose rules, with these (accumulated) overrides applied
+    /// to `agent`, choose a named tool that is not among that step's active tools: a choice
+    /// posted at one pause and tools narrowed at another can clash, and the provider refuses
+    /// the call.
+    pub fn clashes(&self, agent: &AgentSpec, next_step: u32) -> Vec<FieldError> {
+        let mut spec = agent.clone();
+        self.clone().apply(&mut spec);
+        let mut steps: Vec<u32> = spec
+            .step_rules
+            .iter()
+            .map(|r| r.step)
+            .filter(|s| *s >= next_step)
+            .collect();
+        steps.sort_unstable();
+        steps.dedup();
+        steps
+            .into_iter()
+            .filter_map(|step| {
+                let name = spec.rules_for(step).clash()?;
+                Some(FieldError {
+                    field: "step_rules".into(),
+                    message: format!(
+                        "at step {step}, with the rules posted earlier, `{name}` would be chosen \
+                         but is not among the active tools"
+                    ),
+                })
+            })
+            .collect()
+    }
+
+    /// Applies what a run keeps (see [`Self::accumulate`], which pinned every next-step choice
+    /// to its step) to the spec it executes: the rules go ahead of the agent's, and the default
+    /// tool choice replaces the agent's.
+    pub fn apply(self, spec: &mut AgentSpec) {
+        if let Some(rules) = self.step_rules {
+            spec.step_rules.splice(0..0, rules);
+        }
+        if let Some(choice) = self.defaults.and_then(|d| d.tool_choice) {
+            spec.tool_choice = choice;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn spec(value: Value) -> AgentSpec {
+        serde_json::from_value(value).expect("parses")
+    }
+
+    fn overrides(value: Value) -> RunOverrides {
+        serde_json::from_value(value).expect("parses")
+    }
+
+    #[test]
+    fn overrides_posted_at_later_pauses_add_to_those_of_earlier_ones() {
+        let first = overrides(json!({"tool_choice": "read", "step_rules": [{"step": 5,
+            "tool_choice": "none"}], "defaults": {"tool_choice": "required"}}))
+        .accumulate(None, 2);
+        let second = overrides(json!({"active_tools": [], "step_rules": [{"step": 5,
+            "tool_choice": "auto"}]}))
+        .accumulate(Some(first), 4);
+        let rules: Vec<(u32, Option<ToolChoice>, Option<usize>)> = second
+            .step_rules
+            .iter()
+            .flatten()
+            .map(|r| {
+                (
+                    r.step,
+                    r.tool_choice.clone(),
+                    r.active_tools.as_ref().map(Vec::len),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (4, None, Some(0)),
+                (5, Some(ToolChoice::Auto), None),
+                (2, Some(ToolChoice::Tool("read".into())), None),
+                (5, Some(ToolChoice::None), None),
+            ],
+            "newest first, each next-step choice pinned to its step"
+        );
+        assert_eq!(second.tool_choice, None);
+        assert_eq!(
+            second.defaults.and_then(|d| d.tool_choice),
+            Some(ToolChoice::Required),
+            "the defaults of the first pause last"
+        );
+    }
+
+    #[test]
+    fn a_choice_from_one_pause_and_tools_narrowed_at_another_clash() {
+        let agent = spec(json!({"name": "a", "model": "demo", "tools": [
+            {"type": "client", "name": "read"}, {"type": "client", "name": "list"}]}));
+        let first = overrides(json!({"step_rules": [{"step": 3, "tool_choice": "read"}]}))
+            .accumulate(None, 2);
+        assert_eq!(first.clashes(&agent, 2), []);
+        let narrowed =
+            overrides(json!({"active_tools": ["list"]})).accumulate(Some(first.clone()), 3);
+        let clashes = narrowed.clashes(&agent, 3);
+        assert_eq!(clashes.len(), 1, "{clashes:?}");
+        assert!(clashes[0].message.contains("at step 3"), "{clashes:?}");
+        let widened =
+            overrides(json!({"active_tools": ["list", "read"]})).accumulate(Some(first), 3);
+        assert_eq!(widened.clashes(&agent, 3), []);
+    }
+
+    #[test]
+    fn overrides_become_rules_ahead_of_the_agent_s_and_absent_ones_change_nothing() {
+        let agent = spec(
+            json!({"name": "a", "model": "demo", "tool_choice": "required",
+            "tools": [{"type": "client", "name": "read"}],
+            "step_rules": [{"step": 2, "tool_choice": "read"}]}),
+        );
+        let mut unchanged = agent.clone();
+        // What the API stores when nothing is overridden.
+        overrides(
+            json!({"tool_choice": null, "active_tools": null, "step_rules": null,
+            "defaults": null}),
+        )
+        .accumulate(None, 2)
+        .apply(&mut unchanged);
+        assert_eq!(unchanged, agent);
+
+        let mut steered = agent.clone();
+        overrides(
+            json!({"tool_choice": "none", "step_rules": [{"step": 3, "active_tools": []}],
+            "defaults": {"tool_choice": "auto"}}),
+        )
+        .accumulate(None, 2)
+        .apply(&mut steered);
+        assert_eq!(steered.tool_choice, ToolChoice::Auto);
+        let rules: Vec<(u32, Option<ToolChoice>)> = steered
+            .step_rules
+            .iter()
+            .map(|r| (r.step, r.tool_choice.clone()))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (2, Some(ToolChoice::None)),
+                (3, None),
+                (2, Some(ToolChoice::Tool("read".into()))),
+            ]
+        );
+    }
+}

@@ -1,0 +1,471 @@
+//! Validation: every problem of an agent spec, or of the overrides a pause's answer posts,
+//! reported at once by field path (`tools[1].name`), so a client fixes it in one round trip.
+//!
+//! The API validates before it stores anything; the worker trusts what was stored. The checks
+//! an agent's step rules and a run's overrides share (a tool the agent does not have, a named
+//! choice outside the tools offered with it) are written once, here.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::overrides::RunOverrides;
+use super::{
+    AgentSpec, HISTORY_DEPTH_RANGE, HookEvent, HookKind, HookSpec, MAX_STEPS_RANGE, RuleCondition,
+    RuleOperator, StepRule, StopCondition, ToolChoice, ToolSpec,
+};
+
+/// One problem of a spec, by field path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct FieldError {
+    /// Where, e.g. `tools[1].parameters`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// The problems found so far.
+#[derive(Default)]
+struct Problems(Vec<FieldError>);
+
+impl Problems {
+    fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    /// `unknown tool` unless the agent may be told to call `name`.
+    fn unknown_tool(&mut self, agent: &AgentSpec, field: impl Into<String>, name: &str) {
+        if !agent.callable(name) {
+            self.add(field, format!("unknown tool `{name}`"));
+        }
+    }
+
+    /// A named choice outside the tools offered alongside it: one the provider refuses.
+    fn choice_outside(
+        &mut self,
+        field: impl Into<String>,
+        choice: Option<&ToolChoice>,
+        active: Option<&Vec<String>>,
+    ) {
+        if let (Some(ToolChoice::Tool(name)), Some(active)) = (choice, active)
+            && !active.contains(name)
+        {
+            self.add(field, format!("`{name}` is not among the active tools"));
+        }
+    }
+}
+
+impl AgentSpec {
+    /// Every problem of the spec; empty if it is valid.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut problems = Problems::default();
+        self.validate_limits(&mut problems);
+        self.validate_tools(&mut problems);
+        self.validate_choices(&mut problems);
+        self.validate_step_rules(&mut problems);
+        for (i, hook) in self.hooks.iter().enumerate() {
+            validate_hook(i, hook, &mut problems);
+        }
+        problems.0
+    }
+
+    fn validate_limits(&self, problems: &mut Problems) {
+        if self.name.trim().is_empty() || self.name.len() > 200 {
+            problems.add("name", "must be 1 to 200 characters");
+        }
+        if self.model.trim().is_empty() {
+            problems.add("model", "must not be empty");
+        }
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            problems.add("temperature", "must be between 0 and 2");
+        }
+        let ranges = [
+            ("max_steps", &MAX_STEPS_RANGE, self.max_steps),
+            ("history_depth", &HISTORY_DEPTH_RANGE, self.history_depth),
+            (
+                "approval_timeout_secs",
+                &(1..=86_400),
+                self.approval_timeout_secs,
+            ),
+        ];
+        for (field, range, value) in ranges {
+            if !range.contains(&value) {
+                let (low, high) = (range.start(), range.end());
+                problems.add(field, format!("must be between {low} and {high}"));
+            }
+        }
+    }
+
+    /// Names (valid, unreserved, unique, clear of MCP prefixes), schemas, URLs and methods.
+    fn validate_tools(&self, problems: &mut Problems) {
+        let mut names = HashSet::new();
+        let mcp_prefixes: Vec<&str> = self
+            .tools
+            .iter()
+            .filter_map(|t| match t {
+                ToolSpec::Mcp(m) => Some(m.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        for (i, tool) in self.tools.iter().enumerate() {
+            let name = tool.name();
+            let field = format!("tools[{i}].name");
+            if !valid_tool_name(name) {
+                problems.add(field, "must be 1 to 64 characters of a-z, A-Z, 0-9, _ or -");
+            } else if matches!(name, "auto" | "required" | "none") {
+                problems.add(field, format!("`{name}` is reserved by tool_choice"));
+            } else if !names.insert(name.to_owned()) {
+                problems.add(field, format!("duplicate tool name `{name}`"));
+            } else if !matches!(tool, ToolSpec::Mcp(_))
+                && let Some(prefix) = mcp_prefixes
+                    .iter()
+                    .find(|p| name.starts_with(&format!("{p}_")))
+            {
+                problems.add(
+                    field,
+                    format!(
+                        "`{name}` collides with the tools of MCP server `{prefix}` (named \
+                         `{prefix}_*`)"
+                    ),
+                );
+            }
+            match tool {
+                ToolSpec::Http(t) => {
+                    check_schema(&t.parameters, &format!("tools[{i}].parameters"), problems);
+                    check_url(&t.url, &format!("tools[{i}].url"), problems);
+                    if !matches!(
+                        t.method.as_str(),
+                        "GET" | "POST" | "PUT" | "PATCH" | "DELETE"
+                    ) {
+                        problems.add(
+                            format!("tools[{i}].method"),
+                            "must be GET, POST, PUT, PATCH or DELETE",
+                        );
+                    }
+                }
+                ToolSpec::Mcp(t) => check_url(&t.url, &format!("tools[{i}].url"), problems),
+                ToolSpec::Client(t) => {
+                    check_schema(&t.parameters, &format!("tools[{i}].parameters"), problems)
+                }
+            }
+        }
+    }
+
+    /// The tool choice and the stop conditions name tools the agent has.
+    fn validate_choices(&self, problems: &mut Problems) {
+        if let ToolChoice::Tool(name) = &self.tool_choice {
+            problems.unknown_tool(self, "tool_choice", name);
+        }
+        for (i, condition) in self.stop_conditions.iter().enumerate() {
+            let StopCondition::HasToolCall { tool_name } = condition;
+            problems.unknown_tool(self, format!("stop_conditions[{i}].tool_name"), tool_name);
+        }
+    }
+
+    fn validate_step_rules(&self, problems: &mut Problems) {
+        for (i, rule) in self.step_rules.iter().enumerate() {
+            if rule.step == 0 || rule.step > self.max_steps {
+                problems.add(
+                    format!("step_rules[{i}].step"),
+                    format!("must be between 1 and max_steps ({})", self.max_steps),
+                );
+            }
+            rule_names(self, &format!("step_rules[{i}]"), rule, problems);
+            problems.choice_outside(
+                format!("step_rules[{i}].tool_choice"),
+                rule.tool_choice.as_ref(),
+                rule.active_tools.as_ref(),
+            );
+        }
+    }
+}
+
+/// The tools a step rule names (its choice, its active tools) are the agent's.
+fn rule_names(agent: &AgentSpec, field: &str, rule: &StepRule, problems: &mut Problems) {
+    if let Some(ToolChoice::Tool(name)) = &rule.tool_choice {
+        problems.unknown_tool(agent, format!("{field}.tool_choice"), name);
+    }
+    for (j, name) in rule.active_tools.iter().flatten().enumerate() {
+        problems.unknown_tool(agent, format!("{field}.active_tools[{j}]"), name);
+    }
+}
+
+fn validate_hook(i: usize, hook: &HookSpec, problems: &mut Problems) {
+    let tool_event = matches!(hook.event, HookEvent::PreToolUse | HookEvent::PostToolUse);
+    match hook.matcher_regex() {
+        Some(_) if !tool_event => {
+            problems.add(
+                format!("hooks[{i}].matcher"),
+                "only tool events take a matcher",
+            );
+        }
+        Some(Err(err)) => {
+            problems.add(
+                format!("hooks[{i}].matcher"),
+                format!("not a valid regex: {err}"),
+            );
+        }
+        _ => {}
+    }
+    let pre_tool_use_only = |problems: &mut Problems, kind: &str| {
+        if hook.event != HookEvent::PreToolUse {
+            problems.add(
+                format!("hooks[{i}].type"),
+                format!("{kind} hooks apply to pre_tool_use"),
+            );
+        }
+    };
+    match &hook.kind {
+        HookKind::Http {
+            url, timeout_secs, ..
+        } => {
+            check_url(url, &format!("hooks[{i}].url"), problems);
+            if !(1..=60).contains(timeout_secs) {
+                problems.add(
+                    format!("hooks[{i}].timeout_secs"),
+                    "must be between 1 and 60",
+                );
+            }
+        }
+        HookKind::Rule { conditions, .. } => {
+            pre_tool_use_only(problems, "rule");
+            if conditions.is_empty() {
+                problems.add(
+                    format!("hooks[{i}].conditions"),
+                    "needs at least one condition",
+                );
+            }
+            for (j, condition) in conditions.iter().enumerate() {
+                check_condition(
+                    condition,
+                    &format!("hooks[{i}].conditions[{j}].value"),
+                    problems,
+                );
+            }
+        }
+        HookKind::Approval { timeout_secs } => {
+            pre_tool_use_only(problems, "approval");
+            if timeout_secs.is_some_and(|t| !(1..=86_400).contains(&t)) {
+                problems.add(
+                    format!("hooks[{i}].timeout_secs"),
+                    "must be between 1 and 86400",
+                );
+            }
+        }
+    }
+}
+
+fn check_condition(condition: &RuleCondition, field: &str, problems: &mut Problems) {
+    match condition.operator {
+        RuleOperator::In if !condition.value.is_array() => {
+            problems.add(field, "`in` takes an array");
+        }
+        RuleOperator::Matches => match condition.value.as_str().map(regex::Regex::new) {
+            Some(Ok(_)) => {}
+            Some(Err(err)) => problems.add(field, format!("not a valid regex: {err}")),
+            None => problems.add(field, "`matches` takes a regex string"),
+        },
+        RuleOperator::Contains | RuleOperator::StartsWith if !condition.value.is_string() => {
+            problems.add(field, "takes a string");
+        }
+        _ => {}
+    }
+}
+
+impl RunOverrides {
+    /// Every problem of these overrides for a run of `agent` whose next model call is step
+    /// `next_step`, by field path in the request that posts them; empty if they are valid.
+    pub fn validate(&self, agent: &AgentSpec, next_step: u32) -> Vec<FieldError> {
+        let mut problems = Problems::default();
+        let choices = [
+            ("tool_choice", self.tool_choice.as_ref()),
+            (
+                "defaults.tool_choice",
+                self.defaults.as_ref().and_then(|d| d.tool_choice.as_ref()),
+            ),
+        ];
+        for (field, choice) in choices {
+            if let Some(ToolChoice::Tool(name)) = choice {
+                problems.unknown_tool(agent, field, name);
+            }
+        }
+        for (j, name) in self.active_tools.iter().flatten().enumerate() {
+            problems.unknown_tool(agent, format!("active_tools[{j}]"), name);
+        }
+        let rules = self.step_rules.as_deref().unwrap_or_default();
+        for (i, rule) in rules.iter().enumerate() {
+            rule_names(agent, &format!("step_rules[{i}]"), rule, &mut problems);
+        }
+        problems.choice_outside(
+            "tool_choice",
+            self.tool_choice.as_ref(),
+            self.active_tools.as_ref(),
+        );
+        for (i, rule) in rules.iter().enumerate() {
+            problems.choice_outside(
+                format!("step_rules[{i}].tool_choice"),
+                rule.tool_choice.as_ref(),
+                rule.active_tools.as_ref(),
+            );
+        }
+        for (i, rule) in rules.iter().enumerate() {
+            if rule.step < next_step || rule.step > agent.max_steps {
+                problems.add(
+                    format!("step_rules[{i}].step"),
+                    format!(
+                        "must be a later step: between {next_step} and max_steps ({})",
+                        agent.max_steps
+                    ),
+                );
+            }
+        }
+        problems.0
+    }
+}
+
+fn valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn check_schema(schema: &Value, field: &str, problems: &mut Problems) {
+    if !schema.is_object() {
+        problems.add(field, "must be a JSON Schema object");
+        return;
+    }
+    if let Err(err) = jsonschema::meta::validate(schema) {
+        problems.add(field, format!("not a valid JSON Schema: {err}"));
+        return;
+    }
+    if schema.get("type").is_some_and(|t| t != "object") {
+        problems.add(field, "the arguments schema must have \"type\": \"object\"");
+    }
+}
+
+fn check_url(url: &str, field: &str, problems: &mut Problems) {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        problems.add(field, "must be an absolute http or https URL");
+        return;
+    };
+    if !matches!(scheme, "http" | "https") {
+        problems.add(field, "must use http or https");
+    } else if rest.is_empty() || rest.starts_with('/') || rest.contains(char::is_whitespace) {
+        problems.add(field, "must name a host");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(value: Value) -> AgentSpec {
+        serde_json::from_value(value).expect("parses")
+    }
+
+    fn overrides(value: Value) -> RunOverrides {
+        serde_json::from_value(value).expect("parses")
+    }
+
+    #[test]
+    fn the_contract_s_example_agent_is_valid_and_gets_defaults() {
+        let agent = spec(
+            json!({"name": "support", "instructions": "You are ...", "model": "gpt-4o-mini",
+            "temperature": 0.2, "max_steps": 25, "history_depth": 10, "tool_choice": "auto",
+            "tools": [
+              {"type": "http", "name": "get_weather", "description": "...", "parameters": {"type": "object"},
+               "url": "https://tools.example.com/weather", "method": "POST", "headers": {}, "read_only": true},
+              {"type": "mcp", "name": "github", "url": "https://mcp.example.com/mcp", "headers": {}},
+              {"type": "client", "name": "read_local_file", "description": "...", "parameters": {"type": "object"},
+               "requires_approval": false}],
+            "stop_conditions": [{"type": "has_tool_call", "tool_name": "get_weather"}]}),
+        );
+        assert_eq!(agent.validate(), []);
+        let minimal = spec(json!({"name": "m", "model": "demo"}));
+        assert_eq!((minimal.max_steps, minimal.history_depth), (25, 10));
+        assert_eq!(minimal.tool_choice, ToolChoice::Auto);
+    }
+
+    #[test]
+    fn every_problem_is_reported_by_field_path() {
+        let agent = spec(
+            json!({"name": "", "model": "demo", "max_steps": 0, "temperature": 3.0,
+            "tool_choice": "nope",
+            "tools": [
+              {"type": "http", "name": "a", "url": "ftp://x", "parameters": {"type": "banana"}},
+              {"type": "client", "name": "a"},
+              {"type": "mcp", "name": "gh", "url": "not a url"},
+              {"type": "client", "name": "gh_issues"}],
+            "stop_conditions": [{"type": "has_tool_call", "tool_name": "missing"}],
+            "step_rules": [{"step": 9, "active_tools": ["ghost"]},
+                           {"step": 1, "tool_choice": "a", "active_tools": ["gh_issues"]}]}),
+        );
+        let fields: Vec<String> = agent.validate().into_iter().map(|e| e.field).collect();
+        for expected in [
+            "name",
+            "temperature",
+            "max_steps",
+            "tools[0].parameters",
+            "tools[0].url",
+            "tools[1].name",
+            "tools[2].url",
+            "tools[3].name",
+            "tool_choice",
+            "stop_conditions[0].tool_name",
+            "step_rules[0].step",
+            "step_rules[0].active_tools[0]",
+            "step_rules[1].tool_choice",
+        ] {
+            assert!(
+                fields.contains(&expected.to_owned()),
+                "{expected} missing from {fields:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn overrides_may_name_the_agent_s_tools_and_mcp_tools_but_not_the_server_itself() {
+        let agent = spec(
+            json!({"name": "a", "model": "demo", "max_steps": 4, "tools": [
+            {"type": "client", "name": "read"},
+            {"type": "mcp", "name": "gh", "url": "https://mcp.example.com/mcp"}]}),
+        );
+        let good = overrides(
+            json!({"tool_choice": "read", "active_tools": ["read", "gh_issues"],
+            "step_rules": [{"step": 3, "tool_choice": "gh_pulls"}, {"step": 4}],
+            "defaults": {"tool_choice": "none"}}),
+        );
+        assert_eq!(good.validate(&agent, 3), []);
+        let bad = overrides(
+            json!({"tool_choice": "gh", "active_tools": ["ghost", "read"],
+            "step_rules": [{"step": 2}, {"step": 5, "active_tools": ["gh_"]},
+                           {"step": 3, "tool_choice": "read", "active_tools": ["gh_issues"]}],
+            "defaults": {"tool_choice": "reader"}}),
+        );
+        let fields: Vec<String> = bad
+            .validate(&agent, 3)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "tool_choice",
+                "defaults.tool_choice",
+                "active_tools[0]",
+                "tool_choice",
+                "step_rules[2].tool_choice",
+                "step_rules[0].step",
+                "step_rules[1].step",
+            ]
+        );
+    }
+}
