@@ -32,7 +32,7 @@ pub struct AppState {
     /// Postgres.
     pub db: PgPool,
     /// Redis streams and the live fan-out.
-    pub streams: crate::stream::Hub,
+    pub streams: crate::gateway::Hub,
     /// Fires on shutdown: open streams end.
     pub shutdown: CancellationToken,
     /// Token verification.
@@ -49,7 +49,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::threads::router())
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
-        .merge(crate::stream::router())
+        .merge(crate::gateway::router())
         .merge(crate::openapi::router())
         .merge(crate::metrics::router())
         .fallback(|| async {

@@ -161,7 +161,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(spool_shared::shutdown::on_signal(shutdown.clone()));
     let keys = StreamKeys::new(args.redis.redis_prefix.clone());
-    let streams = crate::stream::Hub::start(
+    let streams = crate::gateway::Hub::start(
         &args.redis.redis_url,
         keys.clone(),
         args.sse_buffer,

@@ -1,11 +1,50 @@
 //! The API's one error type. Variants are HTTP outcomes; every response body is
-//! `{"error": {"code": "snake_case", "message": "human text", ...}}`. Internal causes are logged
-//! once, here, and never shown to the client.
+//! `{"error": {"code": "snake_case", "message": "human text", ...}}` ([`ErrorBody`] documents
+//! it). Internal causes are logged once, here, and never shown to the client.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
+
+use spool_shared::WorkflowId;
+use spool_shared::agent::FieldError;
+use spool_shared::status::RunStatus;
+
+/// The body of every error response: `{"error": {"code", "message", ...}}`.
+#[derive(Debug, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// An error's code and message, with the extra fields some codes carry.
+#[derive(Debug, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Machine-readable, `snake_case` (`thread_not_found`, `invalid_body`, ...).
+    pub code: String,
+    /// Human text.
+    pub message: String,
+    /// `thread_busy`: the active run.
+    pub active_workflow_id: Option<WorkflowId>,
+    /// `thread_busy`: where to stream the active run.
+    pub stream_url: Option<String>,
+    /// `run_not_waiting`: the run's status.
+    pub status: Option<RunStatus>,
+    /// `invalid_agent`, `invalid_overrides`: every problem, by field.
+    pub errors: Option<Vec<FieldError>>,
+    /// `missing_tool_outputs`: the pending calls without an output.
+    pub missing: Option<Vec<String>>,
+}
+
+/// The 401 of every authenticated route, for its OpenAPI `responses(...)`.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 401,
+    description = "`missing_token`, `invalid_token`, `token_expired`"
+)]
+pub struct Unauthenticated(#[expect(dead_code, reason = "documents the body")] ErrorBody);
 
 /// An error answered to a client.
 #[derive(Debug, thiserror::Error)]
@@ -44,19 +83,12 @@ pub enum ApiError {
         /// Extra fields of the error object.
         details: Map<String, Value>,
     },
-    /// The request is malformed or invalid (400, 413, 415 or 422).
+    /// The request is malformed or invalid (400, 413, 415 or 422); `details` are merged into
+    /// the body (e.g. every problem of an agent spec).
     #[error("{message}")]
     Invalid {
         /// The status: 400, 413, 415 or 422.
         status: StatusCode,
-        /// Machine-readable code.
-        code: &'static str,
-        /// Human text.
-        message: String,
-    },
-    /// 422 with extra fields (e.g. every problem of an agent spec).
-    #[error("{message}")]
-    Unprocessable {
         /// Machine-readable code.
         code: &'static str,
         /// Human text.
@@ -80,22 +112,49 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// 422 with a code.
-    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
+    /// An invalid request: `status` (400, 413, 415 or 422) with a code.
+    pub fn invalid(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self::Invalid {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
+            status,
             code,
             message: message.into(),
+            details: Map::new(),
         }
+    }
+
+    /// 422 with a code.
+    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
+        Self::invalid(StatusCode::UNPROCESSABLE_ENTITY, code, message)
+    }
+
+    /// 422 with a code and every problem by field (`errors: [{field, message}]`); `what` names
+    /// what has them (`the agent`).
+    pub fn invalid_fields(code: &'static str, what: &str, errors: Vec<FieldError>) -> Self {
+        let message = format!("{what}: {} problem(s); see `errors`", errors.len());
+        Self::unprocessable(code, message).with("errors", errors)
     }
 
     /// 400 with a code.
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::Invalid {
-            status: StatusCode::BAD_REQUEST,
+        Self::invalid(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// 409 with a code.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::Conflict {
             code,
             message: message.into(),
+            details: Map::new(),
         }
+    }
+
+    /// The same error with `key: value` in its body (conflicts and invalid requests; other
+    /// kinds carry no extra fields).
+    pub fn with(mut self, key: &str, value: impl Serialize) -> Self {
+        if let Self::Conflict { details, .. } | Self::Invalid { details, .. } = &mut self {
+            details.insert(key.into(), json!(value));
+        }
+        self
     }
 
     /// 404 with a code.
@@ -144,18 +203,8 @@ impl IntoResponse for ApiError {
                 status,
                 code,
                 message,
-            } => (status, code, message, Map::new(), None),
-            Self::Unprocessable {
-                code,
-                message,
                 details,
-            } => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                code,
-                message,
-                details,
-                None,
-            ),
+            } => (status, code, message, details, None),
             Self::Unavailable {
                 code,
                 message,

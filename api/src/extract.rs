@@ -57,11 +57,7 @@ impl From<JsonRejection> for ApiError {
             }
             _ => (StatusCode::BAD_REQUEST, "invalid_body"),
         };
-        ApiError::Invalid {
-            status,
-            code,
-            message: rejection.body_text(),
-        }
+        ApiError::invalid(status, code, rejection.body_text())
     }
 }
 

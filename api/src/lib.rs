@@ -1,15 +1,23 @@
 //! Spool's HTTP API: a thin layer that authenticates, validates, and commits runs to Postgres,
-//! answering `202` at once, and the SSE gateway that replays and follows a thread's events. `main.rs` only parses the command line; everything else is here so
-//! tests can start the same router on `127.0.0.1:0`.
+//! answering `202` at once, and the SSE gateway that replays and follows a thread's events.
+//!
+//! Parts: [`app`] (state, router, `serve`), [`routes`] (one module per resource), [`gateway`]
+//! (the SSE gateway, with [`gateway::hub`] for per-thread feeds), [`auth`] (JWT), [`error`] (the
+//! one `ApiError` and the error body), [`extract`] (JSON errors for bad input), [`metrics`],
+//! [`openapi`] and [`cli`] (`serve`, `migrate`, `token`). `main.rs` only parses the command
+//! line; everything else is here so tests can start the same router on `127.0.0.1:0`.
+//!
+//! The API depends on the worker crate in one place only: `spool-api serve --embedded-worker N`
+//! ([`cli`]) runs workers in the same process for a one-command local start.
 
 pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod error;
 pub mod extract;
+pub mod gateway;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
-pub mod stream;
 
 pub use app::{ApiConfig, AppState, router, serve};

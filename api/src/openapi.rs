@@ -11,8 +11,6 @@ use utoipa::openapi::schema::{AdditionalProperties, Schema};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Object, ObjectBuilder, OpenApi, RefOr, Type};
 
-use spool_shared::agent::FieldError;
-use spool_shared::status::RunStatus;
 use spool_shared::{AgentId, MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
@@ -30,32 +28,6 @@ pub fn document() -> OpenApi {
     // the other fields, which no value satisfies; merge them into one object.
     merge_all_of(&mut document);
     document
-}
-
-/// The body of every error response: `{"error": {"code", "message", ...}}`.
-#[derive(Debug, utoipa::ToSchema)]
-pub struct ErrorBody {
-    /// The error.
-    pub error: ErrorDetail,
-}
-
-/// An error's code and message, with the extra fields some codes carry.
-#[derive(Debug, utoipa::ToSchema)]
-pub struct ErrorDetail {
-    /// Machine-readable, `snake_case` (`thread_not_found`, `invalid_body`, ...).
-    pub code: String,
-    /// Human text.
-    pub message: String,
-    /// `thread_busy`: the active run.
-    pub active_workflow_id: Option<WorkflowId>,
-    /// `thread_busy`: where to stream the active run.
-    pub stream_url: Option<String>,
-    /// `run_not_waiting`: the run's status.
-    pub status: Option<RunStatus>,
-    /// `invalid_agent`: every problem of the spec, by field.
-    pub errors: Option<Vec<FieldError>>,
-    /// `missing_tool_outputs`: the pending calls without an output.
-    pub missing: Option<Vec<String>>,
 }
 
 /// One Server-Sent Event of `GET /v1/threads/{thread_id}/stream` (the schema of each event).
@@ -105,11 +77,11 @@ pub(crate) fn queued_status() -> Object {
         crate::routes::threads::get_thread,
         crate::routes::threads::list_messages,
         crate::routes::threads::post_user_message,
-        crate::stream::stream_thread,
+        crate::gateway::stream_thread,
         crate::routes::workflows::get_workflow,
         crate::routes::workflows::cancel_workflow,
-        crate::routes::workflows::post_tool_outputs,
-        crate::routes::workflows::post_approval,
+        crate::routes::workflows::pauses::post_tool_outputs,
+        crate::routes::workflows::pauses::post_approval,
         crate::routes::agents::post_agent,
         crate::routes::agents::list_agents,
         crate::routes::agents::get_agent,
@@ -121,8 +93,8 @@ pub(crate) fn queued_status() -> Object {
         openapi_json,
     ),
     components(schemas(
-        ErrorBody,
-        ErrorDetail,
+        crate::error::ErrorBody,
+        crate::error::ErrorDetail,
         ThreadId,
         WorkflowId,
         MessageId,

@@ -12,9 +12,11 @@
 //! field or event.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::ids::{MessageId, ThreadId, WorkflowId};
+use crate::run::{RunFailure, Usage};
+use crate::status::RunStatus;
 
 /// The envelope version.
 pub const VERSION: u32 = 1;
@@ -119,6 +121,27 @@ impl Origin {
             data,
         }
     }
+}
+
+/// The events that end the message of a run that ended with `status`, in order: the error (of
+/// a failed run), `message_end` with the status and usage, and `done`. A worker publishes them
+/// once it has written the run's end; the API, for a run it cancelled while no worker held it.
+pub fn end_of_message(
+    status: RunStatus,
+    usage: Usage,
+    error: Option<&RunFailure>,
+) -> Vec<(EventType, Value)> {
+    let mut events = Vec::with_capacity(3);
+    if let Some(error) = error {
+        let data = json!({"code": error.code, "message": error.message, "retryable": false});
+        events.push((EventType::Error, data));
+    }
+    events.push((
+        EventType::MessageEnd,
+        json!({"status": status, "usage": usage}),
+    ));
+    events.push((EventType::Done, json!({"status": status})));
+    events
 }
 
 #[cfg(test)]

@@ -42,13 +42,16 @@
 //! run's completion), never the just-finished message, and sets the thread's keys to expire
 //! after the window; the next `message_start` removes the expiry. An idle thread's keys vanish
 //! one window after its last completion.
+//!
+//! # The end of a run
+//! A worker writes a run's end to Postgres first and publishes its last events (`message_end`,
+//! `done`) after it, for at most [`FLUSH_WINDOW`]. The gateway follows a just-finished run's
+//! stream that long, so a client resuming in between gets the `done`, not a stream cut short.
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
-
-use std::sync::Arc;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -56,6 +59,9 @@ use redis::{AsyncCommands as _, Script};
 
 use crate::event::Event;
 use crate::ids::{MessageId, ThreadId, WorkflowId};
+
+/// How long after a run's end is in Postgres its worker may still publish its last events.
+pub const FLUSH_WINDOW: Duration = Duration::from_secs(10);
 
 /// The names of a deployment's Redis keys.
 #[derive(Clone, Debug)]

@@ -21,9 +21,10 @@ use tracing::Instrument as _;
 
 use spool_shared::agent::AgentSpec;
 use spool_shared::db::runs::{Claimed, Fence, Outcome};
-use spool_shared::event::{EventType, Origin};
+use spool_shared::event::{EventType, Origin, end_of_message};
 use spool_shared::run::{FailureCode, MessagePart, RunFailure};
 use spool_shared::status::RunStatus;
+use spool_shared::stream::FLUSH_WINDOW;
 
 use crate::agent::answer::{Answer, LoopEnd};
 use crate::agent::context::Attempt;
@@ -32,10 +33,6 @@ use crate::lease::Lease;
 use crate::publish::Publisher;
 use crate::stop::Stop;
 use crate::worker::Worker;
-
-/// How long the end of a run waits for its events to reach Redis (the run's end is already
-/// in Postgres by then; the gateway follows a just-finished run's stream this long).
-pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why an attempt ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -160,7 +157,7 @@ async fn wind_up(ended: Option<&Ended>, lease: Lease, events: Publisher) {
             // The attempt's end is written, so it needs no lease any more. Renewing it
             // during the flush would find the run no longer running and call it lost.
             drop(lease);
-            events.finish(FLUSH_TIMEOUT).await;
+            events.finish(FLUSH_WINDOW).await;
         }
     }
 }
@@ -281,17 +278,9 @@ async fn end(
     if a.claimed.finish(a.db, &outcome).await?.is_lost() {
         return Ok(Ended::LeaseLost);
     }
-    if let Some(error) = error {
-        a.events.send(
-            EventType::Error,
-            json!({"code": error.code, "message": error.message, "retryable": false}),
-        );
+    for (kind, data) in end_of_message(status, answer.usage, error) {
+        a.events.send(kind, data);
     }
-    a.events.send(
-        EventType::MessageEnd,
-        json!({"status": status, "usage": answer.usage}),
-    );
-    a.events.send(EventType::Done, json!({"status": status}));
     if let Some(spec) = spec {
         Hooks::for_run(spec, a.engine, run).on_run_complete(status.as_str(), &answer.content);
     }

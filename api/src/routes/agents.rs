@@ -8,7 +8,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::{Map, json};
 
 use spool_shared::AgentId;
 use spool_shared::agent::AgentSpec;
@@ -17,8 +16,8 @@ use spool_shared::db::agents::{self, Agent};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::error::{ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
-use crate::openapi::ErrorBody;
 
 /// `/v1/agents/...`.
 pub fn router() -> Router<AppState> {
@@ -67,13 +66,11 @@ fn validated(spec: AgentSpec) -> Result<AgentSpec, ApiError> {
     if errors.is_empty() {
         return Ok(spec);
     }
-    let mut details = Map::new();
-    details.insert("errors".into(), json!(errors));
-    Err(ApiError::Unprocessable {
-        code: "invalid_agent",
-        message: format!("the agent has {} problem(s); see `errors`", errors.len()),
-        details,
-    })
+    Err(ApiError::invalid_fields(
+        "invalid_agent",
+        "the agent",
+        errors,
+    ))
 }
 
 fn not_found() -> ApiError {
@@ -98,7 +95,7 @@ fn not_found() -> ApiError {
                     parameters(("agent_id" = "$response.body#/id")))),
             )),
         (status = 400, description = "`invalid_json`", body = ErrorBody),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
         (status = 413, description = "`body_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
@@ -124,7 +121,7 @@ async fn post_agent(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The agents.", body = AgentsResponse),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
     )
 )]
 async fn list_agents(
@@ -146,7 +143,7 @@ async fn list_agents(
     params(("agent_id" = AgentId, Path, description = "The agent.")),
     responses(
         (status = 200, description = "The agent.", body = AgentResponse),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
     )
 )]
@@ -172,7 +169,7 @@ async fn get_agent(
     responses(
         (status = 200, description = "The agent.", body = AgentResponse),
         (status = 400, description = "`invalid_json`", body = ErrorBody),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
         (status = 413, description = "`body_too_large`", body = ErrorBody),
@@ -203,7 +200,7 @@ async fn put_agent(
     params(("agent_id" = AgentId, Path, description = "The agent.")),
     responses(
         (status = 204, description = "Deleted."),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
     )

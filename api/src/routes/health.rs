@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::openapi::ErrorBody;
+use crate::error::ErrorBody;
 
 /// `/healthz` and `/readyz`.
 pub fn router() -> Router<AppState> {

@@ -1,8 +1,9 @@
 //! Threads and their messages, and `POST user_message`: the enqueue.
 //!
-//! The enqueue is one transaction: (idempotency key,) thread on first use, user message,
-//! assistant message, run, NOTIFY. A `202` therefore means all of it is committed (invariant 1),
-//! and any error before the commit leaves nothing behind (invariant 10).
+//! The enqueue is one transaction: the idempotency key, then [`enqueue`] (thread on first use,
+//! user message, assistant message, run, NOTIFY), then the key's stored response. A `202`
+//! therefore means all of it is committed (invariant 1), and any error before the commit leaves
+//! nothing behind (invariant 10).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -11,21 +12,23 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
+use spool_shared::db::enqueue::{EnqueueError, NewMessage, enqueue};
 use spool_shared::db::messages::{self, Message};
-use spool_shared::db::runs::{self, NewRun};
+use spool_shared::db::runs;
 use spool_shared::db::threads::{self, Thread};
-use spool_shared::db::{self, agents, idempotency};
+use spool_shared::db::{agents, idempotency};
 use spool_shared::ids::AgentId;
+use spool_shared::run::{MessagePart, Usage};
 use spool_shared::status::{MessageStatus, Role};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::error::{ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::openapi::ErrorBody;
 use crate::routes::{stream_url, workflow_url};
 
 /// `/v1/threads/...`.
@@ -121,7 +124,7 @@ async fn check_agent(
                     parameters(("thread_id" = "$response.body#/id")))),
             )),
         (status = 400, description = "`invalid_json`", body = ErrorBody),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
         (status = 404, description = "`agent_not_found`", body = ErrorBody),
         (status = 413, description = "`body_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
@@ -156,7 +159,7 @@ async fn post_thread(
     params(("thread_id" = ThreadId, Path, description = "The thread.")),
     responses(
         (status = 200, description = "The thread.", body = ThreadResponse),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
         (status = 404, description = "`thread_not_found` (also another owner's), `not_found` (not a UUID)", body = ErrorBody),
     )
 )]
@@ -189,11 +192,58 @@ pub struct ListMessagesQuery {
     pub before: Option<MessageId>,
 }
 
+/// A message as clients see it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct MessageResponse {
+    /// The message's id.
+    pub id: MessageId,
+    /// Its thread.
+    pub thread_id: ThreadId,
+    /// Who wrote it.
+    pub role: Role,
+    /// Its text (an assistant message's is written once, when its run ends; partial for a
+    /// failed or cancelled run).
+    pub content: String,
+    /// Structured content: text blocks, tool steps, citations (assistant messages).
+    pub parts: Vec<MessagePart>,
+    /// Whether the content is final.
+    pub status: MessageStatus,
+    /// Token usage (assistant messages, once their run has ended).
+    pub usage: Option<Usage>,
+    /// Caller-defined metadata (user messages).
+    #[schema(value_type = Object)]
+    pub metadata: Value,
+    /// The run that produced it (assistant) or that it started (user).
+    pub workflow_id: Option<WorkflowId>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<Message> for MessageResponse {
+    fn from(message: Message) -> Self {
+        Self {
+            id: message.id,
+            thread_id: message.thread_id,
+            role: message.role,
+            content: message.content,
+            parts: message.parts.0,
+            status: message.status,
+            usage: message.usage.map(|u| u.0),
+            metadata: message.metadata.0,
+            workflow_id: message.workflow_id,
+            created_at: message.created_at,
+            updated_at: message.updated_at,
+        }
+    }
+}
+
 /// A page of messages, oldest first.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct MessagesResponse {
     /// The messages.
-    pub messages: Vec<Message>,
+    pub messages: Vec<MessageResponse>,
 }
 
 /// A thread's messages, oldest first.
@@ -205,7 +255,7 @@ pub struct MessagesResponse {
     params(("thread_id" = ThreadId, Path, description = "The thread."), ListMessagesQuery),
     responses(
         (status = 200, description = "A page of messages.", body = MessagesResponse),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
         (status = 404, description = "`thread_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_limit`, `invalid_query`", body = ErrorBody),
     )
@@ -227,7 +277,9 @@ async fn list_messages(
         .await?
         .ok_or_else(thread_not_found)?;
     let messages = messages::list(&state.db, thread_id, limit, query.before).await?;
-    Ok(Json(MessagesResponse { messages }))
+    Ok(Json(MessagesResponse {
+        messages: messages.into_iter().map(Into::into).collect(),
+    }))
 }
 
 /// Body of `POST /v1/threads/{thread_id}/user_message`.
@@ -296,7 +348,7 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
                     parameters(("thread_id" = "$response.body#/thread_id")))),
             )),
         (status = 400, description = "`invalid_json`, `invalid_idempotency_key`", body = ErrorBody),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = ErrorBody),
+        Unauthenticated,
         (status = 404, description = "`thread_not_found` (another owner's), `agent_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`thread_busy`, with `active_workflow_id` and `stream_url`", body = ErrorBody),
         (status = 413, description = "`input_too_large`, `body_too_large`", body = ErrorBody),
@@ -318,11 +370,11 @@ async fn post_user_message(
         ));
     }
     if request.input_text.len() > state.config.max_input_bytes {
-        return Err(ApiError::Invalid {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            code: "input_too_large",
-            message: format!("input_text is over {} bytes", state.config.max_input_bytes),
-        });
+        return Err(ApiError::invalid(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "input_too_large",
+            format!("input_text is over {} bytes", state.config.max_input_bytes),
+        ));
     }
     let key = idempotency_key(&headers)?;
     check_agent(&state, &caller, request.agent_id).await?;
@@ -349,60 +401,33 @@ async fn post_user_message(
             .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
         return replay(stored, &hash);
     }
-    let thread_agent = threads::ensure_owned(&mut tx, thread_id, owner, request.agent_id)
-        .await?
-        .ok_or_else(thread_not_found)?;
-    let workflow_id = WorkflowId::new();
-    let user_message_id = MessageId::new();
-    let message_id = MessageId::new();
     let metadata = Value::Object(request.metadata.clone().unwrap_or_default());
-    let no_metadata = json!({});
-    messages::insert(
-        &mut *tx,
-        user_message_id,
-        thread_id,
-        Role::User,
-        &request.input_text,
-        MessageStatus::Completed,
-        &metadata,
-        workflow_id,
-    )
-    .await?;
-    messages::insert(
-        &mut *tx,
-        message_id,
-        thread_id,
-        Role::Assistant,
-        "",
-        MessageStatus::Queued,
-        &no_metadata,
-        workflow_id,
-    )
-    .await?;
     // The request's span context rides on the run, so the worker's attempt joins this trace.
     let trace_context = spool_shared::telemetry::inject_traceparent();
-    let run = NewRun {
-        id: workflow_id,
+    let message = NewMessage {
         thread_id,
         owner,
-        agent_id: request.agent_id.or(thread_agent),
-        user_message_id,
-        assistant_message_id: message_id,
+        agent_id: request.agent_id,
+        input_text: &request.input_text,
+        metadata: &metadata,
         idempotency_key: key,
         trace_context: trace_context.as_deref(),
     };
-    if let Err(err) = runs::insert(&mut *tx, &run).await {
-        if db::is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) {
+    let enqueued = match enqueue(&mut tx, &message).await {
+        Ok(enqueued) => enqueued,
+        Err(EnqueueError::ThreadNotFound) => return Err(thread_not_found()),
+        Err(EnqueueError::ThreadBusy) => {
             tx.rollback().await?;
             return Err(thread_busy(&state, thread_id).await);
         }
-        return Err(err.into());
-    }
+        Err(EnqueueError::Db(err)) => return Err(err.into()),
+    };
+    let workflow_id = enqueued.workflow_id;
     let body = UserMessageResponse {
         workflow_id,
         thread_id,
-        user_message_id,
-        message_id,
+        user_message_id: enqueued.user_message_id,
+        message_id: enqueued.message_id,
         status: "queued",
         stream_url: stream_url(thread_id),
     };
@@ -410,7 +435,6 @@ async fn post_user_message(
     if let Some(key) = key {
         idempotency::record(&mut *tx, &owner.tenant_id, key, 202, &body, workflow_id).await?;
     }
-    db::notify_runs(&mut *tx).await?;
     tx.commit().await?;
     tracing::info!(thread.id = %thread_id, workflow.id = %workflow_id, "run enqueued");
     Ok(accepted(StatusCode::ACCEPTED, body, workflow_id))
@@ -463,12 +487,10 @@ async fn thread_busy(state: &AppState, thread_id: ThreadId) -> ApiError {
         Ok(active) => active,
         Err(err) => return err.into(),
     };
-    let mut details = Map::new();
-    details.insert("active_workflow_id".into(), json!(active.map(|run| run.id)));
-    details.insert("stream_url".into(), json!(stream_url(thread_id)));
-    ApiError::Conflict {
-        code: "thread_busy",
-        message: "the thread already has an active run; wait for it to finish".into(),
-        details,
-    }
+    ApiError::conflict(
+        "thread_busy",
+        "the thread already has an active run; wait for it to finish",
+    )
+    .with("active_workflow_id", active.map(|run| run.id))
+    .with("stream_url", stream_url(thread_id))
 }

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use spool_api::auth::JwtKeys;
-use spool_api::stream::Hub;
+use spool_api::gateway::Hub;
 use spool_api::{ApiConfig, AppState};
 use spool_shared::stream::StreamKeys;
 use spool_tests::{JWT_SECRET, TestDb, poll_until};

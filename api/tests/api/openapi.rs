@@ -10,8 +10,11 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use spool_tests::{JWT_SECRET, token_with};
+use spool_shared::run::FailureCode;
+use spool_tests::fake_llm::{self, FakeLlm, Reply, tool_results_in};
+use spool_tests::{JWT_SECRET, token, token_with};
 
+use crate::agent_loop::{app_with, ask, finished};
 use crate::common::{TestApp, worker_args};
 
 /// Every operation of the API, as `METHOD path`.
@@ -209,5 +212,91 @@ async fn the_document_lists_exactly_the_routes_the_router_serves() {
         assert_eq!(variant["type"], "object");
         assert!(variant["properties"]["type"].is_object());
     }
+    app.stop().await;
+}
+
+/// Validates `instance` against the document's component schema `name`.
+fn check(document: &Value, name: &str, instance: &Value) {
+    let schema = json!({"$ref": format!("#/components/schemas/{name}"),
+        "components": document["components"]});
+    let validator = jsonschema::validator_for(&schema).expect("a valid schema");
+    let errors: Vec<String> = validator
+        .iter_errors(instance)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{name}: {errors:?}\n{instance}");
+}
+
+#[tokio::test]
+async fn failed_paused_and_completed_runs_match_their_documented_schemas() {
+    let fake = FakeLlm::start(|request, _| {
+        if request["model"] == "broken" {
+            return Reply::Status(400, "no such model".into(), None);
+        }
+        match tool_results_in(request) {
+            0 => fake_llm::tool_calls(&[("c1", "read", r#"{"path": "/a"}"#)]),
+            _ => fake_llm::text("Read it.", 2),
+        }
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let document: Value = app
+        .http
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("json");
+    let codes = &document["components"]["schemas"]["FailureCode"]["enum"];
+    for code in FailureCode::ALL {
+        assert!(
+            codes
+                .as_array()
+                .is_some_and(|c| c.contains(&json!(code.as_str()))),
+            "{} is documented: {codes}",
+            code.as_str()
+        );
+    }
+    let alice = token("alice", "acme");
+    let broken = app
+        .create_agent("acme", &json!({"name": "broken", "model": "broken"}))
+        .await;
+    let (_, accepted) = ask(&app, &broken, "hi").await;
+    let failed = finished(&app, &accepted).await;
+    assert_eq!(failed["error"]["code"], "model_error");
+    check(&document, "WorkflowResponse", &failed);
+
+    let reader = app
+        .create_agent(
+            "acme",
+            &json!({"name": "reader", "model": "gpt-4o-mini",
+            "tools": [{"type": "client", "name": "read"}]}),
+        )
+        .await;
+    let (thread, accepted) = ask(&app, &reader, "read /a").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id");
+    let paused = app
+        .wait_for_status(&alice, workflow, "requires_action")
+        .await;
+    assert_eq!(paused["pending_action"]["type"], "submit_tool_outputs");
+    check(&document, "WorkflowResponse", &paused);
+    let (status, _) = app
+        .post(
+            &alice,
+            &format!("/v1/workflows/{workflow}/tool_outputs"),
+            &json!({"tool_outputs": [{"tool_call_id": "c1", "output": "contents"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let completed = finished(&app, &accepted).await;
+    assert_eq!(completed["status"], "completed");
+    check(&document, "WorkflowResponse", &completed);
+    let (_, page) = app
+        .get(&alice, &format!("/v1/threads/{thread}/messages"))
+        .await;
+    assert_eq!(page["messages"][1]["parts"][0]["type"], "tool_call");
+    check(&document, "MessagesResponse", &page);
     app.stop().await;
 }

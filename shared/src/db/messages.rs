@@ -10,8 +10,8 @@ use crate::ids::{MessageId, ThreadId, WorkflowId};
 use crate::run::{MessagePart, Usage};
 use crate::status::{MessageStatus, Role};
 
-/// A message as stored and returned by the API.
-#[derive(Clone, Debug, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
+/// A message as stored.
+#[derive(Clone, Debug, sqlx::FromRow)]
 pub struct Message {
     /// The message's id.
     pub id: MessageId,
@@ -22,15 +22,12 @@ pub struct Message {
     /// Its text.
     pub content: String,
     /// Structured content: text blocks, tool steps, citations.
-    #[schema(value_type = Vec<MessagePart>)]
     pub parts: Json<Vec<MessagePart>>,
     /// Whether the content is final.
     pub status: MessageStatus,
     /// Token usage (assistant messages).
-    #[schema(value_type = Option<Usage>)]
     pub usage: Option<Json<Usage>>,
     /// Caller-defined metadata (user messages).
-    #[schema(value_type = Object)]
     pub metadata: Json<Value>,
     /// The run that produced it (assistant) or that it started (user).
     pub workflow_id: Option<WorkflowId>,

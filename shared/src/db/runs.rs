@@ -621,56 +621,31 @@ mod tests {
     use spool_tests::TestDb;
 
     use super::*;
-    use crate::db::{messages, threads};
+    use crate::db::enqueue::{NewMessage, enqueue};
+    use crate::db::messages;
     use crate::run::PendingCall;
-    use crate::status::Role;
 
     const WORKER: &str = "worker-a";
 
-    /// A queued run on a thread of its own, with its two messages, as the enqueue leaves it.
+    /// A queued run on a thread of its own, as the enqueue leaves it.
     async fn queued(db: &TestDb) -> (WorkflowId, MessageId) {
         let owner = Owner {
             tenant_id: "acme".into(),
             user_id: "alice".into(),
         };
-        let thread = ThreadId::new();
-        threads::create(&db.pool, thread, &owner, None, &json!({}))
-            .await
-            .expect("thread");
-        let (id, user, assistant) = (WorkflowId::new(), MessageId::new(), MessageId::new());
-        for (message, role, status) in [
-            (user, Role::User, crate::status::MessageStatus::Completed),
-            (
-                assistant,
-                Role::Assistant,
-                crate::status::MessageStatus::Queued,
-            ),
-        ] {
-            messages::insert(
-                &db.pool,
-                message,
-                thread,
-                role,
-                "hi",
-                status,
-                &json!({}),
-                id,
-            )
-            .await
-            .expect("message");
-        }
-        let run = NewRun {
-            id,
-            thread_id: thread,
+        let message = NewMessage {
+            thread_id: ThreadId::new(),
             owner: &owner,
             agent_id: None,
-            user_message_id: user,
-            assistant_message_id: assistant,
+            input_text: "hi",
+            metadata: &json!({}),
             idempotency_key: None,
             trace_context: None,
         };
-        insert(&db.pool, &run).await.expect("run");
-        (id, assistant)
+        let mut tx = db.pool.begin().await.expect("begin");
+        let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");
+        tx.commit().await.expect("commit");
+        (enqueued.workflow_id, enqueued.message_id)
     }
 
     fn completed(content: &str) -> Outcome<'_> {

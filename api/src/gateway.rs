@@ -1,4 +1,5 @@
-//! The SSE gateway: `GET /v1/threads/{thread_id}/stream`.
+//! The SSE gateway: `GET /v1/threads/{thread_id}/stream` ([`hub`] holds the per-thread feeds
+//! and the fan-out to subscribers).
 //!
 //! - No cursor: if a message is streaming (or queued), replay it from its `message_start` and
 //!   follow it live to its `done`, then close; otherwise `message_not_streaming`.
@@ -32,13 +33,14 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::db::{messages, runs, threads};
+use spool_shared::event::EventType;
 use spool_shared::status::MessageStatus;
-use spool_shared::stream::{self as events, EntryId, RedisConn, StoredEvent};
+use spool_shared::stream::{self as events, EntryId, FLUSH_WINDOW, RedisConn, StoredEvent};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
 
 pub use hub::Hub;
@@ -115,11 +117,11 @@ fn unavailable(err: redis::RedisError) -> ApiError {
     responses(
         (status = 200, description = "The event stream.", content_type = "text/event-stream",
             body = crate::openapi::StreamEvent),
-        (status = 400, description = "`invalid_cursor`, `invalid_message_id`", body = crate::openapi::ErrorBody),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openapi::ErrorBody),
-        (status = 404, description = "`thread_not_found`, `not_found`", body = crate::openapi::ErrorBody),
-        (status = 422, description = "`invalid_query`", body = crate::openapi::ErrorBody),
-        (status = 503, description = "`stream_unavailable` (Redis is down)", body = crate::openapi::ErrorBody,
+        (status = 400, description = "`invalid_cursor`, `invalid_message_id`", body = ErrorBody),
+        Unauthenticated,
+        (status = 404, description = "`thread_not_found`, `not_found`", body = ErrorBody),
+        (status = 422, description = "`invalid_query`", body = ErrorBody),
+        (status = 503, description = "`stream_unavailable` (Redis is down)", body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
     )
 )]
@@ -133,6 +135,42 @@ async fn stream_thread(
     threads::find(&state.db, thread_id, &caller.owner)
         .await?
         .ok_or_else(|| ApiError::not_found("thread_not_found", "no such thread"))?;
+    let (cursor, last_message) = cursors(&headers, &query)?;
+    let hub = &state.streams;
+    let mut conn = hub.conn();
+    let key = hub.keys().events(thread_id);
+    let start = match cursor {
+        Some(cursor) => resume_after(&state, &mut conn, thread_id, &key, cursor).await?,
+        None => follow_streaming(&state, &mut conn, thread_id, &key, last_message).await?,
+    };
+    let start = match start {
+        Ok(start) => start,
+        Err(control) => return Ok(control),
+    };
+    let subscription = hub.subscribe(thread_id).await.map_err(unavailable)?;
+    let session = Session {
+        conn,
+        key,
+        db: state.db.clone(),
+        subscription,
+        position: start.after,
+        backlog: VecDeque::new(),
+        caught_up: false,
+        until: start.until,
+        watch: start.watch,
+        linger: start.linger,
+        shutdown: state.shutdown.clone(),
+        finished: false,
+        _open: OpenStream::new(),
+    };
+    Ok(sse(session.into_stream()))
+}
+
+/// The cursor (`Last-Event-ID`, which wins, else `?last_entry_id=`) and `?last_message_id=`.
+fn cursors(
+    headers: &HeaderMap,
+    query: &StreamQuery,
+) -> Result<(Option<EntryId>, Option<MessageId>), ApiError> {
     let cursor = match headers.get("last-event-id") {
         Some(value) => Some(value.to_str().unwrap_or("").to_owned()),
         None => query.last_entry_id.clone(),
@@ -151,97 +189,104 @@ async fn stream_thread(
         .map_err(|_| {
             ApiError::bad_request("invalid_message_id", "last_message_id is not a UUID")
         })?;
-
-    let hub = &state.streams;
-    let mut conn = hub.conn();
-    let key = hub.keys().events(thread_id);
-    let mut linger = None;
-    let (after, until, watch) = if let Some(cursor) = cursor {
-        let retention = events::inspect(&mut conn, hub.keys(), thread_id)
-            .await
-            .map_err(unavailable)?;
-        if !retention.retains(cursor) {
-            return Ok(control(
-                "stream_reset",
-                json!({"thread_id": thread_id,
-                "last_entry_id": cursor.to_string()}),
-            ));
-        }
-        let active = runs::find_active(&state.db, thread_id).await?;
-        if active.is_none() {
-            let last = events::last(&mut conn, &key).await.map_err(unavailable)?;
-            let Some(last) = last.filter(|last| last.id > cursor) else {
-                return Ok(control(
-                    "message_not_streaming",
-                    json!({"thread_id": thread_id}),
-                ));
-            };
-            linger = flushing(&state.db, thread_id, &last).await?;
-        }
-        (cursor, Until::AnyDone, active.map(|run| run.id))
-    } else {
-        // Read the end of the stream before asking Postgres, so a message_start written in
-        // between is after `tail` and is replayed.
-        let tail = events::tail(&mut conn, &key)
-            .await
-            .map_err(unavailable)?
-            .unwrap_or_default();
-        let target = match last_message {
-            Some(message) => messages::find_in_thread(&state.db, message, thread_id)
-                .await?
-                .filter(|m| matches!(m.status, MessageStatus::Queued | MessageStatus::Streaming))
-                .and_then(|m| m.workflow_id.map(|run| (m.id, run))),
-            None => runs::find_active(&state.db, thread_id)
-                .await?
-                .map(|run| (run.assistant_message_id, run.id)),
-        };
-        let Some((message, run)) = target else {
-            return Ok(control(
-                "message_not_streaming",
-                json!({"thread_id": thread_id,
-                "message_id": last_message}),
-            ));
-        };
-        let start = events::message_start(&mut conn, hub.keys(), thread_id, message)
-            .await
-            .map_err(unavailable)?;
-        let after = start.map_or(tail, EntryId::predecessor);
-        (after, Until::DoneOf(message.to_string()), Some(run))
-    };
-
-    let subscription = hub.subscribe(thread_id).await.map_err(unavailable)?;
-    let session = Session {
-        conn,
-        key,
-        db: state.db.clone(),
-        subscription,
-        position: after,
-        backlog: VecDeque::new(),
-        caught_up: false,
-        until,
-        watch,
-        linger,
-        shutdown: state.shutdown.clone(),
-        finished: false,
-        _open: OpenStream::new(),
-    };
-    Ok(sse(session.into_stream()))
+    Ok((cursor, last_message))
 }
 
-/// How long after its run finished a stream whose last event is not a `done` is followed: a
-/// worker writes the run's end to Postgres first and publishes `message_end` and `done` after
-/// it, for at most this long. A client resuming in between must get the `done`, not a stream
-/// cut short (spool-bench P2 hit this).
-const FLUSH_WINDOW: Duration = spool_worker::attempt::FLUSH_TIMEOUT;
+/// Where a session starts, when it ends, and what it watches.
+struct Start {
+    /// The entry it sends after.
+    after: EntryId,
+    until: Until,
+    /// The run whose status is checked when the stream goes quiet.
+    watch: Option<WorkflowId>,
+    /// With no run active: until when to wait for a just-finished run's last events.
+    linger: Option<tokio::time::Instant>,
+}
+
+/// A session resuming after `cursor`: every later entry, live until a `done`; or the one
+/// gateway event that answers instead (`stream_reset` for a cursor Redis does not retain,
+/// `message_not_streaming` when nothing follows it).
+async fn resume_after(
+    state: &AppState,
+    conn: &mut RedisConn,
+    thread_id: ThreadId,
+    key: &str,
+    cursor: EntryId,
+) -> Result<Result<Start, Response>, ApiError> {
+    let retention = events::inspect(conn, state.streams.keys(), thread_id)
+        .await
+        .map_err(unavailable)?;
+    if !retention.retains(cursor) {
+        let data = json!({"thread_id": thread_id, "last_entry_id": cursor.to_string()});
+        return Ok(Err(control("stream_reset", data)));
+    }
+    let active = runs::find_active(&state.db, thread_id).await?;
+    let mut linger = None;
+    if active.is_none() {
+        let last = events::last(conn, key).await.map_err(unavailable)?;
+        let Some(last) = last.filter(|last| last.id > cursor) else {
+            let data = json!({"thread_id": thread_id});
+            return Ok(Err(control("message_not_streaming", data)));
+        };
+        linger = flushing(&state.db, thread_id, &last).await?;
+    }
+    Ok(Ok(Start {
+        after: cursor,
+        until: Until::AnyDone,
+        watch: active.map(|run| run.id),
+        linger,
+    }))
+}
+
+/// A session following the message in progress (or `last_message`, if it still streams) from
+/// its `message_start` to its `done`; or `message_not_streaming` when there is none.
+async fn follow_streaming(
+    state: &AppState,
+    conn: &mut RedisConn,
+    thread_id: ThreadId,
+    key: &str,
+    last_message: Option<MessageId>,
+) -> Result<Result<Start, Response>, ApiError> {
+    // Read the end of the stream before asking Postgres, so a message_start written in
+    // between is after `tail` and is replayed.
+    let tail = events::tail(conn, key)
+        .await
+        .map_err(unavailable)?
+        .unwrap_or_default();
+    let target = match last_message {
+        Some(message) => messages::find_in_thread(&state.db, message, thread_id)
+            .await?
+            .filter(|m| matches!(m.status, MessageStatus::Queued | MessageStatus::Streaming))
+            .and_then(|m| m.workflow_id.map(|run| (m.id, run))),
+        None => runs::find_active(&state.db, thread_id)
+            .await?
+            .map(|run| (run.assistant_message_id, run.id)),
+    };
+    let Some((message, run)) = target else {
+        let data = json!({"thread_id": thread_id, "message_id": last_message});
+        return Ok(Err(control("message_not_streaming", data)));
+    };
+    let start = events::message_start(conn, state.streams.keys(), thread_id, message)
+        .await
+        .map_err(unavailable)?;
+    Ok(Ok(Start {
+        after: start.map_or(tail, EntryId::predecessor),
+        until: Until::DoneOf(message.to_string()),
+        watch: Some(run),
+        linger: None,
+    }))
+}
 
 /// With no run active and `last` after the cursor: until when to wait for more events. Only
-/// when `last` is not a `done` and its run (of this thread) changed within [`FLUSH_WINDOW`].
+/// when `last` is not a `done` and its run (of this thread) changed within [`FLUSH_WINDOW`]:
+/// its worker may still be publishing its `message_end` and `done`, and a client resuming in
+/// between must get them, not a stream cut short (spool-bench P2 hit this).
 async fn flushing(
     db: &PgPool,
     thread: ThreadId,
     last: &StoredEvent,
 ) -> Result<Option<tokio::time::Instant>, ApiError> {
-    if last.kind == "done" || last.is_marker() {
+    if last.kind == EventType::Done.as_str() || last.is_marker() {
         return Ok(None);
     }
     let envelope: Value = serde_json::from_str(&last.json).unwrap_or(Value::Null);
@@ -390,7 +435,7 @@ impl Session {
         if entry.is_marker() {
             return None;
         }
-        if entry.kind == "done" {
+        if entry.kind == EventType::Done.as_str() {
             self.finished = match &self.until {
                 Until::AnyDone => true,
                 Until::DoneOf(message) => *message == entry.message_id,

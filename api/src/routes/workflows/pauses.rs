@@ -1,0 +1,231 @@
+//! Answers to a paused run: the client's tool outputs (`requires_action`) and a person's
+//! decision on a tool call (`awaiting_approval`).
+//!
+//! Each answer is one transaction: the run is locked, its unsettled step is edited through the
+//! typed [`SavedStep`](spool_shared::db::steps::SavedStep) (`answer_client`, `decide`), and the
+//! run is re-queued with a NOTIFY; the next attempt settles the step and goes on. A run that is
+//! not waiting for that answer (answered already, cancelled, or never paused) is a 409.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::Value;
+
+use spool_shared::WorkflowId;
+use spool_shared::agent::{AgentSpec, FieldError, RunDefaults, RunOverrides, StepRule, ToolChoice};
+use spool_shared::db::runs::{self, Run};
+use spool_shared::db::steps::{self, AnswerError, DecideError};
+use spool_shared::db::{self, agents};
+use spool_shared::status::RunStatus;
+
+use super::{WorkflowResponse, accepted, current, workflow_not_found};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody, Unauthenticated};
+use crate::extract::{ApiJson, ApiPath};
+
+/// One client tool output.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOutput {
+    /// The call it answers.
+    pub tool_call_id: String,
+    /// The output: a string, or any JSON (sent to the model as JSON text).
+    #[schema(value_type = Value)]
+    pub output: Value,
+}
+
+/// Body of `POST .../tool_outputs`.
+// The overrides are spelled out, not `#[serde(flatten)]`ed from `RunOverrides`: serde cannot
+// combine `flatten` with `deny_unknown_fields`, and an unknown field here must be a 422.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOutputsRequest {
+    /// Every pending call's output.
+    pub tool_outputs: Vec<ToolOutput>,
+    /// The tool choice of the next step.
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    /// The tools offered in the next step.
+    #[serde(default)]
+    pub active_tools: Option<Vec<String>>,
+    /// Rules for later steps (they take precedence over the agent's).
+    #[serde(default)]
+    pub step_rules: Option<Vec<StepRule>>,
+    /// Defaults for the rest of the run.
+    #[serde(default)]
+    pub defaults: Option<RunDefaults>,
+}
+
+fn invalid_overrides(errors: Vec<FieldError>) -> ApiError {
+    ApiError::invalid_fields("invalid_overrides", "the overrides", errors)
+}
+
+fn not_waiting(run: &Run, waits_for: &str) -> ApiError {
+    let message = format!(
+        "the run is {}, not waiting for {waits_for}",
+        run.status.as_str()
+    );
+    ApiError::conflict("run_not_waiting", message).with("status", run.status)
+}
+
+/// Answers a `requires_action` pause with every pending output and re-queues the run.
+///
+/// Partial or unknown tool call ids are a 422; the request may also steer the next steps.
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/{workflow_id}/tool_outputs",
+    tag = "workflows",
+    security(("bearer" = [])),
+    params(("workflow_id" = WorkflowId, Path, description = "The workflow (run).")),
+    request_body = ToolOutputsRequest,
+    responses(
+        (status = 202, description = "The run, queued again.", body = WorkflowResponse),
+        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        Unauthenticated,
+        (status = 404, description = "`workflow_not_found`, `not_found`", body = ErrorBody),
+        (status = 409, description = "`run_not_waiting`, with the run's `status`", body = ErrorBody),
+        (status = 413, description = "`body_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `unknown_tool_call`, `missing_tool_outputs` (with `missing`), `invalid_overrides` (with `errors: [{field, message}]`)", body = ErrorBody),
+    )
+)]
+pub(crate) async fn post_tool_outputs(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<WorkflowId>,
+    ApiJson(request): ApiJson<ToolOutputsRequest>,
+) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+    let mut tx = state.db.begin().await?;
+    let run = runs::find_for_update(&mut *tx, id, &caller.owner)
+        .await?
+        .ok_or_else(workflow_not_found)?;
+    if run.status != RunStatus::RequiresAction {
+        return Err(not_waiting(&run, "tool outputs"));
+    }
+    let step = steps::last_for_update(&mut *tx, id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("a paused run without a saved step"))?;
+    let mut data = step.data.0;
+    let outputs = request
+        .tool_outputs
+        .into_iter()
+        .map(|output| {
+            let text = match output.output {
+                Value::String(text) => text,
+                other => other.to_string(),
+            };
+            (output.tool_call_id, text)
+        })
+        .collect();
+    data.answer_client(outputs).map_err(|err| match err {
+        AnswerError::Unknown(_) => ApiError::unprocessable("unknown_tool_call", err.to_string()),
+        AnswerError::Missing(ref missing) => {
+            ApiError::unprocessable("missing_tool_outputs", err.to_string())
+                .with("missing", missing)
+        }
+    })?;
+    let overrides = RunOverrides {
+        tool_choice: request.tool_choice,
+        active_tools: request.active_tools,
+        step_rules: request.step_rules,
+        defaults: request.defaults,
+    };
+    // Checked against the agent as the worker will load it: a tool the agent does not have
+    // would otherwise fail the run at its next model call, after the outputs were accepted.
+    let agent = match run.agent_id {
+        Some(agent_id) => agents::find(&mut *tx, agent_id, &run.tenant_id)
+            .await?
+            .map(|agent| agent.spec.0),
+        None => Some(AgentSpec::default_agent("default", "")),
+    };
+    // The paused step is settled by these outputs; the next model call is the one after it.
+    let next_step = u32::try_from(step.step).unwrap_or(0).saturating_add(1);
+    // An agent deleted while its run waited fails the run when it resumes, whatever is posted.
+    let errors = agent
+        .as_ref()
+        .map_or_else(Vec::new, |agent| overrides.validate(agent, next_step));
+    if !errors.is_empty() {
+        return Err(invalid_overrides(errors));
+    }
+    // Kept with what earlier pauses of the run posted: their rules and defaults last.
+    let earlier = run.overrides.clone().map(|stored| stored.0);
+    let overrides = overrides.accumulate(earlier, next_step);
+    let clashes = agent.map_or_else(Vec::new, |agent| overrides.clashes(&agent, next_step));
+    if !clashes.is_empty() {
+        return Err(invalid_overrides(clashes));
+    }
+    steps::replace(&mut *tx, id, step.step, &data).await?;
+    if !runs::resume(&mut *tx, id, RunStatus::RequiresAction, Some(&overrides)).await? {
+        return Err(not_waiting(&run, "tool outputs"));
+    }
+    db::notify_runs(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(accepted(current(&state, id, &caller).await?))
+}
+
+/// Body of `POST .../approvals/{tool_call_id}`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRequest {
+    /// Whether the call may be made.
+    pub approved: bool,
+    /// Why (a denial's reason reaches the model).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Decides a pending approval and re-queues the run.
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/{workflow_id}/approvals/{tool_call_id}",
+    tag = "workflows",
+    security(("bearer" = [])),
+    params(
+        ("workflow_id" = WorkflowId, Path, description = "The workflow (run)."),
+        ("tool_call_id" = String, Path, description = "The tool call awaiting approval."),
+    ),
+    request_body = ApprovalRequest,
+    responses(
+        (status = 202, description = "The run, queued again.", body = WorkflowResponse),
+        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        Unauthenticated,
+        (status = 404, description = "`workflow_not_found`, `tool_call_not_found`, `not_found`", body = ErrorBody),
+        (status = 409, description = "`run_not_waiting` (with `status`), `approval_expired`", body = ErrorBody),
+        (status = 413, description = "`body_too_large`", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn post_approval(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, tool_call_id)): ApiPath<(WorkflowId, String)>,
+    ApiJson(request): ApiJson<ApprovalRequest>,
+) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+    let mut tx = state.db.begin().await?;
+    let run = runs::find_for_update(&mut *tx, id, &caller.owner)
+        .await?
+        .ok_or_else(workflow_not_found)?;
+    if run.status != RunStatus::AwaitingApproval {
+        return Err(not_waiting(&run, "an approval"));
+    }
+    let step = steps::last_for_update(&mut *tx, id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("a paused run without a saved step"))?;
+    let mut data = step.data.0;
+    data.decide(&tool_call_id, request.approved, request.reason, Utc::now())
+        .map_err(|err| match err {
+            DecideError::NotPending => ApiError::not_found("tool_call_not_found", err.to_string()),
+            DecideError::Expired => ApiError::conflict("approval_expired", err.to_string()),
+        })?;
+    steps::replace(&mut *tx, id, step.step, &data).await?;
+    if !runs::resume(&mut *tx, id, RunStatus::AwaitingApproval, None).await? {
+        return Err(not_waiting(&run, "an approval"));
+    }
+    db::notify_runs(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(accepted(current(&state, id, &caller).await?))
+}

@@ -1,0 +1,118 @@
+//! The enqueue: a user's message becomes a queued run (invariant 1).
+//!
+//! In the caller's transaction: the thread on first use (if the id is a UUID no one else owns),
+//! the user message, the assistant message that will stream (status `queued`, so its id is
+//! known at once and its content is written exactly once, when the run ends), the run, and a
+//! NOTIFY that wakes the workers when the transaction commits. A `202` therefore means all of it
+//! is committed, and any error before the commit leaves nothing behind. The partial unique index
+//! on active runs refuses a second one on the thread (invariant 2).
+
+use serde_json::{Value, json};
+use sqlx::PgConnection;
+
+use crate::db::runs::{self, NewRun};
+use crate::db::threads::{self, Owner};
+use crate::db::{is_unique_violation, messages, notify_runs};
+use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
+use crate::status::{MessageStatus, Role};
+
+/// A user's message to enqueue.
+#[derive(Clone, Debug)]
+pub struct NewMessage<'a> {
+    /// The thread (created on first use).
+    pub thread_id: ThreadId,
+    /// Who sends it.
+    pub owner: &'a Owner,
+    /// The agent that answers; else the thread's, else the default.
+    pub agent_id: Option<AgentId>,
+    /// What the user said.
+    pub input_text: &'a str,
+    /// Caller-defined metadata of the user message.
+    pub metadata: &'a Value,
+    /// The request's `Idempotency-Key`, if any.
+    pub idempotency_key: Option<&'a str>,
+    /// The request's W3C traceparent, so the worker's attempts join its trace.
+    pub trace_context: Option<&'a str>,
+}
+
+/// What the enqueue made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The run that will answer.
+    pub workflow_id: WorkflowId,
+    /// The stored user message.
+    pub user_message_id: MessageId,
+    /// The assistant message that will stream.
+    pub message_id: MessageId,
+}
+
+/// Why a message was not enqueued (the transaction must be rolled back).
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// The thread belongs to someone else.
+    #[error("no such thread")]
+    ThreadNotFound,
+    /// The thread already has an active run.
+    #[error("the thread already has an active run")]
+    ThreadBusy,
+    /// Postgres failed.
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// Enqueues `message` in the caller's transaction (see the module doc).
+pub async fn enqueue(
+    tx: &mut PgConnection,
+    message: &NewMessage<'_>,
+) -> Result<Enqueued, EnqueueError> {
+    let thread_id = message.thread_id;
+    let thread_agent = threads::ensure_owned(tx, thread_id, message.owner, message.agent_id)
+        .await?
+        .ok_or(EnqueueError::ThreadNotFound)?;
+    let enqueued = Enqueued {
+        workflow_id: WorkflowId::new(),
+        user_message_id: MessageId::new(),
+        message_id: MessageId::new(),
+    };
+    let workflow_id = enqueued.workflow_id;
+    messages::insert(
+        &mut *tx,
+        enqueued.user_message_id,
+        thread_id,
+        Role::User,
+        message.input_text,
+        MessageStatus::Completed,
+        message.metadata,
+        workflow_id,
+    )
+    .await?;
+    messages::insert(
+        &mut *tx,
+        enqueued.message_id,
+        thread_id,
+        Role::Assistant,
+        "",
+        MessageStatus::Queued,
+        &json!({}),
+        workflow_id,
+    )
+    .await?;
+    let run = NewRun {
+        id: workflow_id,
+        thread_id,
+        owner: message.owner,
+        agent_id: message.agent_id.or(thread_agent),
+        user_message_id: enqueued.user_message_id,
+        assistant_message_id: enqueued.message_id,
+        idempotency_key: message.idempotency_key,
+        trace_context: message.trace_context,
+    };
+    if let Err(err) = runs::insert(&mut *tx, &run).await {
+        if is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) {
+            return Err(EnqueueError::ThreadBusy);
+        }
+        return Err(err.into());
+    }
+    notify_runs(&mut *tx).await?;
+    Ok(enqueued)
+}
