@@ -192,3 +192,15 @@ pub fn last_tool_result(request: &Value) -> Option<&str> {
         .find(|m| m["role"] == "tool")?["content"]
         .as_str()
 }
+
+/// An upstream that calls `get_weather(Paris)` first (call id `call_w`), then says what the
+/// tool answered: `Tool said: {output}`.
+pub fn weather_then_echo() -> impl Fn(&Value, usize) -> Reply + Send + Sync + 'static {
+    |request, _| match tool_results_in(request) {
+        0 => tool_calls(&[("call_w", "get_weather", r#"{"city": "Paris"}"#)]),
+        _ => {
+            let output = last_tool_result(request).unwrap_or("?").to_owned();
+            text(&format!("Tool said: {output}"), 1)
+        }
+    }
+}

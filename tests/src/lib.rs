@@ -6,12 +6,14 @@
 //! - [`Process`]: `spool-api` / `spool-worker` as real child processes, with signals.
 //! - [`poll_until`]: waiting for a condition with a deadline, never a bare sleep.
 //! - [`token`]: a signed JWT for a user of a tenant.
+//! - [`fake_llm`]: an upstream speaking the OpenAI wire format; [`tools`]: a tool server.
 //!
 //! Tests are quiet unless `TEST_LOG=1`.
 
 pub mod fake_llm;
 pub mod process;
 pub mod sse;
+pub mod tools;
 
 use std::time::Duration;
 

@@ -150,3 +150,34 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
     assert_eq!(app.db.count("agents").await, 0);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_thread_created_with_an_agent_is_answered_by_it() {
+    let app = TestApp::start(1, worker_args(2, 0)).await;
+    let agent = app
+        .create_agent("acme", &json!({"name": "demo", "model": "demo"}))
+        .await;
+    let alice = token("alice", "acme");
+    let (status, thread) = app
+        .post(&alice, "/v1/threads", &json!({"agent_id": agent}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(thread["agent_id"], agent.as_str());
+    let thread_id = thread["id"].as_str().expect("id");
+    let (status, accepted) = app
+        .post(
+            &alice,
+            &format!("/v1/threads/{thread_id}/user_message"),
+            &json!({"input_text": "hi"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let run = crate::common::finished(&app, &accepted).await;
+    assert_eq!(run["status"], "completed");
+    assert_eq!(
+        run["agent_id"],
+        agent.as_str(),
+        "the thread's agent answered"
+    );
+    app.stop().await;
+}

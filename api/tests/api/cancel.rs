@@ -9,8 +9,9 @@ use uuid::Uuid;
 use spool_tests::fake_llm::{self, FakeLlm};
 use spool_tests::{poll_until, token};
 
-use crate::agent_loop::{Tools, app_with, ask, http_tool};
-use crate::common::{TestApp, worker_args};
+use spool_tests::tools::{Tools, http_tool};
+
+use crate::common::{TestApp, app_with, ask, terminal, worker_args};
 
 async fn cancel(app: &TestApp, accepted: &Value, reason: &str) -> (StatusCode, Value) {
     let workflow = accepted["workflow_id"].as_str().expect("id");
@@ -31,20 +32,6 @@ async fn message(app: &TestApp, accepted: &Value) -> Value {
         )
         .await;
     page["messages"][1].clone()
-}
-
-async fn cancelled(app: &TestApp, accepted: &Value) -> Value {
-    let alice = token("alice", "acme");
-    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
-    poll_until(
-        "the run to be cancelled",
-        Duration::from_secs(10),
-        || async {
-            let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
-            (run["status"] == "cancelled").then_some(run)
-        },
-    )
-    .await
 }
 
 #[tokio::test]
@@ -117,7 +104,7 @@ async fn cancelling_while_the_model_streams_stops_it_and_keeps_the_partial_messa
     .await;
     let (status, _) = cancel(&app, &accepted, "too long").await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let run = cancelled(&app, &accepted).await;
+    let run = app.wait_run(&accepted, |s| s == "cancelled").await;
     assert_eq!(run["status"], "cancelled");
     let message = message(&app, &accepted).await;
     assert_eq!(message["status"], "cancelled");
@@ -172,7 +159,7 @@ async fn cancelling_during_a_tool_call_stops_the_run_at_once() {
     .await;
     let (status, _) = cancel(&app, &accepted, "stuck").await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let run = cancelled(&app, &accepted).await;
+    let run = app.wait_run(&accepted, |s| s == "cancelled").await;
     assert_eq!(
         run["status"], "cancelled",
         "well before the 30 s tool timeout"
@@ -239,7 +226,7 @@ async fn a_cancel_racing_completion_ends_in_exactly_one_terminal_state_that_neve
             .await;
         let (status, _) = cancel(&app, &accepted, "race").await;
         assert_eq!(status, StatusCode::ACCEPTED);
-        let run = finished_or_cancelled(&app, &accepted).await;
+        let run = app.wait_run(&accepted, terminal).await;
         let status = run["status"].as_str().expect("status").to_owned();
         let message = message(&app, &accepted).await;
         assert_eq!(message["status"], status.as_str(), "message and run agree");
@@ -256,18 +243,4 @@ async fn a_cancel_racing_completion_ends_in_exactly_one_terminal_state_that_neve
         outcomes.iter().map(|(_, s)| s.as_str()).collect::<Vec<_>>()
     );
     app.stop().await;
-}
-
-async fn finished_or_cancelled(app: &TestApp, accepted: &Value) -> Value {
-    let alice = token("alice", "acme");
-    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
-    poll_until("a terminal state", Duration::from_secs(10), || async {
-        let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
-        matches!(
-            run["status"].as_str(),
-            Some("completed" | "cancelled" | "failed")
-        )
-        .then_some(run)
-    })
-    .await
 }

@@ -7,12 +7,14 @@ use reqwest::StatusCode;
 use secrecy::SecretString;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use spool_api::auth::JwtKeys;
 use spool_api::gateway::Hub;
 use spool_api::{ApiConfig, AppState};
 use spool_shared::stream::StreamKeys;
-use spool_tests::{JWT_SECRET, TestDb, poll_until};
+use spool_tests::fake_llm::FakeLlm;
+use spool_tests::{JWT_SECRET, TestDb, poll_until, token};
 use spool_worker::WorkerArgs;
 
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
@@ -182,12 +184,36 @@ impl TestApp {
 
     /// Waits until the workflow reaches `status`.
     pub(crate) async fn wait_for_status(&self, token: &str, workflow: &str, status: &str) -> Value {
+        self.poll_run(token, workflow, status, |s| s == status)
+            .await
+    }
+
+    /// Waits until alice's run of `accepted` (a 202 body) has a status `until` accepts.
+    pub(crate) async fn wait_run(&self, accepted: &Value, until: impl Fn(&str) -> bool) -> Value {
+        let workflow = accepted["workflow_id"].as_str().expect("a workflow id");
+        self.poll_run(
+            &token("alice", "acme"),
+            workflow,
+            "the awaited status",
+            until,
+        )
+        .await
+    }
+
+    async fn poll_run(
+        &self,
+        token: &str,
+        workflow: &str,
+        what: &str,
+        until: impl Fn(&str) -> bool,
+    ) -> Value {
         poll_until(
-            &format!("workflow {workflow} to be {status}"),
-            TIMEOUT,
+            &format!("workflow {workflow} to reach {what}"),
+            Duration::from_secs(30),
             || async {
                 let (code, body) = self.get(token, &format!("/v1/workflows/{workflow}")).await;
-                (code == StatusCode::OK && body["status"] == status).then_some(body)
+                let reached = code == StatusCode::OK && body["status"].as_str().is_some_and(&until);
+                reached.then_some(body)
             },
         )
         .await
@@ -230,4 +256,48 @@ impl TestApp {
         while self.workers.join_next().await.is_some() {}
         while self.tasks.join_next().await.is_some() {}
     }
+}
+
+/// Whether a run status is terminal.
+pub(crate) fn terminal(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled")
+}
+
+/// Waits until alice's run of `accepted` has completed or failed.
+pub(crate) async fn finished(app: &TestApp, accepted: &Value) -> Value {
+    app.wait_run(accepted, |s| matches!(s, "completed" | "failed"))
+        .await
+}
+
+/// An API with one in-process worker whose provider is `fake`, allowed to reach tools on
+/// loopback.
+pub(crate) async fn app_with(fake: &FakeLlm) -> TestApp {
+    TestApp::start(
+        1,
+        worker_args_with(
+            1,
+            0,
+            &[
+                "--llm-base-url",
+                &fake.base_url,
+                "--tools-allow-networks",
+                "127.0.0.1/32",
+            ],
+        ),
+    )
+    .await
+}
+
+/// Posts alice's message, answered by `agent`, to a new thread; returns it and the 202 body.
+pub(crate) async fn ask(app: &TestApp, agent: &str, text: &str) -> (Uuid, Value) {
+    let thread = Uuid::new_v4();
+    let (status, accepted) = app
+        .post(
+            &token("alice", "acme"),
+            &format!("/v1/threads/{thread}/user_message"),
+            &json!({"input_text": text, "agent_id": agent}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    (thread, accepted)
 }

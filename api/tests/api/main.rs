@@ -1,11 +1,9 @@
 //! HTTP tests: the real router on `127.0.0.1:0`, real Postgres, workers in the same process.
 
-mod agent_loop;
 mod agents;
 mod cancel;
 mod common;
 mod enqueue;
-mod hooks;
 mod isolation;
 mod metrics;
 mod openapi;

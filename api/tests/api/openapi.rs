@@ -14,8 +14,7 @@ use spool_shared::run::FailureCode;
 use spool_tests::fake_llm::{self, FakeLlm, Reply, tool_results_in};
 use spool_tests::{JWT_SECRET, token, token_with};
 
-use crate::agent_loop::{app_with, ask, finished};
-use crate::common::{TestApp, worker_args};
+use crate::common::{TestApp, app_with, ask, finished, worker_args};
 
 /// Every operation of the API, as `METHOD path`.
 const EXPECTED: &[&str] = &[

@@ -6,25 +6,11 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
+use spool_tests::fake_llm::{self, FakeLlm, tool_results_in, weather_then_echo};
+use spool_tests::tools::{Tools, http_tool};
 use spool_tests::{poll_until, token};
 
-use crate::agent_loop::{Tools, app_with, ask, finished, http_tool};
-use crate::common::{TestApp, worker_args_with};
-
-async fn wait_status(app: &TestApp, accepted: &Value, status: &str) -> Value {
-    let alice = token("alice", "acme");
-    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
-    poll_until(
-        &format!("the run to be {status}"),
-        Duration::from_secs(20),
-        || async {
-            let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
-            (run["status"] == status).then_some(run)
-        },
-    )
-    .await
-}
+use crate::common::{TestApp, app_with, ask, finished, worker_args_with};
 
 fn client_tool() -> Value {
     json!({"type": "client", "name": "read_local_file", "description": "Reads a file on the user's machine",
@@ -53,7 +39,7 @@ async fn a_client_tool_pauses_the_run_survives_a_worker_restart_and_resumes_with
     let (thread, accepted) = ask(&app, &agent, "what is in notes.txt?").await;
     let alice = token("alice", "acme");
     let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
-    let paused = wait_status(&app, &accepted, "requires_action").await;
+    let paused = app.wait_run(&accepted, |s| s == "requires_action").await;
     assert_eq!(paused["pending_action"]["type"], "submit_tool_outputs");
     assert_eq!(
         paused["pending_action"]["tool_calls"][0]["tool_call_id"],
@@ -230,7 +216,7 @@ async fn partial_outputs_are_refused_and_overrides_last_across_later_pauses() {
     let alice = token("alice", "acme");
     let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
     let path = format!("/v1/workflows/{workflow}/tool_outputs");
-    wait_status(&app, &accepted, "requires_action").await;
+    app.wait_run(&accepted, |s| s == "requires_action").await;
 
     let (status, body) = app
         .post(
@@ -351,19 +337,6 @@ async fn approval_app(fake: &FakeLlm, base: &str, timeout_secs: u32) -> (TestApp
     (app, agent)
 }
 
-pub(crate) fn weather_then_echo()
--> impl Fn(&Value, usize) -> fake_llm::Reply + Send + Sync + 'static {
-    |request, _| match tool_results_in(request) {
-        0 => fake_llm::tool_calls(&[("call_w", "get_weather", r#"{"city": "Paris"}"#)]),
-        _ => {
-            let output = fake_llm::last_tool_result(request)
-                .unwrap_or("?")
-                .to_owned();
-            fake_llm::text(&format!("Tool said: {output}"), 1)
-        }
-    }
-}
-
 #[tokio::test]
 async fn an_approved_call_runs_and_a_denied_one_reaches_the_model_as_an_error() {
     let fake = FakeLlm::start(weather_then_echo()).await;
@@ -373,7 +346,7 @@ async fn an_approved_call_runs_and_a_denied_one_reaches_the_model_as_an_error() 
 
     let (thread, accepted) = ask(&app, &agent, "approve me").await;
     let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
-    let paused = wait_status(&app, &accepted, "awaiting_approval").await;
+    let paused = app.wait_run(&accepted, |s| s == "awaiting_approval").await;
     assert_eq!(paused["pending_action"]["tool_call_id"], "call_w");
     assert_eq!(paused["pending_action"]["arguments"]["city"], "Paris");
     assert!(paused["pending_action"]["expires_at"].is_string());
@@ -402,7 +375,7 @@ async fn an_approved_call_runs_and_a_denied_one_reaches_the_model_as_an_error() 
     assert_eq!(tools.calls().len(), 1);
 
     let (_, denied) = ask(&app, &agent, "deny me").await;
-    wait_status(&app, &denied, "awaiting_approval").await;
+    app.wait_run(&denied, |s| s == "awaiting_approval").await;
     let path = format!(
         "/v1/workflows/{}/approvals/call_w",
         denied["workflow_id"].as_str().expect("id")
@@ -437,7 +410,7 @@ async fn an_approval_nobody_answers_counts_as_denied_when_it_expires() {
     let (tools, base) = Tools::start().await;
     let (app, agent) = approval_app(&fake, &base, 1).await;
     let (_, accepted) = ask(&app, &agent, "anyone?").await;
-    wait_status(&app, &accepted, "awaiting_approval").await;
+    app.wait_run(&accepted, |s| s == "awaiting_approval").await;
     // Nobody calls: the system itself picks the run up once the approval expires.
     let run = finished(&app, &accepted).await;
     assert_eq!(run["status"], "completed");
@@ -454,5 +427,43 @@ async fn an_approval_nobody_answers_counts_as_denied_when_it_expires() {
             .is_some_and(|c| c.contains("No one approved")),
         "{tool_message}"
     );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_approval_hook_holds_a_matching_call_until_it_is_approved() {
+    let fake = FakeLlm::start(weather_then_echo()).await;
+    let (tools, base) = Tools::start().await;
+    let app = app_with(&fake).await;
+    let agent = app.create_agent("acme", &json!({"name": "held", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "pre_tool_use", "type": "approval", "matcher": "get_weather", "timeout_secs": 600}]})).await;
+    let (_, accepted) = ask(&app, &agent, "weather?").await;
+    let alice = token("alice", "acme");
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    let paused = poll_until("the approval", Duration::from_secs(10), || async {
+        let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
+        (run["status"] == "awaiting_approval").then_some(run)
+    })
+    .await;
+    let expires: chrono::DateTime<chrono::Utc> = paused["pending_action"]["expires_at"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("expires_at");
+    assert!(
+        expires > chrono::Utc::now() + chrono::Duration::seconds(500),
+        "the hook's timeout applies"
+    );
+    assert!(tools.calls().is_empty());
+    let (status, _) = app
+        .post(
+            &alice,
+            &format!("/v1/workflows/{workflow}/approvals/call_w"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED);
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert_eq!(tools.calls().len(), 1);
     app.stop().await;
 }

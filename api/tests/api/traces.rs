@@ -19,8 +19,10 @@ use uuid::Uuid;
 use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
 use spool_tests::token;
 
-use crate::agent_loop::{Tools, app_with, finished, http_tool};
+use spool_tests::tools::{Tools, http_tool};
+
 use crate::common::{TestApp, worker_args};
+use crate::common::{app_with, finished};
 
 /// The callers' traces (one per test: the tests run side by side) and span.
 const MODEL_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";

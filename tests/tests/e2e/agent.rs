@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
 use spool_tests::{JWT_SECRET, poll_until, token, token_with};
 
-use crate::cluster::{Cluster, TIMEOUT, workflow_id};
+use crate::stack::{Stack, TIMEOUT, workflow_id};
 
 type Calls = Arc<Mutex<Vec<(String, String)>>>;
 
@@ -54,20 +54,20 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
     })
     .await;
     let (calls, base) = tool_server().await;
-    let cluster = Cluster::start().await;
+    let stack = Stack::start().await;
     let llm = [
         ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
         ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
     ];
-    let mut a = cluster.worker(&llm).await;
+    let mut a = stack.worker(&llm).await;
 
     let tools: Vec<Value> = ["t1", "t2", "t3"]
         .iter()
         .map(|name| json!({"type": "http", "name": name, "url": format!("{base}/{name}")}))
         .collect();
-    let response = cluster
+    let response = stack
         .http
-        .post(format!("{}/v1/agents", cluster.base))
+        .post(format!("{}/v1/agents", stack.base))
         .bearer_auth(token_with("root", "acme", true, 3600, JWT_SECRET))
         .json(&json!({"name": "three", "model": "gpt-4o-mini", "tools": tools}))
         .send()
@@ -75,9 +75,9 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
         .expect("agent");
     let agent: Value = response.json().await.expect("json");
     let thread = uuid::Uuid::new_v4();
-    let accepted: Value = cluster
+    let accepted: Value = stack
         .http
-        .post(format!("{}/v1/threads/{thread}/user_message", cluster.base))
+        .post(format!("{}/v1/threads/{thread}/user_message", stack.base))
         .bearer_auth(token("alice", "acme"))
         .json(&json!({"input_text": "run the tools", "agent_id": agent["id"]}))
         .send()
@@ -97,8 +97,8 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
     })
     .await;
     a.kill9().await;
-    let _b = cluster.worker(&llm).await;
-    let run = cluster.wait_run(&accepted, "completed").await;
+    let _b = stack.worker(&llm).await;
+    let run = stack.wait_run(&accepted, "completed").await;
     assert_eq!(run.attempt, 2);
 
     let wf = workflow_id(&accepted);
@@ -125,7 +125,7 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
         "each model call ran once: steps 1-3 before the crash, 4 after"
     );
 
-    let messages = cluster.messages(&accepted).await;
+    let messages = stack.messages(&accepted).await;
     assert_eq!(messages[1].2, "All three tools ran.");
     let parts: (Value,) = sqlx::query_as("SELECT parts FROM messages WHERE id = $1")
         .bind(
@@ -134,7 +134,7 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
                 .and_then(|s| s.parse::<uuid::Uuid>().ok())
                 .expect("id"),
         )
-        .fetch_one(&cluster.db.pool)
+        .fetch_one(&stack.db.pool)
         .await
         .expect("parts");
     let results: Vec<&str> = parts
@@ -148,7 +148,7 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
     assert_eq!(results, ["t1 done", "t2 done", "t3 done"]);
 
     // The stream retracts the cut step and replays its call under the new attempt.
-    let stored = cluster.stored(&json!(thread.to_string())).await;
+    let stored = stack.stored(&json!(thread.to_string())).await;
     let restart = stored
         .iter()
         .position(|(_, e)| e["type"] == "attempt_restarted")

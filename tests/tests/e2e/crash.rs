@@ -4,27 +4,25 @@ use std::time::Instant;
 
 use spool_tests::{poll_until, run_row, token};
 
-use crate::cluster::{Cluster, TIMEOUT, demo_reply, workflow_id};
+use crate::stack::{Stack, TIMEOUT, demo_reply, workflow_id};
 
 /// A run of 40 deltas, 100 ms apart: long enough to interrupt.
 const SLOW: [(&str, &str); 2] = [("SPOOL_DEMO_TOKENS", "40"), ("SPOOL_DEMO_DELAY_MS", "100")];
 
 #[tokio::test]
 async fn a_killed_worker_s_run_is_reclaimed_after_the_lease_and_completes_once() {
-    let cluster = Cluster::start().await;
-    let mut a = cluster.worker(&SLOW).await;
-    let accepted = cluster
+    let stack = Stack::start().await;
+    let mut a = stack.worker(&SLOW).await;
+    let accepted = stack
         .enqueue(&token("alice", "acme"), "survive a crash")
         .await;
-    cluster.wait_streaming(&accepted).await;
+    stack.wait_streaming(&accepted).await;
     a.kill9().await;
     let killed_at = Instant::now();
-    let _b = cluster.worker(&SLOW).await;
+    let _b = stack.worker(&SLOW).await;
     let id = workflow_id(&accepted);
     poll_until("the run to be reclaimed", TIMEOUT, || async {
-        run_row(&cluster.db.pool, id)
-            .await
-            .filter(|r| r.attempt == 2)
+        run_row(&stack.db.pool, id).await.filter(|r| r.attempt == 2)
     })
     .await;
     let reclaim = killed_at.elapsed();
@@ -32,9 +30,9 @@ async fn a_killed_worker_s_run_is_reclaimed_after_the_lease_and_completes_once()
         "reclaim after kill -9 took {:.2} s with a 3 s lease",
         reclaim.as_secs_f64()
     );
-    let run = cluster.wait_run(&accepted, "completed").await;
+    let run = stack.wait_run(&accepted, "completed").await;
     assert_eq!((run.attempt, run.reclaims), (2, 1));
-    let messages = cluster.messages(&accepted).await;
+    let messages = stack.messages(&accepted).await;
     assert_eq!(messages.len(), 2, "exactly one assistant message");
     assert_eq!(messages[1].1, "completed");
     assert_eq!(messages[1].2, demo_reply("survive a crash", 40));
@@ -42,19 +40,17 @@ async fn a_killed_worker_s_run_is_reclaimed_after_the_lease_and_completes_once()
 
 #[tokio::test]
 async fn a_stopped_worker_that_wakes_after_the_takeover_changes_nothing() {
-    let cluster = Cluster::start().await;
-    let a = cluster.worker(&SLOW).await;
-    let accepted = cluster
-        .enqueue(&token("alice", "acme"), "stale writer")
-        .await;
-    cluster.wait_streaming(&accepted).await;
+    let stack = Stack::start().await;
+    let a = stack.worker(&SLOW).await;
+    let accepted = stack.enqueue(&token("alice", "acme"), "stale writer").await;
+    stack.wait_streaming(&accepted).await;
     a.signal("STOP");
-    let b = cluster
+    let b = stack
         .worker(&[("SPOOL_DEMO_TOKENS", "3"), ("SPOOL_DEMO_DELAY_MS", "0")])
         .await;
-    let done = cluster.wait_run(&accepted, "completed").await;
+    let done = stack.wait_run(&accepted, "completed").await;
     assert_eq!(done.attempt, 2);
-    let message_before = cluster.messages(&accepted).await;
+    let message_before = stack.messages(&accepted).await;
     assert_eq!(message_before[1].2, demo_reply("stale writer", 3));
 
     a.signal("CONT");
@@ -64,7 +60,7 @@ async fn a_stopped_worker_that_wakes_after_the_takeover_changes_nothing() {
         || async { a.output().contains("LeaseLost").then_some(()) },
     )
     .await;
-    let after = run_row(&cluster.db.pool, workflow_id(&accepted))
+    let after = run_row(&stack.db.pool, workflow_id(&accepted))
         .await
         .expect("run");
     assert_eq!(
@@ -73,9 +69,9 @@ async fn a_stopped_worker_that_wakes_after_the_takeover_changes_nothing() {
     );
     assert_eq!((after.status.as_str(), after.attempt), ("completed", 2));
     assert_eq!(after.lease_owner, done.lease_owner);
-    assert_eq!(cluster.messages(&accepted).await, message_before);
+    assert_eq!(stack.messages(&accepted).await, message_before);
     // Nor did it publish: after the new attempt's first event, every event is the new attempt's.
-    let stored = cluster.stored(&accepted["thread_id"]).await;
+    let stored = stack.stored(&accepted["thread_id"]).await;
     let takeover = stored
         .iter()
         .position(|(_, e)| e["attempt"] == 2)
@@ -90,19 +86,19 @@ async fn a_stopped_worker_that_wakes_after_the_takeover_changes_nothing() {
 
 #[tokio::test]
 async fn sigterm_lets_a_short_run_finish_and_exits_0() {
-    let cluster = Cluster::start().await;
-    let mut a = cluster
+    let stack = Stack::start().await;
+    let mut a = stack
         .worker(&[
             ("SPOOL_DEMO_TOKENS", "10"),
             ("SPOOL_DEMO_DELAY_MS", "100"),
             ("SPOOL_SHUTDOWN_GRACE_SECS", "15"),
         ])
         .await;
-    let accepted = cluster.enqueue(&token("alice", "acme"), "finish me").await;
-    cluster.wait_streaming(&accepted).await;
+    let accepted = stack.enqueue(&token("alice", "acme"), "finish me").await;
+    stack.wait_streaming(&accepted).await;
     a.signal("TERM");
     assert_eq!(a.wait(TIMEOUT).await, Some(0));
-    let run = run_row(&cluster.db.pool, workflow_id(&accepted))
+    let run = run_row(&stack.db.pool, workflow_id(&accepted))
         .await
         .expect("run");
     assert_eq!((run.status.as_str(), run.attempt), ("completed", 1));
@@ -110,21 +106,19 @@ async fn sigterm_lets_a_short_run_finish_and_exits_0() {
 
 #[tokio::test]
 async fn sigterm_releases_a_long_run_without_burning_an_attempt() {
-    let cluster = Cluster::start().await;
-    let mut a = cluster
+    let stack = Stack::start().await;
+    let mut a = stack
         .worker(&[
             ("SPOOL_DEMO_TOKENS", "200"),
             ("SPOOL_DEMO_DELAY_MS", "100"),
             ("SPOOL_SHUTDOWN_GRACE_SECS", "0.2"),
         ])
         .await;
-    let accepted = cluster
-        .enqueue(&token("alice", "acme"), "hand me over")
-        .await;
-    cluster.wait_streaming(&accepted).await;
+    let accepted = stack.enqueue(&token("alice", "acme"), "hand me over").await;
+    stack.wait_streaming(&accepted).await;
     a.signal("TERM");
     assert_eq!(a.wait(TIMEOUT).await, Some(0));
-    let released = run_row(&cluster.db.pool, workflow_id(&accepted))
+    let released = run_row(&stack.db.pool, workflow_id(&accepted))
         .await
         .expect("run");
     assert_eq!(
@@ -136,10 +130,10 @@ async fn sigterm_releases_a_long_run_without_burning_an_attempt() {
         ("queued", 1, 0)
     );
 
-    let _b = cluster
+    let _b = stack
         .worker(&[("SPOOL_DEMO_TOKENS", "3"), ("SPOOL_DEMO_DELAY_MS", "0")])
         .await;
-    let run = cluster.wait_run(&accepted, "completed").await;
+    let run = stack.wait_run(&accepted, "completed").await;
     assert_eq!(
         (run.attempt, run.reclaims),
         (2, 0),
@@ -149,26 +143,26 @@ async fn sigterm_releases_a_long_run_without_burning_an_attempt() {
 
 #[tokio::test]
 async fn a_run_that_keeps_killing_its_workers_fails_after_the_cap() {
-    let cluster = Cluster::start().await;
+    let stack = Stack::start().await;
     let capped = [SLOW[0], SLOW[1], ("SPOOL_MAX_RECLAIMS", "1")];
-    let accepted = cluster.enqueue(&token("alice", "acme"), "poison").await;
+    let accepted = stack.enqueue(&token("alice", "acme"), "poison").await;
     for crash in 1..=2 {
-        let mut worker = cluster.worker(&capped).await;
+        let mut worker = stack.worker(&capped).await;
         let id = workflow_id(&accepted);
         poll_until("the run to be claimed", TIMEOUT, || async {
-            run_row(&cluster.db.pool, id)
+            run_row(&stack.db.pool, id)
                 .await
                 .filter(|r| r.attempt == crash)
         })
         .await;
-        cluster.wait_streaming(&accepted).await;
+        stack.wait_streaming(&accepted).await;
         worker.kill9().await;
     }
-    let _last = cluster.worker(&capped).await;
-    let run = cluster.wait_run(&accepted, "failed").await;
+    let _last = stack.worker(&capped).await;
+    let run = stack.wait_run(&accepted, "failed").await;
     assert_eq!((run.attempt, run.reclaims), (3, 2));
     let error = run.error.expect("an error");
     assert_eq!(error["code"], "too_many_attempts");
-    let messages = cluster.messages(&accepted).await;
+    let messages = stack.messages(&accepted).await;
     assert_eq!(messages[1].1, "failed");
 }

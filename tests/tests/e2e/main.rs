@@ -3,7 +3,7 @@
 //! database.
 
 mod agent;
-mod cluster;
 mod crash;
 mod queue;
+mod stack;
 mod stream;

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use spool_tests::{poll_until, token};
 
-use crate::cluster::{Cluster, TIMEOUT};
+use crate::stack::{Stack, TIMEOUT};
 
 #[tokio::test]
 async fn every_lease_a_worker_writes_is_the_database_s_now_plus_the_lease() {
-    let cluster = Cluster::start().await;
-    let pool = &cluster.db.pool;
+    let stack = Stack::start().await;
+    let pool = &stack.db.pool;
     // Record, in the same transaction as every write of a lease, the database's own now().
     // A lease the worker computed (its clock plus the lease, bound as a value) could not equal
     // that transaction time plus the lease to the microsecond.
@@ -30,11 +30,11 @@ async fn every_lease_a_worker_writes_is_the_database_s_now_plus_the_lease() {
     .await
     .expect("audit trigger");
     // A worker with a lease of 3 s renewed every 0.5 s, on a run of about 2 s.
-    let _worker = cluster
+    let _worker = stack
         .worker(&[("SPOOL_DEMO_TOKENS", "10"), ("SPOOL_DEMO_DELAY_MS", "200")])
         .await;
-    let accepted = cluster.enqueue(&token("alice", "acme"), "lease me").await;
-    cluster.wait_run(&accepted, "completed").await;
+    let accepted = stack.enqueue(&token("alice", "acme"), "lease me").await;
+    stack.wait_run(&accepted, "completed").await;
 
     let audit: Vec<(i32, i64)> = sqlx::query_as(
         "SELECT attempt, (extract(epoch FROM expires - db_now) * 1e6)::bigint
@@ -58,7 +58,7 @@ async fn every_lease_a_worker_writes_is_the_database_s_now_plus_the_lease() {
 
 #[tokio::test]
 async fn two_workers_complete_200_runs_each_claimed_once() {
-    let cluster = Cluster::start().await;
+    let stack = Stack::start().await;
     let settings = [
         ("SPOOL_DEMO_TOKENS", "3"),
         ("SPOOL_DEMO_DELAY_MS", "0"),
@@ -68,19 +68,19 @@ async fn two_workers_complete_200_runs_each_claimed_once() {
         ("SPOOL_LEASE_SECS", "10"),
         ("SPOOL_HEARTBEAT_SECS", "2"),
     ];
-    let _a = cluster.worker(&settings).await;
-    let _b = cluster.worker(&settings).await;
+    let _a = stack.worker(&settings).await;
+    let _b = stack.worker(&settings).await;
     let alice = token("alice", "acme");
     let mut accepted = Vec::new();
     for batch in 0..10 {
         let requests = (0..20).map(|i| {
             let alice = alice.clone();
-            let cluster = &cluster;
-            async move { cluster.enqueue(&alice, &format!("run {batch}-{i}")).await }
+            let stack = &stack;
+            async move { stack.enqueue(&alice, &format!("run {batch}-{i}")).await }
         });
         accepted.extend(futures::future::join_all(requests).await);
     }
-    let pool = &cluster.db.pool;
+    let pool = &stack.db.pool;
     poll_until("200 runs to complete", Duration::from_secs(90), || async {
         let (done,): (i64,) =
             sqlx::query_as("SELECT count(*) FROM runs WHERE status = 'completed'")
@@ -115,23 +115,23 @@ async fn two_workers_complete_200_runs_each_claimed_once() {
         .fetch_one(pool)
         .await
         .expect("content");
-    assert_eq!(content.0, crate::cluster::demo_reply("run 0-0", 3));
+    assert_eq!(content.0, crate::stack::demo_reply("run 0-0", 3));
 }
 
 #[tokio::test]
 async fn a_worker_serves_metrics_and_health_on_its_own_port() {
-    let cluster = Cluster::start().await;
-    let worker = cluster
+    let stack = Stack::start().await;
+    let worker = stack
         .worker(&[("SPOOL_DEMO_TOKENS", "2"), ("SPOOL_DEMO_DELAY_MS", "0")])
         .await;
     let addr = poll_until("the metrics port to be logged", TIMEOUT, || async {
         worker.logged("metrics and health listening", "addr")
     })
     .await;
-    let accepted = cluster.enqueue(&token("alice", "acme"), "measure me").await;
-    cluster.wait_run(&accepted, "completed").await;
+    let accepted = stack.enqueue(&token("alice", "acme"), "measure me").await;
+    stack.wait_run(&accepted, "completed").await;
     for path in ["/healthz", "/readyz"] {
-        let response = cluster
+        let response = stack
             .http
             .get(format!("http://{addr}{path}"))
             .send()
@@ -139,7 +139,7 @@ async fn a_worker_serves_metrics_and_health_on_its_own_port() {
             .expect("ops");
         assert!(response.status().is_success(), "{path}");
     }
-    let text = cluster
+    let text = stack
         .http
         .get(format!("http://{addr}/metrics"))
         .send()
@@ -159,26 +159,24 @@ async fn a_worker_serves_metrics_and_health_on_its_own_port() {
 async fn a_connection_postgres_dropped_while_idle_is_replaced_before_it_is_used() {
     // Check every checkout, so the test needs no idle wait; the default checks connections
     // idle for over a second, and skips the round trip for connections in steady use.
-    let cluster = Cluster::start_with(
+    let stack = Stack::start_with(
         &spool_tests::redis_url(),
         &[("SPOOL_DB_CHECK_IDLE_SECS", "0")],
     )
     .await;
     let alice = token("alice", "acme");
-    cluster.enqueue(&alice, "warm the pool").await;
+    stack.enqueue(&alice, "warm the pool").await;
     // What a Postgres restart or an idle-connection reaper does to the API's pool.
     let (killed,): (i64,) = sqlx::query_as(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE datname = current_database() AND pid <> pg_backend_pid()) t",
     )
-    .fetch_one(&cluster.db.pool)
+    .fetch_one(&stack.db.pool)
     .await
     .expect("terminate");
     assert!(killed >= 1, "the API had connections to drop");
     // Every request after it succeeds: no dead connection is handed to a query.
     for i in 0..5 {
-        cluster
-            .enqueue(&alice, &format!("after the drop {i}"))
-            .await;
+        stack.enqueue(&alice, &format!("after the drop {i}")).await;
     }
 }

@@ -10,7 +10,7 @@ use spool_shared::{MessageId, ThreadId, WorkflowId};
 use spool_tests::sse::{Frame, SseReader};
 use spool_tests::{poll_until, token};
 
-use crate::cluster::{Cluster, TIMEOUT, connections_to_port, demo_reply};
+use crate::stack::{Stack, TIMEOUT, connections_to_port, demo_reply};
 
 const READ: Duration = Duration::from_secs(15);
 
@@ -29,12 +29,12 @@ fn shown_text(frames: &[Frame]) -> String {
 
 #[tokio::test]
 async fn a_client_sees_attempt_restarted_then_the_whole_message_when_its_worker_is_killed() {
-    let cluster = Cluster::start().await;
+    let stack = Stack::start().await;
     let slow = [("SPOOL_DEMO_TOKENS", "40"), ("SPOOL_DEMO_DELAY_MS", "100")];
-    let mut a = cluster.worker(&slow).await;
+    let mut a = stack.worker(&slow).await;
     let alice = token("alice", "acme");
-    let accepted = cluster.enqueue(&alice, "crash mid-stream").await;
-    let mut reader = SseReader::new(cluster.stream(&alice, &accepted["thread_id"], None).await);
+    let accepted = stack.enqueue(&alice, "crash mid-stream").await;
+    let mut reader = SseReader::new(stack.stream(&alice, &accepted["thread_id"], None).await);
     let mut frames = Vec::new();
     while frames
         .iter()
@@ -45,7 +45,7 @@ async fn a_client_sees_attempt_restarted_then_the_whole_message_when_its_worker_
         frames.push(reader.next(READ).await.expect("an event before the crash"));
     }
     a.kill9().await;
-    let _b = cluster.worker(&slow).await;
+    let _b = stack.worker(&slow).await;
     frames.extend(reader.collect(Duration::from_secs(20)).await);
     assert_eq!(frames.last().map(|f| f.event.as_str()), Some("done"));
     let restart = frames
@@ -57,7 +57,7 @@ async fn a_client_sees_attempt_restarted_then_the_whole_message_when_its_worker_
         frames[restart..].iter().all(|f| f.json()["attempt"] == 2),
         "no event of the dead attempt after the new attempt's first event"
     );
-    let persisted = cluster.messages(&accepted).await;
+    let persisted = stack.messages(&accepted).await;
     assert_eq!(shown_text(&frames), persisted[1].2);
     assert_eq!(persisted[1].2, demo_reply("crash mid-stream", 40));
 }
@@ -121,18 +121,18 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
 
 #[tokio::test]
 async fn five_hundred_clients_resuming_at_random_each_get_every_event_once_in_order() {
-    let cluster = Cluster::start().await;
+    let stack = Stack::start().await;
     let alice = token("alice", "acme");
     let mut runs = Vec::new();
     for i in 0..20 {
-        runs.push(cluster.enqueue(&alice, &format!("thread {i}")).await);
+        runs.push(stack.enqueue(&alice, &format!("thread {i}")).await);
     }
     // The worker starts once every client is connected, so each sees its run from the start.
     let connected = std::sync::atomic::AtomicUsize::new(0);
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let sampler = {
         let peak = peak.clone();
-        let pid = cluster.api_pid;
+        let pid = stack.api_pid;
         tokio::spawn(async move {
             loop {
                 let now = connections_to_port(pid, 6379);
@@ -143,7 +143,7 @@ async fn five_hundred_clients_resuming_at_random_each_get_every_event_once_in_or
     };
     let clients = (0..500).map(|i| {
         let thread = runs[i % 20]["thread_id"].clone();
-        let cluster = &cluster;
+        let stack = &stack;
         let alice = alice.clone();
         let connected = &connected;
         async move {
@@ -159,7 +159,7 @@ async fn five_hundred_clients_resuming_at_random_each_get_every_event_once_in_or
             let mut reconnects = 0;
             loop {
                 let cursor = got.last().and_then(|f| f.id.clone());
-                let response = cluster.stream(&alice, &thread, cursor.as_deref()).await;
+                let response = stack.stream(&alice, &thread, cursor.as_deref()).await;
                 assert_eq!(response.status(), reqwest::StatusCode::OK);
                 if reconnects == 0 {
                     connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -189,7 +189,7 @@ async fn five_hundred_clients_resuming_at_random_each_get_every_event_once_in_or
             (connected.load(std::sync::atomic::Ordering::Relaxed) == 500).then_some(())
         })
         .await;
-        cluster
+        stack
             .worker(&[
                 ("SPOOL_DEMO_TOKENS", "60"),
                 ("SPOOL_DEMO_DELAY_MS", "25"),
@@ -201,7 +201,7 @@ async fn five_hundred_clients_resuming_at_random_each_get_every_event_once_in_or
     let mut total_reconnects = 0;
     for (thread, frames, reconnects) in &results {
         total_reconnects += reconnects;
-        let stored = cluster.stored(thread).await;
+        let stored = stack.stored(thread).await;
         let start = stored
             .iter()
             .position(|(_, e)| e["type"] == "message_start")
@@ -282,24 +282,24 @@ async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recover
             .ok()
     })
     .await;
-    let cluster = Cluster::start_with_redis(&url).await;
+    let stack = Stack::start_with_redis(&url).await;
     // Runs of about a second: long enough for a client to connect while one streams.
-    let _worker = cluster
+    let _worker = stack
         .worker(&[("SPOOL_DEMO_TOKENS", "40"), ("SPOOL_DEMO_DELAY_MS", "25")])
         .await;
     let alice = token("alice", "acme");
 
     redis.kill();
     let started = Instant::now();
-    let accepted = cluster.enqueue(&alice, "while redis is down").await;
-    cluster.wait_run(&accepted, "completed").await;
-    let messages = cluster.messages(&accepted).await;
+    let accepted = stack.enqueue(&alice, "while redis is down").await;
+    stack.wait_run(&accepted, "completed").await;
+    let messages = stack.messages(&accepted).await;
     assert_eq!(
         messages[1].2,
         demo_reply("while redis is down", 40),
         "the message is persisted"
     );
-    let response = cluster.stream(&alice, &accepted["thread_id"], None).await;
+    let response = stack.stream(&alice, &accepted["thread_id"], None).await;
     assert_eq!(response.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
     assert!(response.headers().contains_key("retry-after"));
     let body: Value = response.json().await.expect("json");
@@ -311,12 +311,12 @@ async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recover
 
     let _redis = OwnRedis::start(redis.port);
     poll_until("the gateway to recover", TIMEOUT, || async {
-        let response = cluster.stream(&alice, &accepted["thread_id"], None).await;
+        let response = stack.stream(&alice, &accepted["thread_id"], None).await;
         (response.status() == reqwest::StatusCode::OK).then_some(())
     })
     .await;
-    let next = cluster.enqueue(&alice, "after the outage").await;
-    let frames = SseReader::new(cluster.stream(&alice, &next["thread_id"], None).await)
+    let next = stack.enqueue(&alice, "after the outage").await;
+    let frames = SseReader::new(stack.stream(&alice, &next["thread_id"], None).await)
         .collect(READ)
         .await;
     assert_eq!(

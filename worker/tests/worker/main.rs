@@ -1,6 +1,10 @@
-//! Worker tests: the provider client against recorded OpenAI transcripts, tools against real
-//! local servers (HTTP, MCP), the network policy.
+//! Worker tests: the agent loop driven one run at a time (`run_next`) against a fake upstream
+//! and real local tool and hook servers, the provider client against recorded OpenAI
+//! transcripts, tools against real local servers (HTTP, MCP), the network policy.
 
+mod agent_loop;
+mod harness;
+mod hooks;
 mod mcp;
 mod provider;
 mod ssrf;

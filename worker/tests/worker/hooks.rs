@@ -1,4 +1,5 @@
-//! Hooks: every kind (http, rule, approval) and event, and fail-open.
+//! Hooks: every kind (http, rule) and event, and fail-open. (Approval hooks, answered over the
+//! API, are tested with the other pauses in the API's tests.)
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,11 +10,11 @@ use axum::http::StatusCode as AxumStatus;
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use spool_tests::fake_llm::{self, FakeLlm};
-use spool_tests::{poll_until, token};
+use spool_tests::fake_llm::{self, FakeLlm, weather_then_echo};
+use spool_tests::poll_until;
+use spool_tests::tools::{Tools, http_tool};
 
-use crate::agent_loop::{Tools, app_with, ask, finished, http_tool};
-use crate::pauses::weather_then_echo;
+use crate::harness::Harness;
 
 type Decide = Arc<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
 
@@ -75,23 +76,22 @@ fn last_tool_message(fake: &FakeLlm) -> String {
 async fn a_deny_rule_blocks_the_call_and_the_model_sees_why() {
     let fake = weather_model().await;
     let (tools, base) = Tools::start().await;
-    let app = app_with(&fake).await;
-    let agent = app.create_agent("acme", &json!({"name": "ruled", "model": "gpt-4o-mini",
+    let app = Harness::start(&fake).await;
+    let agent = app.create_agent(&json!({"name": "ruled", "model": "gpt-4o-mini",
         "tools": [http_tool("get_weather", format!("{base}/weather"))],
         "hooks": [
             {"event": "pre_tool_use", "type": "rule", "matcher": "get_.*", "message": "Paris is off limits",
              "conditions": [{"argument": "city", "operator": "starts_with", "value": "Par"}]},
             {"event": "pre_tool_use", "type": "rule", "message": "never reached",
              "conditions": [{"argument": "city", "operator": "in", "value": ["Paris"]}]}]})).await;
-    let (_, accepted) = ask(&app, &agent, "weather?").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "weather?").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     assert!(tools.calls().is_empty(), "the denied call was not made");
     let seen = last_tool_message(&fake);
     assert!(
         seen.contains("Paris is off limits") && !seen.contains("never reached"),
         "{seen}"
     );
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -110,13 +110,13 @@ async fn http_hooks_rewrite_arguments_and_results() {
         _ => (200, json!({"decision": "allow"})),
     })
     .await;
-    let app = app_with(&fake).await;
-    let agent = app.create_agent("acme", &json!({"name": "rewrite", "model": "gpt-4o-mini",
+    let app = Harness::start(&fake).await;
+    let agent = app.create_agent(&json!({"name": "rewrite", "model": "gpt-4o-mini",
         "tools": [http_tool("get_weather", format!("{base}/weather"))],
         "hooks": [{"event": "pre_tool_use", "type": "http", "url": hook},
                   {"event": "post_tool_use", "type": "http", "url": hook, "matcher": "get_weather"}]})).await;
-    let (_, accepted) = ask(&app, &agent, "weather?").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "weather?").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     assert_eq!(
         tools.calls()[0].2,
         json!({"city": "Lyon"}),
@@ -134,7 +134,6 @@ async fn http_hooks_rewrite_arguments_and_results() {
             .as_str()
             .is_some_and(|o| o.contains("sunny in Lyon"))
     );
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -163,16 +162,16 @@ async fn an_http_hook_can_deny_a_call_and_one_that_hangs_is_passed_over_at_its_t
     tokio::spawn(async move {
         let _ = axum::serve(hanging, slow).await;
     });
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
 
     // The hanging hook comes first: after its 1 s it is passed over, and the deny still holds.
-    let agent = app.create_agent("acme", &json!({"name": "guarded", "model": "gpt-4o-mini",
+    let agent = app.create_agent(&json!({"name": "guarded", "model": "gpt-4o-mini",
         "tools": [http_tool("get_weather", format!("{base}/weather"))],
         "hooks": [{"event": "pre_tool_use", "type": "http", "url": hanging_url, "timeout_secs": 1},
                   {"event": "pre_tool_use", "type": "http", "url": deny, "matcher": "get_weather"}]})).await;
     let started = std::time::Instant::now();
-    let (_, accepted) = ask(&app, &agent, "weather?").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "weather?").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     assert!(
         // Ignoring its timeout would hold the run for the tool client's 30 s or the hook's 60.
         started.elapsed() < Duration::from_secs(15),
@@ -188,17 +187,16 @@ async fn an_http_hook_can_deny_a_call_and_one_that_hangs_is_passed_over_at_its_t
     assert_eq!(seen.lock().expect("lock")[0]["tool_name"], "get_weather");
 
     // Alone, the hanging hook fails open: the call is made.
-    let agent = app.create_agent("acme", &json!({"name": "slow", "model": "gpt-4o-mini",
+    let agent = app.create_agent(&json!({"name": "slow", "model": "gpt-4o-mini",
         "tools": [http_tool("get_weather", format!("{base}/weather"))],
         "hooks": [{"event": "pre_tool_use", "type": "http", "url": hanging_url, "timeout_secs": 1}]})).await;
-    let (_, accepted) = ask(&app, &agent, "weather?").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "weather?").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     assert_eq!(
         tools.calls().len(),
         1,
         "a hook past its timeout allows the call"
     );
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -209,16 +207,15 @@ async fn failing_or_dead_http_hooks_fail_open() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("port");
-    let app = app_with(&fake).await;
-    let agent = app.create_agent("acme", &json!({"name": "open", "model": "gpt-4o-mini",
+    let app = Harness::start(&fake).await;
+    let agent = app.create_agent(&json!({"name": "open", "model": "gpt-4o-mini",
         "tools": [http_tool("get_weather", format!("{base}/weather"))],
         "hooks": [{"event": "pre_tool_use", "type": "http", "url": broken},
                   {"event": "pre_tool_use", "type": "http", "url": format!("http://{dead}/hook"), "timeout_secs": 1},
                   {"event": "on_run_start", "type": "http", "url": broken}]})).await;
-    let (_, accepted) = ask(&app, &agent, "weather?").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "weather?").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     assert_eq!(tools.calls().len(), 1, "a failing hook allows the call");
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -235,23 +232,19 @@ async fn on_run_start_can_block_the_run_before_any_model_call() {
         }
     })
     .await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "gate", "model": "gpt-4o-mini",
-        "hooks": [{"event": "on_run_start", "type": "http", "url": hook}]}),
-        )
+        .create_agent(&json!({"name": "gate", "model": "gpt-4o-mini",
+        "hooks": [{"event": "on_run_start", "type": "http", "url": hook}]}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "forbidden topic").await;
-    let run = finished(&app, &accepted).await;
+    let (_, accepted) = app.ask(&agent, "forbidden topic").await;
+    let run = app.finished(&accepted).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["error"]["code"], "blocked_by_hook");
     assert_eq!(run["error"]["message"], "topic not allowed");
     assert!(fake.requests().is_empty());
-    let (_, allowed) = ask(&app, &agent, "fine topic").await;
-    assert_eq!(finished(&app, &allowed).await["status"], "completed");
-    app.stop().await;
+    let (_, allowed) = app.ask(&agent, "fine topic").await;
+    assert_eq!(app.finished(&allowed).await["status"], "completed");
 }
 
 #[tokio::test]
@@ -278,60 +271,44 @@ async fn pre_response_rewrites_or_blocks_the_final_text_before_anyone_sees_it() 
         }
     })
     .await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "filter", "model": "gpt-4o-mini",
-        "hooks": [{"event": "pre_response", "type": "http", "url": hook}]}),
-        )
+        .create_agent(&json!({"name": "filter", "model": "gpt-4o-mini",
+        "hooks": [{"event": "pre_response", "type": "http", "url": hook}]}))
         .await;
-    let (thread, accepted) = ask(&app, &agent, "q1").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
-    let key = app.keys.events(spool_shared::ThreadId(thread));
-    let stored =
-        spool_shared::stream::read_after(&mut app.streams.conn(), &key, Default::default(), 1000)
-            .await
-            .expect("xrange");
-    let streamed: String = stored
+    let (thread, accepted) = app.ask(&agent, "q1").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
+    let streamed: String = app
+        .events(thread)
+        .await
         .iter()
-        .filter(|e| e.kind == "text_delta")
-        .filter_map(|e| serde_json::from_str::<Value>(&e.json).ok())
-        .filter_map(|e| e["data"]["delta"].as_str().map(str::to_owned))
+        .filter(|e| e.event == "text_delta")
+        .filter_map(|e| e.json()["data"]["delta"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(
         streamed, "[redacted] answer to q1",
         "the original text never went out"
     );
-    let (_, page) = app
-        .get(
-            &token("alice", "acme"),
-            &format!("/v1/threads/{thread}/messages"),
-        )
-        .await;
+    let page = app.messages(thread).await;
     assert_eq!(page["messages"][1]["content"], "[redacted] answer to q1");
 
-    let (_, blocked) = ask(&app, &agent, "block me").await;
-    let run = finished(&app, &blocked).await;
+    let (_, blocked) = app.ask(&agent, "block me").await;
+    let run = app.finished(&blocked).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["error"]["code"], "response_blocked");
-    app.stop().await;
 }
 
 #[tokio::test]
 async fn on_run_complete_is_told_how_the_run_ended() {
     let fake = FakeLlm::start(|_, _| fake_llm::text("all done", 1)).await;
     let (seen, hook) = hook_server(|_| (200, json!({}))).await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "notify", "model": "gpt-4o-mini",
-        "hooks": [{"event": "on_run_complete", "type": "http", "url": hook}]}),
-        )
+        .create_agent(&json!({"name": "notify", "model": "gpt-4o-mini",
+        "hooks": [{"event": "on_run_complete", "type": "http", "url": hook}]}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "hi").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "hi").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     let event = poll_until("the completion hook", Duration::from_secs(10), || async {
         seen.lock().expect("lock").first().cloned()
     })
@@ -340,43 +317,4 @@ async fn on_run_complete_is_told_how_the_run_ended() {
     assert_eq!(event["status"], "completed");
     assert_eq!(event["content"], "all done");
     assert_eq!(event["workflow_id"], accepted["workflow_id"]);
-    app.stop().await;
-}
-
-#[tokio::test]
-async fn an_approval_hook_holds_a_matching_call_until_it_is_approved() {
-    let fake = weather_model().await;
-    let (tools, base) = Tools::start().await;
-    let app = app_with(&fake).await;
-    let agent = app.create_agent("acme", &json!({"name": "held", "model": "gpt-4o-mini",
-        "tools": [http_tool("get_weather", format!("{base}/weather"))],
-        "hooks": [{"event": "pre_tool_use", "type": "approval", "matcher": "get_weather", "timeout_secs": 600}]})).await;
-    let (_, accepted) = ask(&app, &agent, "weather?").await;
-    let alice = token("alice", "acme");
-    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
-    let paused = poll_until("the approval", Duration::from_secs(10), || async {
-        let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
-        (run["status"] == "awaiting_approval").then_some(run)
-    })
-    .await;
-    let expires: chrono::DateTime<chrono::Utc> = paused["pending_action"]["expires_at"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .expect("expires_at");
-    assert!(
-        expires > chrono::Utc::now() + chrono::Duration::seconds(500),
-        "the hook's timeout applies"
-    );
-    assert!(tools.calls().is_empty());
-    let (status, _) = app
-        .post(
-            &alice,
-            &format!("/v1/workflows/{workflow}/approvals/call_w"),
-            &json!({"approved": true}),
-        )
-        .await;
-    assert_eq!(status, reqwest::StatusCode::ACCEPTED);
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
-    assert_eq!(tools.calls().len(), 1);
-    app.stop().await;
 }

@@ -1,122 +1,19 @@
-//! The agent loop end to end through the real API, worker and stream, against a fake upstream
-//! speaking the OpenAI wire format and a real local HTTP tool server.
+//! The agent loop through the real worker, Postgres and Redis, against a fake upstream
+//! speaking the OpenAI wire format and a real local HTTP tool server: tool steps, step rules,
+//! stop conditions, doom loops, truncation, retries, continuations, concurrency, MCP fail-open.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::routing::post;
-use reqwest::StatusCode;
-use serde_json::{Value, json};
-use uuid::Uuid;
+use serde_json::json;
 
 use spool_tests::fake_llm::{self, FakeLlm, Reply, tool_results_in};
 use spool_tests::sse::Frame;
-use spool_tests::token;
+use spool_tests::tools::{Tools, http_tool};
 
-use crate::common::{TestApp, worker_args_with};
-
-/// A tool server: records every request (path, idempotency key, body) and answers by path.
-#[derive(Clone, Default)]
-pub(crate) struct Tools {
-    calls: Arc<Mutex<Vec<(String, String, Value)>>>,
-}
-
-impl Tools {
-    pub(crate) async fn start() -> (Self, String) {
-        let tools = Self::default();
-        let record = |path: &'static str| {
-            move |State(tools): State<Tools>, headers: HeaderMap, Json(body): Json<Value>| async move {
-                let key = headers
-                    .get("idempotency-key")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned();
-                tools
-                    .calls
-                    .lock()
-                    .expect("lock")
-                    .push((path.to_owned(), key, body.clone()));
-                match path {
-                    "weather" => json!({"forecast": format!("sunny in {}", body["city"].as_str().unwrap_or("?")),
-                        "citations": [{"title": "Weather service", "url": "https://weather.example/paris", "snippet": "Sunny"}]}).to_string(),
-                    "big" => "z".repeat(60_000),
-                    "hang" => {
-                        std::future::pending::<()>().await;
-                        String::new()
-                    }
-                    _ => "ok".to_owned(),
-                }
-            }
-        };
-        let app = axum::Router::new()
-            .route("/weather", post(record("weather")))
-            .route("/big", post(record("big")))
-            .route("/finish", post(record("finish")))
-            .route("/hang", post(record("hang")))
-            .with_state(tools.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        (tools, base)
-    }
-
-    pub(crate) fn calls(&self) -> Vec<(String, String, Value)> {
-        self.calls.lock().expect("lock").clone()
-    }
-}
-
-pub(crate) fn http_tool(name: &str, url: String) -> Value {
-    json!({"type": "http", "name": name, "description": format!("the {name} tool"), "url": url,
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}})
-}
-
-pub(crate) async fn app_with(fake: &FakeLlm) -> TestApp {
-    TestApp::start(
-        1,
-        worker_args_with(
-            1,
-            0,
-            &[
-                "--llm-base-url",
-                &fake.base_url,
-                "--tools-allow-networks",
-                "127.0.0.1/32",
-            ],
-        ),
-    )
-    .await
-}
-
-/// Posts a message answered by `agent`; returns the 202 body.
-pub(crate) async fn ask(app: &TestApp, agent: &str, text: &str) -> (Uuid, Value) {
-    let thread = Uuid::new_v4();
-    let (status, accepted) = app
-        .post(
-            &token("alice", "acme"),
-            &format!("/v1/threads/{thread}/user_message"),
-            &json!({"input_text": text, "agent_id": agent}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
-    (thread, accepted)
-}
-
-pub(crate) async fn finished(app: &TestApp, accepted: &Value) -> Value {
-    let alice = token("alice", "acme");
-    let workflow = accepted["workflow_id"].as_str().expect("id");
-    spool_tests::poll_until("the run to finish", Duration::from_secs(30), || async {
-        let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
-        matches!(run["status"].as_str(), Some("completed" | "failed")).then_some(run)
-    })
-    .await
-}
+use crate::harness::Harness;
 
 #[tokio::test]
 async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
@@ -126,20 +23,13 @@ async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
     })
     .await;
     let (tools, base) = Tools::start().await;
-    let app = app_with(&fake).await;
-    let agent = app.create_agent("acme", &json!({"name": "weather", "model": "gpt-4o-mini",
+    let app = Harness::start(&fake).await;
+    let agent = app.create_agent(&json!({"name": "weather", "model": "gpt-4o-mini",
         "instructions": "Answer with the weather.", "tools": [http_tool("get_weather", format!("{base}/weather"))]})).await;
-    let (thread, accepted) = ask(&app, &agent, "Weather in Paris?").await;
-    let alice = token("alice", "acme");
-    // The fake model answers at once, so the run may be over before a live subscriber could
-    // connect: wait for it, then replay the whole stream.
-    let run = finished(&app, &accepted).await;
+    let (thread, accepted) = app.ask(&agent, "Weather in Paris?").await;
+    let run = app.finished(&accepted).await;
     assert_eq!(run["status"], "completed");
-    let frames: Vec<Frame> = app
-        .replay_all(&alice, thread)
-        .await
-        .collect(Duration::from_secs(15))
-        .await;
+    let frames: Vec<Frame> = app.events(thread).await;
     let kinds: Vec<&str> = frames
         .iter()
         .map(|f| f.event.as_str())
@@ -163,9 +53,7 @@ async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
         ["text_end", "citations", "message_end", "done"]
     );
 
-    let (_, page) = app
-        .get(&alice, &format!("/v1/threads/{thread}/messages"))
-        .await;
+    let page = app.messages(thread).await;
     let message = &page["messages"][1];
     assert_eq!(message["content"], "It is sunny in Paris.");
     let part_types: Vec<&str> = message["parts"]
@@ -204,7 +92,6 @@ async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
     assert_eq!(requests[0]["messages"][1]["content"], "Weather in Paris?");
     assert_eq!(requests[1]["messages"][2]["tool_calls"][0]["id"], "call_1");
     assert_eq!(requests[1]["messages"][3]["role"], "tool");
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -222,13 +109,13 @@ async fn tool_choice_and_step_rules_reach_the_request_and_the_last_step_has_no_t
     })
     .await;
     let (_, base) = Tools::start().await;
-    let app = app_with(&fake).await;
-    let agent = app.create_agent("acme", &json!({"name": "rules", "model": "gpt-4o-mini", "max_steps": 3,
+    let app = Harness::start(&fake).await;
+    let agent = app.create_agent(&json!({"name": "rules", "model": "gpt-4o-mini", "max_steps": 3,
         "tool_choice": "required",
         "tools": [http_tool("get_weather", format!("{base}/weather")), http_tool("big", format!("{base}/big"))],
         "step_rules": [{"step": 2, "tool_choice": "get_weather", "active_tools": ["get_weather"]}]})).await;
-    let (_, accepted) = ask(&app, &agent, "go").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "go").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     let requests = fake.requests();
     assert_eq!(requests.len(), 3);
     assert_eq!(requests[0]["tool_choice"], "required");
@@ -243,31 +130,26 @@ async fn tool_choice_and_step_rules_reach_the_request_and_the_last_step_has_no_t
         "tools are withheld on the last step"
     );
     assert!(requests[2].get("tool_choice").is_none());
-    app.stop().await;
 }
 
 #[tokio::test]
 async fn a_stop_condition_ends_the_run_after_its_tool() {
     let fake = FakeLlm::start(|_, _| fake_llm::tool_calls(&[("c1", "finish", "{}")])).await;
     let (tools, base) = Tools::start().await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "stopper", "model": "gpt-4o-mini",
+        .create_agent(&json!({"name": "stopper", "model": "gpt-4o-mini",
         "tools": [http_tool("finish", format!("{base}/finish"))],
-        "stop_conditions": [{"type": "has_tool_call", "tool_name": "finish"}]}),
-        )
+        "stop_conditions": [{"type": "has_tool_call", "tool_name": "finish"}]}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "stop").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "stop").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     assert_eq!(
         fake.requests().len(),
         1,
         "no model call after the stop condition held"
     );
     assert_eq!(tools.calls().len(), 1);
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -277,16 +159,13 @@ async fn the_same_call_three_times_in_a_row_fails_the_run_as_a_doom_loop() {
     })
     .await;
     let (tools, base) = Tools::start().await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "loopy", "model": "gpt-4o-mini",
-        "tools": [http_tool("get_weather", format!("{base}/weather"))]}),
-        )
+        .create_agent(&json!({"name": "loopy", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))]}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "loop").await;
-    let run = finished(&app, &accepted).await;
+    let (_, accepted) = app.ask(&agent, "loop").await;
+    let run = app.finished(&accepted).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["error"]["code"], "doom_loop");
     assert!(
@@ -299,7 +178,6 @@ async fn the_same_call_three_times_in_a_row_fails_the_run_as_a_doom_loop() {
         2,
         "the third identical call is not executed"
     );
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -310,16 +188,13 @@ async fn a_huge_tool_result_is_truncated_with_a_marker_before_the_model_sees_it(
     })
     .await;
     let (_, base) = Tools::start().await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "big", "model": "gpt-4o-mini",
-        "tools": [http_tool("big", format!("{base}/big"))]}),
-        )
+        .create_agent(&json!({"name": "big", "model": "gpt-4o-mini",
+        "tools": [http_tool("big", format!("{base}/big"))]}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "read").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "read").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     let seen = fake.requests()[1]["messages"][2]["content"]
         .as_str()
         .expect("tool result")
@@ -330,7 +205,6 @@ async fn a_huge_tool_result_is_truncated_with_a_marker_before_the_model_sees_it(
         &seen[seen.len() - 60..]
     );
     assert_eq!(seen.chars().filter(|c| *c == 'z').count(), 50_000);
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -340,30 +214,29 @@ async fn a_429_with_retry_after_is_retried_after_the_wait_and_succeeds() {
         _ => fake_llm::text("Hello after the wait.", 3),
     })
     .await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent("acme", &json!({"name": "patient", "model": "gpt-4o-mini"}))
+        .create_agent(&json!({"name": "patient", "model": "gpt-4o-mini"}))
         .await;
     let started = Instant::now();
-    let (_, accepted) = ask(&app, &agent, "hi").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "hi").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     assert!(
         started.elapsed() >= Duration::from_secs(1),
         "Retry-After was honoured"
     );
     assert_eq!(fake.requests().len(), 2);
-    app.stop().await;
 }
 
 #[tokio::test]
 async fn a_provider_that_keeps_failing_fails_the_run_with_its_message_after_three_retries() {
     let fake = FakeLlm::start(|_, _| Reply::Status(500, "upstream exploded".into(), None)).await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent("acme", &json!({"name": "doomed", "model": "gpt-4o-mini"}))
+        .create_agent(&json!({"name": "doomed", "model": "gpt-4o-mini"}))
         .await;
-    let (thread, accepted) = ask(&app, &agent, "hi").await;
-    let run = finished(&app, &accepted).await;
+    let (thread, accepted) = app.ask(&agent, "hi").await;
+    let run = app.finished(&accepted).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["error"]["code"], "model_unavailable");
     let message = run["error"]["message"].as_str().expect("message");
@@ -372,29 +245,24 @@ async fn a_provider_that_keeps_failing_fails_the_run_with_its_message_after_thre
         "{message}"
     );
     assert_eq!(fake.requests().len(), 4, "one call and three retries");
-    let frames = app
-        .stream(&token("alice", "acme"), thread, "?last_entry_id=0-0", None)
-        .await
-        .collect(Duration::from_secs(5))
-        .await;
+    let frames = app.events(thread).await;
     let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
     assert!(
         kinds.ends_with(&["error", "message_end", "done"]) || kinds == ["stream_reset"],
         "{kinds:?}"
     );
-    app.stop().await;
 }
 
 #[tokio::test]
 async fn a_client_4xx_fails_at_once_with_the_provider_s_message() {
     let fake =
         FakeLlm::start(|_, _| Reply::Status(400, "Invalid value for 'model'".into(), None)).await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent("acme", &json!({"name": "typo", "model": "gpt-5-nope"}))
+        .create_agent(&json!({"name": "typo", "model": "gpt-5-nope"}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "hi").await;
-    let run = finished(&app, &accepted).await;
+    let (_, accepted) = app.ask(&agent, "hi").await;
+    let run = app.finished(&accepted).await;
     assert_eq!(run["error"]["code"], "model_error");
     assert!(
         run["error"]["message"]
@@ -402,7 +270,6 @@ async fn a_client_4xx_fails_at_once_with_the_provider_s_message() {
             .is_some_and(|m| m.contains("Invalid value for 'model'"))
     );
     assert_eq!(fake.requests().len(), 1, "no retry of a 400");
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -415,12 +282,12 @@ async fn finish_reason_length_is_continued_up_to_three_times() {
         }
     })
     .await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent("acme", &json!({"name": "long", "model": "gpt-4o-mini"}))
+        .create_agent(&json!({"name": "long", "model": "gpt-4o-mini"}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "write a lot").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (thread, accepted) = app.ask(&agent, "write a lot").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     let requests = fake.requests();
     assert_eq!(requests.len(), 4);
     let last = requests[3]["messages"].as_array().expect("messages");
@@ -429,17 +296,8 @@ async fn finish_reason_length_is_continued_up_to_three_times() {
             .and_then(|m| m["content"].as_str())
             .is_some_and(|c| c.starts_with("Continue"))
     );
-    let (_, page) = app
-        .get(
-            &token("alice", "acme"),
-            &format!(
-                "/v1/threads/{}/messages",
-                accepted["thread_id"].as_str().expect("id")
-            ),
-        )
-        .await;
+    let page = app.messages(thread).await;
     assert_eq!(page["messages"][1]["content"], "part0 part1 part2 end.");
-    app.stop().await;
 }
 
 #[tokio::test]
@@ -451,12 +309,12 @@ async fn a_stream_cut_short_before_any_text_is_retried_and_after_text_fails_the_
         _ => fake_llm::text("Whole answer.", 2),
     })
     .await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let agent = app
-        .create_agent("acme", &json!({"name": "flaky", "model": "gpt-4o-mini"}))
+        .create_agent(&json!({"name": "flaky", "model": "gpt-4o-mini"}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "hi").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "hi").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     assert_eq!(fake.requests().len(), 2);
 
     let cut = FakeLlm::start(|_, _| {
@@ -465,12 +323,12 @@ async fn a_stream_cut_short_before_any_text_is_retried_and_after_text_fails_the_
         ])
     })
     .await;
-    let app2 = app_with(&cut).await;
+    let app2 = Harness::start(&cut).await;
     let agent = app2
-        .create_agent("acme", &json!({"name": "cut", "model": "gpt-4o-mini"}))
+        .create_agent(&json!({"name": "cut", "model": "gpt-4o-mini"}))
         .await;
-    let (_, accepted) = ask(&app2, &agent, "hi").await;
-    let run = finished(&app2, &accepted).await;
+    let (_, accepted) = app2.ask(&agent, "hi").await;
+    let run = app2.finished(&accepted).await;
     assert_eq!(run["status"], "failed");
     assert!(
         run["error"]["message"]
@@ -482,8 +340,6 @@ async fn a_stream_cut_short_before_any_text_is_retried_and_after_text_fails_the_
         1,
         "text was already shown: no silent retry"
     );
-    app.stop().await;
-    app2.stop().await;
 }
 
 #[tokio::test]
@@ -530,57 +386,37 @@ async fn read_only_calls_of_one_step_run_together_and_others_one_at_a_time() {
         _ => fake_llm::text("done", 1),
     })
     .await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     let mut look = http_tool("look", format!("{base}/gate"));
     look["read_only"] = json!(true);
     let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "gate", "model": "gpt-4o-mini",
-        "tools": [look, http_tool("write", format!("{base}/gate"))]}),
-        )
+        .create_agent(&json!({"name": "gate", "model": "gpt-4o-mini",
+        "tools": [look, http_tool("write", format!("{base}/gate"))]}))
         .await;
-    let (_, accepted) = ask(&app, &agent, "go").await;
-    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let (_, accepted) = app.ask(&agent, "go").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
     let seen = gate.seen.lock().expect("lock").clone();
     assert_eq!(seen.len(), 4);
     assert_eq!(&seen[..2], [2, 2], "the read-only calls overlapped");
     assert_eq!(&seen[2..], [1, 1], "the others ran one after the other");
-    app.stop().await;
 }
 
 #[tokio::test]
 async fn a_dead_mcp_server_only_removes_its_tools_and_a_thread_s_agent_answers() {
     let fake = FakeLlm::start(|_, _| fake_llm::text("Answered without MCP.", 2)).await;
-    let app = app_with(&fake).await;
+    let app = Harness::start(&fake).await;
     // Nothing listens on this port: discovery fails, the run goes on without the server's tools.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("port");
     let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "mcp", "model": "gpt-4o-mini",
+        .create_agent(&json!({"name": "mcp", "model": "gpt-4o-mini",
         "tools": [{"type": "mcp", "name": "gh", "url": format!("http://{dead}/mcp")},
-                  http_tool("get_weather", "http://127.0.0.1:9/weather".into())]}),
-        )
+                  http_tool("get_weather", "http://127.0.0.1:9/weather".into())]}))
         .await;
-    let alice = token("alice", "acme");
-    let (status, thread) = app
-        .post(&alice, "/v1/threads", &json!({"agent_id": agent}))
-        .await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(thread["agent_id"], agent.as_str());
-    let thread_id = thread["id"].as_str().expect("id");
-    let (status, accepted) = app
-        .post(
-            &alice,
-            &format!("/v1/threads/{thread_id}/user_message"),
-            &json!({"input_text": "hi"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::ACCEPTED);
-    let run = finished(&app, &accepted).await;
+    let thread = app.thread_with(&agent).await;
+    let accepted = app.send(thread, None, "hi").await;
+    let run = app.finished(&accepted).await;
     assert_eq!(run["status"], "completed");
     assert_eq!(
         run["agent_id"],
@@ -599,5 +435,4 @@ async fn a_dead_mcp_server_only_removes_its_tools_and_a_thread_s_agent_answers()
         ["get_weather"],
         "only the dead server's tools are gone"
     );
-    app.stop().await;
 }

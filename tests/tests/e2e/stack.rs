@@ -8,7 +8,7 @@ use spool_tests::{Process, TestDb, poll_until};
 
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
 
-pub(crate) struct Cluster {
+pub(crate) struct Stack {
     pub(crate) db: TestDb,
     pub(crate) redis_url: String,
     pub(crate) prefix: String,
@@ -26,7 +26,7 @@ fn backing<'a>(db: &'a TestDb, redis_url: &'a str, prefix: &'a str) -> Backing<'
     }
 }
 
-impl Cluster {
+impl Stack {
     /// Starts the API (no embedded workers) on a fresh database and the test Redis.
     pub(crate) async fn start() -> Self {
         Self::start_with_redis(&spool_tests::redis_url()).await
@@ -60,7 +60,7 @@ impl Cluster {
         }
     }
 
-    /// Starts a worker process with these settings on top of the cluster's database.
+    /// Starts a worker process with these settings on top of the stack's database.
     pub(crate) async fn worker(&self, settings: &[(&str, &str)]) -> Process {
         let defaults = [
             ("SPOOL_POLL_INTERVAL_MS", "100"),
@@ -142,7 +142,7 @@ impl Cluster {
     }
 }
 
-impl Cluster {
+impl Stack {
     /// Opens the thread's stream as a client would.
     pub(crate) async fn stream(
         &self,

@@ -1,0 +1,73 @@
+//! A real local HTTP tool server for agent tests: it records every call (path, idempotency
+//! key, JSON body) and answers by path: `weather` (a forecast with citations), `big` (60,000
+//! characters), `finish` and anything else (`ok`), `hang` (never answers).
+
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use serde_json::{Value, json};
+
+/// A tool server: records every request (path, idempotency key, body) and answers by path.
+#[derive(Clone, Default)]
+pub struct Tools {
+    calls: Arc<Mutex<Vec<(String, String, Value)>>>,
+}
+
+impl Tools {
+    /// Starts the server on a loopback port; returns it and its base URL.
+    pub async fn start() -> (Self, String) {
+        let tools = Self::default();
+        let record = |path: &'static str| {
+            move |State(tools): State<Tools>, headers: HeaderMap, Json(body): Json<Value>| async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                tools
+                    .calls
+                    .lock()
+                    .expect("lock")
+                    .push((path.to_owned(), key, body.clone()));
+                match path {
+                    "weather" => json!({"forecast": format!("sunny in {}", body["city"].as_str().unwrap_or("?")),
+                        "citations": [{"title": "Weather service", "url": "https://weather.example/paris", "snippet": "Sunny"}]}).to_string(),
+                    "big" => "z".repeat(60_000),
+                    "hang" => {
+                        std::future::pending::<()>().await;
+                        String::new()
+                    }
+                    _ => "ok".to_owned(),
+                }
+            }
+        };
+        let app = axum::Router::new()
+            .route("/weather", post(record("weather")))
+            .route("/big", post(record("big")))
+            .route("/finish", post(record("finish")))
+            .route("/hang", post(record("hang")))
+            .with_state(tools.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (tools, base)
+    }
+
+    /// Every call so far: (path, idempotency key, body).
+    pub fn calls(&self) -> Vec<(String, String, Value)> {
+        self.calls.lock().expect("lock").clone()
+    }
+}
+
+/// An HTTP tool of an agent spec, named `name`, at `url`, taking `{city}`.
+pub fn http_tool(name: &str, url: String) -> Value {
+    json!({"type": "http", "name": name, "description": format!("the {name} tool"), "url": url,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}})
+}
