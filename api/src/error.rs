@@ -38,6 +38,21 @@ pub struct ErrorDetail {
     pub missing: Option<Vec<String>>,
 }
 
+/// The answers of a route that takes a JSON body to a body it cannot read, for its OpenAPI
+/// `responses(...)`.
+#[derive(utoipa::IntoResponses)]
+pub enum BadBody {
+    /// Not JSON.
+    #[response(status = 400, description = "`invalid_json`")]
+    InvalidJson(ErrorBody),
+    /// Over the body limit.
+    #[response(status = 413, description = "`body_too_large`")]
+    TooLarge(ErrorBody),
+    /// Not `application/json`.
+    #[response(status = 415, description = "`unsupported_media_type`")]
+    UnsupportedMediaType(ErrorBody),
+}
+
 /// The 401 of every authenticated route, for its OpenAPI `responses(...)`.
 #[derive(utoipa::IntoResponses)]
 #[response(

@@ -427,20 +427,36 @@ impl HookSpec {
     }
 }
 
+/// Specs and overrides from JSON, for the tests of this module and its children.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use serde_json::Value;
+
+    use super::{AgentSpec, RunOverrides};
+
+    pub(crate) fn spec(value: Value) -> AgentSpec {
+        serde_json::from_value(value).expect("parses")
+    }
+
+    pub(crate) fn overrides(value: Value) -> RunOverrides {
+        serde_json::from_value(value).expect("parses")
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_support::spec;
     use super::*;
     use serde_json::json;
 
     #[test]
     fn each_field_of_a_step_comes_from_the_first_rule_that_sets_it() {
-        let agent: AgentSpec = serde_json::from_value(json!({"name": "a", "model": "demo",
+        let agent = spec(json!({"name": "a", "model": "demo",
             "tool_choice": "required", "tools": [{"type": "client", "name": "read"},
             {"type": "client", "name": "list"}],
             "step_rules": [{"step": 2, "active_tools": ["list"]},
                            {"step": 2, "tool_choice": "read", "active_tools": ["read"]},
-                           {"step": 3, "tool_choice": "none"}]}))
-        .expect("parses");
+                           {"step": 3, "tool_choice": "none"}]}));
         let two = agent.rules_for(2);
         assert_eq!(two.active, Some(&["list".to_owned()][..]));
         assert_eq!(two.choice, &ToolChoice::Tool("read".into()));

@@ -1,8 +1,12 @@
-//! Spool's domain and the infrastructure every process shares: ids, run and message types,
-//! Postgres queries (`db`), configuration pieces and telemetry set-up.
+//! Spool's domain and the infrastructure every process shares: ids ([`ids`]), statuses
+//! ([`status`]), what a run records ([`run`]), agent specs and their validation ([`agent`]),
+//! the Postgres queries ([`db`], with the saved step in [`db::steps`] and the enqueue in
+//! [`db::enqueue`]), the event envelope ([`event`]), the Redis stream layout ([`stream`]),
+//! configuration pieces, metrics and telemetry set-up.
 //!
-//! No HTTP and no agent logic lives here: the API and the worker both depend on this crate,
-//! and neither depends on the other.
+//! No HTTP and no agent loop lives here: the API and the worker both depend on this crate. The
+//! API depends on the worker in one place only, to run workers in its own process
+//! (`spool-api serve --embedded-worker N`).
 
 pub mod agent;
 pub mod config;

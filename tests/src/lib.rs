@@ -203,6 +203,19 @@ impl Drop for TestDb {
     }
 }
 
+/// Serves `app` on a fresh loopback port for the rest of the test; returns its base URL
+/// (`http://127.0.0.1:PORT`).
+pub async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let base = format!("http://{}", listener.local_addr().expect("its address"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    base
+}
+
 /// Polls `check` until it returns `Some`, or fails after `timeout` naming `what`.
 pub async fn poll_until<T>(
     what: &str,

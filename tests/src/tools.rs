@@ -50,13 +50,7 @@ impl Tools {
             .route("/finish", post(record("finish")))
             .route("/hang", post(record("hang")))
             .with_state(tools.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let base = crate::serve(app).await;
         (tools, base)
     }
 

@@ -16,7 +16,7 @@ use spool_shared::db::agents::{self, Agent};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::error::{ErrorBody, Unauthenticated};
+use crate::error::{BadBody, ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
 
 /// `/v1/agents/...`.
@@ -94,11 +94,9 @@ fn not_found() -> ApiError {
                 ("DeleteAgent" = (operation_id = "delete_agent",
                     parameters(("agent_id" = "$response.body#/id")))),
             )),
-        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        BadBody,
         Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
-        (status = 413, description = "`body_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `invalid_agent` (with `errors: [{field, message}]`)", body = ErrorBody),
     )
 )]
@@ -168,12 +166,10 @@ async fn get_agent(
     request_body = AgentSpec,
     responses(
         (status = 200, description = "The agent.", body = AgentResponse),
-        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        BadBody,
         Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
-        (status = 413, description = "`body_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `invalid_agent` (with `errors: [{field, message}]`)", body = ErrorBody),
     )
 )]

@@ -27,7 +27,7 @@ use spool_shared::{MessageId, ThreadId, WorkflowId};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::error::{ErrorBody, Unauthenticated};
+use crate::error::{BadBody, ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::routes::{stream_url, workflow_url};
 
@@ -123,11 +123,9 @@ async fn check_agent(
                 ("PostUserMessage" = (operation_id = "post_user_message",
                     parameters(("thread_id" = "$response.body#/id")))),
             )),
-        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        BadBody,
         Unauthenticated,
         (status = 404, description = "`agent_not_found`", body = ErrorBody),
-        (status = 413, description = "`body_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
         (status = 422, description = "`invalid_body`", body = ErrorBody),
     )
 )]

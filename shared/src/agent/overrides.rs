@@ -115,16 +115,9 @@ impl RunOverrides {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::{overrides, spec};
     use super::*;
-    use serde_json::{Value, json};
-
-    fn spec(value: Value) -> AgentSpec {
-        serde_json::from_value(value).expect("parses")
-    }
-
-    fn overrides(value: Value) -> RunOverrides {
-        serde_json::from_value(value).expect("parses")
-    }
+    use serde_json::json;
 
     #[test]
     fn overrides_posted_at_later_pauses_add_to_those_of_earlier_ones() {

@@ -364,16 +364,9 @@ fn check_url(url: &str, field: &str, problems: &mut Problems) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::{overrides, spec};
     use super::*;
     use serde_json::json;
-
-    fn spec(value: Value) -> AgentSpec {
-        serde_json::from_value(value).expect("parses")
-    }
-
-    fn overrides(value: Value) -> RunOverrides {
-        serde_json::from_value(value).expect("parses")
-    }
 
     #[test]
     fn the_contract_s_example_agent_is_valid_and_gets_defaults() {

@@ -154,22 +154,47 @@ pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Re
     Ok(())
 }
 
+// The owner's run by id.
+macro_rules! find_owned {
+    () => {
+        concat!(
+            "SELECT ",
+            columns!(""),
+            " FROM runs WHERE id = $1 AND tenant_id = $2 AND owner_id = $3"
+        )
+    };
+}
+
 /// The owner's run, or `None` if it does not exist or is someone else's.
 pub async fn find(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
     owner: &Owner,
 ) -> sqlx::Result<Option<Run>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(""),
-        " FROM runs WHERE id = $1 AND tenant_id = $2 AND owner_id = $3"
-    ))
-    .bind(id)
-    .bind(&owner.tenant_id)
-    .bind(&owner.user_id)
-    .fetch_optional(executor)
-    .await
+    find_with(executor, find_owned!(), id, owner).await
+}
+
+/// The owner's run locked for an update, if it exists.
+pub async fn find_for_update(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    owner: &Owner,
+) -> sqlx::Result<Option<Run>> {
+    find_with(executor, concat!(find_owned!(), " FOR UPDATE"), id, owner).await
+}
+
+async fn find_with(
+    executor: impl PgExecutor<'_>,
+    sql: &'static str,
+    id: WorkflowId,
+    owner: &Owner,
+) -> sqlx::Result<Option<Run>> {
+    sqlx::query_as(sql)
+        .bind(id)
+        .bind(&owner.tenant_id)
+        .bind(&owner.user_id)
+        .fetch_optional(executor)
+        .await
 }
 
 /// The thread's active run, if any.
@@ -442,24 +467,6 @@ pub async fn resume(
     .execute(executor)
     .await?;
     Ok(result.rows_affected() == 1)
-}
-
-/// The owner's run locked for an update, if it exists.
-pub async fn find_for_update(
-    executor: impl PgExecutor<'_>,
-    id: WorkflowId,
-    owner: &Owner,
-) -> sqlx::Result<Option<Run>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(""),
-        " FROM runs WHERE id = $1 AND tenant_id = $2 AND owner_id = $3 FOR UPDATE"
-    ))
-    .bind(id)
-    .bind(&owner.tenant_id)
-    .bind(&owner.user_id)
-    .fetch_optional(executor)
-    .await
 }
 
 /// Records a cancel request (the first reason and requester stick) on a run that is not

@@ -34,13 +34,7 @@ async fn tool_server() -> (Calls, String) {
             }),
         )
         .with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let base = spool_tests::serve(app).await;
     (calls, base)
 }
 

@@ -367,13 +367,7 @@ async fn read_only_calls_of_one_step_run_together_and_others_one_at_a_time() {
     let app_router = axum::Router::new()
         .route("/gate", post(handler))
         .with_state(gate.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app_router).await;
-    });
+    let base = spool_tests::serve(app_router).await;
     let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
         0 => fake_llm::tool_calls(&[
             ("r1", "look", r#"{"city": "a"}"#),

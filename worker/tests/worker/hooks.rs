@@ -48,13 +48,7 @@ async fn hook_server(
             ),
         )
         .with_state(server);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let url = format!("{}/hook", spool_tests::serve(app).await);
     (seen, url)
 }
 
@@ -148,10 +142,6 @@ async fn an_http_hook_can_deny_a_call_and_one_that_hangs_is_passed_over_at_its_t
     })
     .await;
     // A hook endpoint that never answers in time.
-    let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let hanging_url = format!("http://{}/hook", hanging.local_addr().expect("addr"));
     let slow = axum::Router::new().route(
         "/hook",
         post(|| async {
@@ -159,9 +149,7 @@ async fn an_http_hook_can_deny_a_call_and_one_that_hangs_is_passed_over_at_its_t
             Json(json!({"decision": "deny", "reason": "too late to count"}))
         }),
     );
-    tokio::spawn(async move {
-        let _ = axum::serve(hanging, slow).await;
-    });
+    let hanging_url = format!("{}/hook", spool_tests::serve(slow).await);
     let app = Harness::start(&fake).await;
 
     // The hanging hook comes first: after its 1 s it is passed over, and the deny still holds.

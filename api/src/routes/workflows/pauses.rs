@@ -12,18 +12,19 @@ use axum::http::StatusCode;
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::Value;
+use sqlx::{Postgres, Transaction};
 
 use spool_shared::WorkflowId;
 use spool_shared::agent::{AgentSpec, FieldError, RunDefaults, RunOverrides, StepRule, ToolChoice};
 use spool_shared::db::runs::{self, Run};
-use spool_shared::db::steps::{self, AnswerError, DecideError};
+use spool_shared::db::steps::{self, AnswerError, DecideError, SavedStep};
 use spool_shared::db::{self, agents};
 use spool_shared::status::RunStatus;
 
 use super::{WorkflowResponse, accepted, current, workflow_not_found};
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorBody, Unauthenticated};
+use crate::error::{ApiError, BadBody, ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
 
 /// One client tool output.
@@ -63,7 +64,12 @@ fn invalid_overrides(errors: Vec<FieldError>) -> ApiError {
     ApiError::invalid_fields("invalid_overrides", "the overrides", errors)
 }
 
-fn not_waiting(run: &Run, waits_for: &str) -> ApiError {
+/// 409: the run does not wait as `expected` says (answered already, cancelled, never paused).
+fn not_waiting(run: &Run, expected: RunStatus) -> ApiError {
+    let waits_for = match expected {
+        RunStatus::AwaitingApproval => "an approval",
+        _ => "tool outputs",
+    };
     let message = format!(
         "the run is {}, not waiting for {waits_for}",
         run.status.as_str()
@@ -83,12 +89,10 @@ fn not_waiting(run: &Run, waits_for: &str) -> ApiError {
     request_body = ToolOutputsRequest,
     responses(
         (status = 202, description = "The run, queued again.", body = WorkflowResponse),
-        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        BadBody,
         Unauthenticated,
         (status = 404, description = "`workflow_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`run_not_waiting`, with the run's `status`", body = ErrorBody),
-        (status = 413, description = "`body_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `unknown_tool_call`, `missing_tool_outputs` (with `missing`), `invalid_overrides` (with `errors: [{field, message}]`)", body = ErrorBody),
     )
 )]
@@ -98,17 +102,7 @@ pub(crate) async fn post_tool_outputs(
     ApiPath(id): ApiPath<WorkflowId>,
     ApiJson(request): ApiJson<ToolOutputsRequest>,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
-    let mut tx = state.db.begin().await?;
-    let run = runs::find_for_update(&mut *tx, id, &caller.owner)
-        .await?
-        .ok_or_else(workflow_not_found)?;
-    if run.status != RunStatus::RequiresAction {
-        return Err(not_waiting(&run, "tool outputs"));
-    }
-    let step = steps::last_for_update(&mut *tx, id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("a paused run without a saved step"))?;
-    let mut data = step.data.0;
+    let mut paused = Paused::lock(&state, &caller, id, RunStatus::RequiresAction).await?;
     let outputs = request
         .tool_outputs
         .into_iter()
@@ -120,13 +114,18 @@ pub(crate) async fn post_tool_outputs(
             (output.tool_call_id, text)
         })
         .collect();
-    data.answer_client(outputs).map_err(|err| match err {
-        AnswerError::Unknown(_) => ApiError::unprocessable("unknown_tool_call", err.to_string()),
-        AnswerError::Missing(ref missing) => {
-            ApiError::unprocessable("missing_tool_outputs", err.to_string())
-                .with("missing", missing)
-        }
-    })?;
+    paused
+        .step
+        .answer_client(outputs)
+        .map_err(|err| match err {
+            AnswerError::Unknown(_) => {
+                ApiError::unprocessable("unknown_tool_call", err.to_string())
+            }
+            AnswerError::Missing(ref missing) => {
+                ApiError::unprocessable("missing_tool_outputs", err.to_string())
+                    .with("missing", missing)
+            }
+        })?;
     let overrides = RunOverrides {
         tool_choice: request.tool_choice,
         active_tools: request.active_tools,
@@ -135,14 +134,15 @@ pub(crate) async fn post_tool_outputs(
     };
     // Checked against the agent as the worker will load it: a tool the agent does not have
     // would otherwise fail the run at its next model call, after the outputs were accepted.
+    let run = &paused.run;
     let agent = match run.agent_id {
-        Some(agent_id) => agents::find(&mut *tx, agent_id, &run.tenant_id)
+        Some(agent_id) => agents::find(&mut *paused.tx, agent_id, &run.tenant_id)
             .await?
             .map(|agent| agent.spec.0),
         None => Some(AgentSpec::default_agent("default", "")),
     };
     // The paused step is settled by these outputs; the next model call is the one after it.
-    let next_step = u32::try_from(step.step).unwrap_or(0).saturating_add(1);
+    let next_step = u32::try_from(paused.number).unwrap_or(0).saturating_add(1);
     // An agent deleted while its run waited fails the run when it resumes, whatever is posted.
     let errors = agent
         .as_ref()
@@ -157,13 +157,7 @@ pub(crate) async fn post_tool_outputs(
     if !clashes.is_empty() {
         return Err(invalid_overrides(clashes));
     }
-    steps::replace(&mut *tx, id, step.step, &data).await?;
-    if !runs::resume(&mut *tx, id, RunStatus::RequiresAction, Some(&overrides)).await? {
-        return Err(not_waiting(&run, "tool outputs"));
-    }
-    db::notify_runs(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(accepted(current(&state, id, &caller).await?))
+    paused.resume(&state, &caller, Some(&overrides)).await
 }
 
 /// Body of `POST .../approvals/{tool_call_id}`.
@@ -190,12 +184,10 @@ pub struct ApprovalRequest {
     request_body = ApprovalRequest,
     responses(
         (status = 202, description = "The run, queued again.", body = WorkflowResponse),
-        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        BadBody,
         Unauthenticated,
         (status = 404, description = "`workflow_not_found`, `tool_call_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`run_not_waiting` (with `status`), `approval_expired`", body = ErrorBody),
-        (status = 413, description = "`body_too_large`", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
         (status = 422, description = "`invalid_body`", body = ErrorBody),
     )
 )]
@@ -205,27 +197,69 @@ pub(crate) async fn post_approval(
     ApiPath((id, tool_call_id)): ApiPath<(WorkflowId, String)>,
     ApiJson(request): ApiJson<ApprovalRequest>,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
-    let mut tx = state.db.begin().await?;
-    let run = runs::find_for_update(&mut *tx, id, &caller.owner)
-        .await?
-        .ok_or_else(workflow_not_found)?;
-    if run.status != RunStatus::AwaitingApproval {
-        return Err(not_waiting(&run, "an approval"));
+    let mut paused = Paused::lock(&state, &caller, id, RunStatus::AwaitingApproval).await?;
+    let decided = paused
+        .step
+        .decide(&tool_call_id, request.approved, request.reason, Utc::now());
+    decided.map_err(|err| match err {
+        DecideError::NotPending => ApiError::not_found("tool_call_not_found", err.to_string()),
+        DecideError::Expired => ApiError::conflict("approval_expired", err.to_string()),
+    })?;
+    paused.resume(&state, &caller, None).await
+}
+
+/// A paused run locked in its transaction, with the step it paused on.
+struct Paused {
+    tx: Transaction<'static, Postgres>,
+    run: Run,
+    /// The step's number.
+    number: i32,
+    /// The step, as the answer edits it.
+    step: SavedStep,
+}
+
+impl Paused {
+    /// Locks the caller's run (404 if it is not theirs) and its last step; 409 unless the run
+    /// waits as `status` says.
+    async fn lock(
+        state: &AppState,
+        caller: &Caller,
+        id: WorkflowId,
+        status: RunStatus,
+    ) -> Result<Self, ApiError> {
+        let mut tx = state.db.begin().await?;
+        let run = runs::find_for_update(&mut *tx, id, &caller.owner)
+            .await?
+            .ok_or_else(workflow_not_found)?;
+        if run.status != status {
+            return Err(not_waiting(&run, status));
+        }
+        let step = steps::last_for_update(&mut *tx, id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("a paused run without a saved step"))?;
+        Ok(Self {
+            tx,
+            run,
+            number: step.step,
+            step: step.data.0,
+        })
     }
-    let step = steps::last_for_update(&mut *tx, id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("a paused run without a saved step"))?;
-    let mut data = step.data.0;
-    data.decide(&tool_call_id, request.approved, request.reason, Utc::now())
-        .map_err(|err| match err {
-            DecideError::NotPending => ApiError::not_found("tool_call_not_found", err.to_string()),
-            DecideError::Expired => ApiError::conflict("approval_expired", err.to_string()),
-        })?;
-    steps::replace(&mut *tx, id, step.step, &data).await?;
-    if !runs::resume(&mut *tx, id, RunStatus::AwaitingApproval, None).await? {
-        return Err(not_waiting(&run, "an approval"));
+
+    /// Saves the answered step, re-queues the run (with `overrides`, if given) and wakes a
+    /// worker, in one commit; answers 202 with the run.
+    async fn resume(
+        mut self,
+        state: &AppState,
+        caller: &Caller,
+        overrides: Option<&RunOverrides>,
+    ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+        let id = self.run.id;
+        steps::replace(&mut *self.tx, id, self.number, &self.step).await?;
+        if !runs::resume(&mut *self.tx, id, self.run.status, overrides).await? {
+            return Err(not_waiting(&self.run, self.run.status));
+        }
+        db::notify_runs(&mut *self.tx).await?;
+        self.tx.commit().await?;
+        Ok(accepted(current(state, id, caller).await?))
     }
-    db::notify_runs(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(accepted(current(&state, id, &caller).await?))
 }
