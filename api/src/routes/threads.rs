@@ -361,19 +361,7 @@ async fn post_user_message(
     headers: HeaderMap,
     ApiJson(request): ApiJson<UserMessageRequest>,
 ) -> Result<Response, ApiError> {
-    if request.input_text.trim().is_empty() {
-        return Err(ApiError::unprocessable(
-            "invalid_input_text",
-            "input_text must not be empty",
-        ));
-    }
-    if request.input_text.len() > state.config.max_input_bytes {
-        return Err(ApiError::invalid(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "input_too_large",
-            format!("input_text is over {} bytes", state.config.max_input_bytes),
-        ));
-    }
+    check_input(&request.input_text, state.config.max_input_bytes)?;
     let key = idempotency_key(&headers)?;
     check_agent(&state, &caller, request.agent_id).await?;
     let owner = &caller.owner;
@@ -436,6 +424,24 @@ async fn post_user_message(
     tx.commit().await?;
     tracing::info!(thread.id = %thread_id, workflow.id = %workflow_id, "run enqueued");
     Ok(accepted(StatusCode::ACCEPTED, body, workflow_id))
+}
+
+/// The input must not be blank, nor longer than `max_bytes`.
+fn check_input(text: &str, max_bytes: usize) -> Result<(), ApiError> {
+    if text.trim().is_empty() {
+        return Err(ApiError::unprocessable(
+            "invalid_input_text",
+            "input_text must not be empty",
+        ));
+    }
+    if text.len() > max_bytes {
+        return Err(ApiError::invalid(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "input_too_large",
+            format!("input_text is over {max_bytes} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
