@@ -71,21 +71,28 @@ impl Backing<'_> {
         Ok((api, base))
     }
 
-    /// Starts `spool-worker run` (metrics on a port of its own) with `settings` on top and
-    /// waits until it has started claiming.
+    /// Starts `spool-worker run` with `settings` on top and waits until it has started
+    /// claiming. Its metrics port is left to its default, as an operator would: several
+    /// workers on one host must start with the same configuration.
     pub async fn start_worker(
         &self,
         settings: &[(&str, &str)],
         timeout: Duration,
     ) -> anyhow::Result<Process> {
-        let own = [("SPOOL_WORKER_METRICS_ADDR", "127.0.0.1:0")];
-        let worker = Process::spawn("spool-worker", &["run"], &self.vars(&own, settings))?;
+        let worker = self.spawn_worker(settings)?;
         let every = Duration::from_millis(5);
         crate::try_poll_until("the worker to start", timeout, every, || async {
             worker.output().contains("worker started").then_some(())
         })
         .await?;
         Ok(worker)
+    }
+}
+
+impl Backing<'_> {
+    /// Spawns `spool-worker run` with `settings` on top, without waiting for it.
+    pub fn spawn_worker(&self, settings: &[(&str, &str)]) -> anyhow::Result<Process> {
+        Process::spawn("spool-worker", &["run"], &self.vars(&[], settings))
     }
 }
 

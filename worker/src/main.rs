@@ -1,9 +1,12 @@
 //! `spool-worker run`: claims runs from Postgres and executes them.
 
+use std::net::SocketAddr;
+
 use anyhow::Context as _;
 use clap::Parser;
 use spool_shared::config::{DbArgs, RedisArgs, StreamArgs};
 use spool_shared::telemetry::{self, LogFormat};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Spool's worker.
@@ -21,12 +24,10 @@ enum Cli {
         #[command(flatten)]
         worker: spool_worker::WorkerArgs,
         /// Address of the worker's metrics and health port (`/metrics`, `/healthz`, `/readyz`).
-        #[arg(
-            long,
-            env = "SPOOL_WORKER_METRICS_ADDR",
-            default_value = "127.0.0.1:9464"
-        )]
-        metrics_addr: std::net::SocketAddr,
+        /// Unset: 127.0.0.1:9464, or a free loopback port (logged) when another worker on the
+        /// host has that one. Set: exactly this address, or an error if it is taken.
+        #[arg(long, env = "SPOOL_WORKER_METRICS_ADDR")]
+        metrics_addr: Option<SocketAddr>,
         /// Log line format.
         #[arg(long, env = "SPOOL_LOG_FORMAT", value_enum, default_value_t)]
         log_format: LogFormat,
@@ -54,9 +55,7 @@ async fn main() -> anyhow::Result<()> {
     let streams = spool_worker::Streams::connect(&redis.redis_url, keys, stream.retention())
         .context("REDIS_URL")?;
     let worker = spool_worker::Worker::new(pool, db.database_url, worker, streams)?;
-    let listener = tokio::net::TcpListener::bind(metrics_addr)
-        .await
-        .with_context(|| format!("binding the metrics port {metrics_addr}"))?;
+    let listener = bind_ops(metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics and health listening");
     let ops = tokio::spawn(spool_worker::ops::serve(
         listener,
@@ -67,4 +66,33 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("worker")?;
     ops.await.context("metrics port")?.context("metrics port")
+}
+
+/// The ops port when none is configured.
+const DEFAULT_OPS_ADDR: &str = "127.0.0.1:9464";
+
+/// Binds the ops port: `addr` if the operator set one (a taken address is an error, with the
+/// variable that set it), else the default, else (another process on the host has it) a free
+/// loopback port, so any number of workers run on one host with the same configuration.
+async fn bind_ops(addr: Option<SocketAddr>) -> anyhow::Result<TcpListener> {
+    if let Some(addr) = addr {
+        return TcpListener::bind(addr).await.with_context(|| {
+            format!("binding the metrics port {addr} (SPOOL_WORKER_METRICS_ADDR)")
+        });
+    }
+    match TcpListener::bind(DEFAULT_OPS_ADDR).await {
+        Ok(listener) => Ok(listener),
+        Err(err) if err.kind() == std::io::ErrorKind::AddrInUse => {
+            tracing::info!(
+                taken = DEFAULT_OPS_ADDR,
+                "the default metrics port is taken (another worker on this host?); using a free one"
+            );
+            TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("binding a free loopback port for metrics")
+        }
+        Err(err) => {
+            Err(err).with_context(|| format!("binding the metrics port {DEFAULT_OPS_ADDR}"))
+        }
+    }
 }

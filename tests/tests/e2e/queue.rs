@@ -180,3 +180,46 @@ async fn a_connection_postgres_dropped_while_idle_is_replaced_before_it_is_used(
         stack.enqueue(&alice, &format!("after the drop {i}")).await;
     }
 }
+
+#[tokio::test]
+async fn workers_on_one_host_with_the_same_configuration_all_run_and_a_taken_set_port_is_an_error()
+{
+    let stack = Stack::start().await;
+    // The documented configuration only: no metrics address, as an operator starts them.
+    let documented: &[(&str, &str)] = &[];
+    let a = stack.worker(documented).await;
+    let b = stack.worker(documented).await;
+    let mut addrs = Vec::new();
+    for worker in [&a, &b] {
+        let addr = poll_until("the metrics port to be logged", TIMEOUT, || async {
+            worker.logged("metrics and health listening", "addr")
+        })
+        .await;
+        let response = stack
+            .http
+            .get(format!("http://{addr}/healthz"))
+            .send()
+            .await
+            .expect("ops");
+        assert!(response.status().is_success(), "{addr}");
+        addrs.push(addr);
+    }
+    assert_ne!(addrs[0], addrs[1], "each worker has a port of its own");
+    // Both claim and finish runs.
+    let alice = token("alice", "acme");
+    for i in 0..6 {
+        let accepted = stack.enqueue(&alice, &format!("two workers {i}")).await;
+        stack.wait_run(&accepted, "completed").await;
+    }
+
+    // An operator who names an address that is taken is told so, and the worker exits.
+    let mut c = stack.spawn_worker(&[("SPOOL_WORKER_METRICS_ADDR", addrs[0].as_str())]);
+    let code = c.wait(TIMEOUT).await;
+    assert!(matches!(code, Some(code) if code != 0), "exit {code:?}");
+    let output = c.output();
+    assert!(
+        output.contains(&format!("binding the metrics port {}", addrs[0]))
+            && output.contains("SPOOL_WORKER_METRICS_ADDR"),
+        "{output}"
+    );
+}

@@ -75,6 +75,14 @@ impl Stack {
             .expect("spool-worker")
     }
 
+    /// Spawns a worker process with exactly `settings` on top of the stack's database, Redis
+    /// and prefix, without waiting for it.
+    pub(crate) fn spawn_worker(&self, settings: &[(&str, &str)]) -> Process {
+        backing(&self.db, &self.redis_url, &self.prefix)
+            .spawn_worker(settings)
+            .expect("spool-worker")
+    }
+
     /// Posts a message to a new thread; returns the 202 body.
     pub(crate) async fn enqueue(&self, token: &str, text: &str) -> Value {
         let thread = uuid::Uuid::new_v4();
