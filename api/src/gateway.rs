@@ -4,14 +4,17 @@
 //! - No cursor: if a message is streaming (or queued), replay it from its `message_start` and
 //!   follow it live to its `done`, then close; otherwise `message_not_streaming`.
 //! - A cursor (`Last-Event-ID`, else `?last_entry_id=`): every entry after it, live until a
-//!   `done`, then close. Not an entry id: 400. Older than what Redis retains: `stream_reset`.
+//!   `done`, then close. Not an entry id: 400. An entry Redis no longer holds (trimmed, lost,
+//!   another thread's, from the future): `stream_reset`.
 //! - `?last_message_id=` of a finished message: `message_not_streaming` with that id.
 //!
 //! Subscribing never races the worker: the subscriber joins the thread's live feed first, then
 //! reads the backlog from its starting point, and drops live entries it has already sent. A
-//! gap is never silent: a lagging subscriber is disconnected (and resumes with its cursor), and
-//! a stream that has gone quiet while its run is terminal in Postgres (its `done` was lost with
-//! Redis) ends with `message_not_streaming`.
+//! gap is never silent: a lagging subscriber is disconnected (and resumes with its cursor); an
+//! entry that vanishes under a session's backlog read or the live feed (trimmed, deleted, lost
+//! in a failover) ends the session with `stream_reset`; and a stream that has gone quiet while
+//! its run is terminal in Postgres (its `done` was lost with Redis) ends with
+//! `message_not_streaming`.
 
 pub mod hub;
 
@@ -35,7 +38,9 @@ use tokio_util::sync::CancellationToken;
 use spool_shared::db::{messages, runs, threads};
 use spool_shared::event::EventType;
 use spool_shared::status::MessageStatus;
-use spool_shared::stream::{self as events, EntryId, FLUSH_WINDOW, RedisConn, StoredEvent};
+use spool_shared::stream::{
+    self as events, EntryId, FLUSH_WINDOW, Gap, ReadError, RedisConn, StoredEvent,
+};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
@@ -154,6 +159,7 @@ async fn stream_thread(
         db: state.db.clone(),
         subscription,
         position: start.after,
+        at_entry: start.after_entry,
         backlog: VecDeque::new(),
         caught_up: false,
         until: start.until,
@@ -194,8 +200,10 @@ fn cursors(
 
 /// Where a session starts, when it ends, and what it watches.
 struct Start {
-    /// The entry it sends after.
+    /// The position it sends after.
     after: EntryId,
+    /// Whether `after` is an entry of the stream (which must then still be there).
+    after_entry: bool,
     until: Until,
     /// The run whose status is checked when the stream goes quiet.
     watch: Option<WorkflowId>,
@@ -213,12 +221,11 @@ async fn resume_after(
     key: &str,
     cursor: EntryId,
 ) -> Result<Result<Start, Response>, ApiError> {
-    let retention = events::inspect(conn, state.streams.keys(), thread_id)
+    let retention = events::inspect(conn, state.streams.keys(), thread_id, cursor)
         .await
         .map_err(unavailable)?;
     if !retention.retains(cursor) {
-        let data = json!({"thread_id": thread_id, "last_entry_id": cursor.to_string()});
-        return Ok(Err(control("stream_reset", data)));
+        return Ok(Err(control("stream_reset", reset_data(thread_id, cursor))));
     }
     let active = runs::find_active(&state.db, thread_id).await?;
     let mut linger = None;
@@ -232,6 +239,7 @@ async fn resume_after(
     }
     Ok(Ok(Start {
         after: cursor,
+        after_entry: retention.holds_cursor,
         until: Until::AnyDone,
         watch: active.map(|run| run.id),
         linger,
@@ -270,7 +278,9 @@ async fn follow_streaming(
         .await
         .map_err(unavailable)?;
     Ok(Ok(Start {
+        // From the message's start (not an entry: the one before it), else from the tail.
         after: start.map_or(tail, EntryId::predecessor),
+        after_entry: start.is_none() && tail != EntryId::default(),
         until: Until::DoneOf(message.to_string()),
         watch: Some(run),
         linger: None,
@@ -303,6 +313,11 @@ async fn flushing(
         .map(|left| tokio::time::Instant::now() + left))
 }
 
+/// The data of a `stream_reset` answering `cursor`.
+fn reset_data(thread: ThreadId, cursor: EntryId) -> Value {
+    json!({"thread_id": thread, "last_entry_id": cursor.to_string()})
+}
+
 /// A response that sends one gateway event (no `id:`) and closes.
 fn control(kind: &'static str, data: Value) -> Response {
     let event = SseEvent::default().event(kind).data(data.to_string());
@@ -328,6 +343,9 @@ struct Session {
     subscription: hub::Subscription,
     /// The last entry sent or skipped; everything after it is still to come.
     position: EntryId,
+    /// Whether `position` is an entry (false only before the first one, when a session starts
+    /// just before a `message_start`): a continued read then checks that it is still there.
+    at_entry: bool,
     backlog: VecDeque<StoredEvent>,
     caught_up: bool,
     until: Until,
@@ -378,13 +396,14 @@ impl Session {
                 continue;
             }
             if !self.caught_up {
-                match events::read_after(&mut self.conn, &self.key, self.position, PAGE).await {
+                match self.read_page().await {
                     Ok(page) => {
                         self.caught_up = page.len() < PAGE;
                         self.backlog.extend(page);
                         continue;
                     }
-                    Err(err) => {
+                    Err(ReadError::Gap(gap)) => return Some(self.reset(&gap)),
+                    Err(ReadError::Redis(err)) => {
                         tracing::warn!(error = %err, "backlog read failed; closing the stream");
                         return None;
                     }
@@ -426,12 +445,37 @@ impl Session {
         }
     }
 
+    /// The next page of the backlog, continuing from the position.
+    async fn read_page(&mut self) -> Result<Vec<StoredEvent>, ReadError> {
+        if self.at_entry {
+            events::read_following(&mut self.conn, &self.key, self.position, PAGE).await
+        } else {
+            Ok(events::read_after(&mut self.conn, &self.key, self.position, PAGE).await?)
+        }
+    }
+
+    /// Ends the session with `stream_reset`: what followed the position may be lost.
+    fn reset(&mut self, gap: &Gap) -> SseEvent {
+        tracing::info!(error = %gap, "a stream lost entries under a session; stream_reset");
+        metrics::counter!("spool_sse_stream_resets_total").increment(1);
+        self.finished = true;
+        SseEvent::default()
+            .event("stream_reset")
+            .data(json!({"last_entry_id": self.position.to_string()}).to_string())
+    }
+
     /// The SSE event for an entry after the position, if it is one to send.
     fn emit(&mut self, entry: &StoredEvent) -> Option<SseEvent> {
+        if entry.kind == hub::GAP {
+            // The live feed found the entry it continued from gone: what followed may be lost,
+            // for every subscriber (none is ahead of the feed).
+            return Some(self.reset(&Gap(entry.id)));
+        }
         if entry.id <= self.position {
             return None;
         }
         self.position = entry.id;
+        self.at_entry = true;
         if entry.is_marker() {
             return None;
         }

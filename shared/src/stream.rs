@@ -26,9 +26,15 @@
 //! The first entry a stream ever gets is a `stream_start` marker (never sent to clients). A
 //! cursor is *retained* if the stream exists, the cursor is not older than the newest trimmed
 //! entry (recorded by the publish script: Redis 7.0's `max-deleted-entry-id` does not move on
-//! `XTRIM`), and the stream was not re-created after it (its first entry is not a `stream_start` newer than the cursor, which happens when the
-//! stream expired or Redis lost it). Otherwise the gateway answers `stream_reset`: a gap is
-//! always explicit, never silent.
+//! `XTRIM`), and the cursor's own entry is still in the stream. An entry that is gone was
+//! trimmed (by anyone), lost in a restart or failover, or belongs to a stream re-created after
+//! it (expired or lost); a cursor from another thread's stream or from the future has none.
+//! Every such cursor gets `stream_reset`: a gap is always explicit, never silent.
+//!
+//! The same check guards every read that continues from an entry ([`read_following`]): a
+//! session's backlog and the gateway's live feed read from their last entry inclusively, and
+//! an entry that vanished under them (`XTRIM`, `XDEL`, a failover to a replica that never had
+//! it) is a [`Gap`], which the gateway turns into `stream_reset`.
 //!
 //! # Fencing
 //! Publishing is one Lua script ([`publish`]): it refuses (error `SPOOL_FENCED`) a batch whose
@@ -344,7 +350,46 @@ impl StoredEvent {
     }
 }
 
-/// Up to `count` entries after `after`, oldest first.
+/// The entry a read continued from is no longer in the stream: what came after it may be lost.
+#[derive(Debug, thiserror::Error)]
+#[error("the stream no longer holds entry {0}: what followed it may be lost")]
+pub struct Gap(pub EntryId);
+
+/// Why a continued read returned nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The entry read from is gone.
+    #[error(transparent)]
+    Gap(#[from] Gap),
+    /// Redis failed.
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Up to `count` entries after the entry `entry`, oldest first, provided `entry` is still in
+/// the stream; [`Gap`] if it is not. One round trip (`XRANGE key entry + COUNT count+1`).
+pub async fn read_following(
+    conn: &mut RedisConn,
+    key: &str,
+    entry: EntryId,
+    count: usize,
+) -> Result<Vec<StoredEvent>, ReadError> {
+    let reply: Vec<RawEntry> = redis::cmd("XRANGE")
+        .arg(key)
+        .arg(entry.to_string())
+        .arg("+")
+        .arg("COUNT")
+        .arg(count + 1)
+        .query_async(conn)
+        .await?;
+    let mut entries = reply.into_iter().filter_map(stored);
+    match entries.next() {
+        Some(first) if first.id == entry => Ok(entries.collect()),
+        _ => Err(Gap(entry).into()),
+    }
+}
+
+/// Up to `count` entries after `after` (an entry id or not), oldest first.
 pub async fn read_after(
     conn: &mut RedisConn,
     key: &str,
@@ -424,30 +469,34 @@ pub struct Retention {
     pub trimmed_through: EntryId,
     /// The first entry's id and type.
     pub first: Option<(EntryId, String)>,
+    /// Whether the cursor's own entry is in the stream.
+    pub holds_cursor: bool,
 }
 
 impl Retention {
-    /// Whether every entry after `cursor` is still in the stream.
+    /// Whether every entry after `cursor` is still in the stream: the stream exists, the cursor
+    /// is not older than what trimming removed, and its entry is still there (or it is exactly
+    /// the newest trimmed entry, everything after which trimming kept).
     pub fn retains(&self, cursor: EntryId) -> bool {
         if !self.exists || cursor < self.trimmed_through {
             return false;
         }
-        match &self.first {
-            Some((first, kind)) if kind == "stream_start" => cursor >= *first,
-            _ => true,
-        }
+        let trimmed_exactly = cursor == self.trimmed_through && cursor != EntryId::default();
+        self.holds_cursor || trimmed_exactly
     }
 }
 
-/// Reads the thread's retention facts in one round trip.
+/// Reads the thread's retention facts, and whether it still holds `cursor`, in one round trip.
 pub async fn inspect(
     conn: &mut RedisConn,
     keys: &StreamKeys,
     thread: ThreadId,
+    cursor: EntryId,
 ) -> redis::RedisResult<Retention> {
     let reply: Vec<String> = INSPECT
         .key(keys.events(thread))
         .key(keys.starts(thread))
+        .arg(cursor.to_string())
         .invoke_async(conn)
         .await?;
     if reply.first().map(String::as_str) != Some("1") {
@@ -465,6 +514,7 @@ pub async fn inspect(
         exists: true,
         trimmed_through,
         first,
+        holds_cursor: reply.get(4).map(String::as_str) == Some("1"),
     })
 }
 
@@ -491,21 +541,22 @@ mod tests {
         let id = |ms| EntryId { ms, seq: 0 };
         let gone = Retention::default();
         assert!(!gone.retains(id(5)));
-        let trimmed = Retention {
+        let facts = |trimmed, first: u64, holds_cursor| Retention {
             exists: true,
-            trimmed_through: id(10),
-            first: Some((id(11), "done".into())),
+            trimmed_through: id(trimmed),
+            first: Some((id(first), "done".into())),
+            holds_cursor,
         };
-        assert!(!trimmed.retains(id(9)));
-        assert!(trimmed.retains(id(10)));
-        let recreated = Retention {
-            exists: true,
-            trimmed_through: id(0),
-            first: Some((id(50), "stream_start".into())),
-        };
-        assert!(!recreated.retains(id(40)));
-        assert!(recreated.retains(id(50)));
-        assert!(recreated.retains(id(70)));
+        // Older than what trimming removed: lost, even if an entry of that id came back.
+        assert!(!facts(10, 11, true).retains(id(9)));
+        // Exactly the newest trimmed entry: everything after it was kept.
+        assert!(facts(10, 11, false).retains(id(10)));
+        assert!(facts(10, 11, true).retains(id(12)));
+        // Its entry is gone (XTRIM or XDEL by anyone, a failover, a re-created stream, a
+        // cursor of another thread or from the future): a gap.
+        assert!(!facts(10, 11, false).retains(id(12)));
+        assert!(!facts(0, 50, false).retains(id(40)));
+        assert!(!facts(0, 50, false).retains(EntryId::default()));
     }
 
     #[tokio::test]

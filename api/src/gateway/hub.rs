@@ -24,10 +24,13 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::ThreadId;
-use spool_shared::stream::{self, EntryId, RedisConn, StoredEvent, StreamKeys};
+use spool_shared::stream::{self, EntryId, ReadError, RedisConn, StoredEvent, StreamKeys};
 
 /// Entries read per round trip.
 const PAGE: usize = 512;
+/// The kind of the entry a feed broadcasts when the entry it continued from is gone (trimmed,
+/// deleted, lost in a failover): its subscribers end with `stream_reset`.
+pub(crate) const GAP: &str = "spool_gap";
 /// How often a feed reads even without a notification.
 const POLL: Duration = Duration::from_secs(1);
 
@@ -181,12 +184,35 @@ fn lock(
 }
 
 /// One thread's reader: reads whatever is new, broadcasts it, sleeps until woken or polled.
+/// It continues from the last entry it read, which must still be in the stream; if it is gone,
+/// what followed may be lost too, so it tells its subscribers ([`GAP`]) and starts over from
+/// the stream's end.
 async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut last: EntryId) {
     let key = inner.keys.events(thread);
     let mut conn = inner.conn.clone();
     loop {
         loop {
-            match stream::read_after(&mut conn, &key, last, PAGE).await {
+            let read = if last == EntryId::default() {
+                stream::read_after(&mut conn, &key, last, PAGE)
+                    .await
+                    .map_err(ReadError::from)
+            } else {
+                stream::read_following(&mut conn, &key, last, PAGE).await
+            };
+            match read {
+                Err(ReadError::Gap(gap)) => {
+                    tracing::info!(thread.id = %thread, error = %gap, "a followed stream lost entries");
+                    let _ = feed.tx.send(Arc::new(StoredEvent {
+                        id: last,
+                        kind: GAP.to_owned(),
+                        message_id: String::new(),
+                        json: String::new(),
+                    }));
+                    match stream::tail(&mut conn, &key).await {
+                        Ok(tail) => last = tail.unwrap_or_default(),
+                        Err(_) => break,
+                    }
+                }
                 Ok(entries) => {
                     let full = entries.len() == PAGE;
                     for entry in entries {
@@ -200,7 +226,7 @@ async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut las
                         break;
                     }
                 }
-                Err(err) => {
+                Err(ReadError::Redis(err)) => {
                     tracing::debug!(thread.id = %thread, error = %err, "feed read failed");
                     break;
                 }

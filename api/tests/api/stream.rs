@@ -356,7 +356,8 @@ async fn a_cursor_older_than_the_retained_window_gets_stream_reset() {
     .await;
     let key = app.keys.events(ThreadId(thread));
     let retention = poll_until("the first run to be trimmed", TIMEOUT, || async {
-        let r = events::inspect(&mut app.streams.conn(), &app.keys, ThreadId(thread))
+        let cursor = early.parse().expect("id");
+        let r = events::inspect(&mut app.streams.conn(), &app.keys, ThreadId(thread), cursor)
             .await
             .ok()?;
         (r.trimmed_through >= early.parse().expect("id")).then_some(r)
@@ -735,5 +736,109 @@ async fn streams_are_served_over_http2_without_tls_too() {
     let frames = reader.collect(READ).await;
     assert_eq!(kinds(&frames).first(), Some(&"message_start"));
     assert_eq!(kinds(&frames).last(), Some(&"done"));
+    app.stop().await;
+}
+
+/// Removes entries of the thread's stream behind Spool's back: `XTRIM MINID` (everything
+/// before `min_id`) or `XDEL` (one entry), as an operator, a restart or a failover would.
+async fn lose(app: &TestApp, thread: Uuid, command: &str, id: &str) {
+    let key = app.keys.events(ThreadId(thread));
+    let mut cmd = redis::cmd(command);
+    cmd.arg(&key);
+    if command == "XTRIM" {
+        cmd.arg("MINID");
+    }
+    let removed: i64 = cmd
+        .arg(id)
+        .query_async(&mut app.streams.conn())
+        .await
+        .expect("redis");
+    assert!(removed > 0, "{command} removed nothing");
+}
+
+#[tokio::test]
+async fn a_cursor_whose_entry_redis_no_longer_holds_gets_stream_reset_never_a_silent_gap() {
+    // Deltas 10 ms apart, so each is an entry of its own.
+    let app = TestApp::start(1, worker_args(8, 10)).await;
+    let alice = token("alice", "acme");
+    let (thread, other) = (Uuid::new_v4(), Uuid::new_v4());
+    for (t, text) in [(thread, "one"), (other, "elsewhere")] {
+        let (_, accepted) = app.send_message(&alice, t, text).await;
+        let workflow = accepted["workflow_id"].as_str().expect("id");
+        app.wait_for_status(&alice, workflow, "completed").await;
+    }
+    let stored = app.stored(thread).await;
+    assert!(stored.len() > 6, "{stored:?}");
+    let resume = |cursor: String| {
+        let app = &app;
+        let alice = alice.clone();
+        async move {
+            let frames = app
+                .stream(&alice, thread, "", Some(&cursor))
+                .await
+                .collect(READ)
+                .await;
+            kinds(&frames)
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        }
+    };
+    // A cursor in the stream resumes; one from another thread's stream or from the future
+    // names no entry of this stream.
+    assert_eq!(
+        resume(stored[3].0.clone()).await.last().map(String::as_str),
+        Some("done")
+    );
+    let elsewhere = app.stored(other).await[2].0.clone();
+    assert_eq!(resume(elsewhere).await, ["stream_reset"]);
+    assert_eq!(resume("99999999999999-0".into()).await, ["stream_reset"]);
+
+    // Trimmed by someone else (no trace in Spool's own trim record), then one entry deleted
+    // in the middle, as a failover to a replica that never had it would: both are gaps.
+    lose(&app, thread, "XTRIM", &stored[3].0).await;
+    assert_eq!(resume(stored[1].0.clone()).await, ["stream_reset"]);
+    lose(&app, thread, "XDEL", &stored[5].0).await;
+    assert_eq!(resume(stored[5].0.clone()).await, ["stream_reset"]);
+    assert_eq!(
+        resume(stored[3].0.clone()).await.last().map(String::as_str),
+        Some("done"),
+        "a cursor still in the stream resumes"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_entry_lost_under_a_live_stream_ends_it_with_stream_reset() {
+    // A run of 200 deltas 30 ms apart: about 6 s to follow live.
+    let app = TestApp::start(1, worker_args(200, 30)).await;
+    let alice = token("alice", "acme");
+    let thread = Uuid::new_v4();
+    let (_, accepted) = app.send_message(&alice, thread, "stream on").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id");
+    app.wait_for_status(&alice, workflow, "running").await;
+    let mut reader = app.stream(&alice, thread, "", None).await;
+    let (mut deltas, mut last) = (0, None);
+    while deltas < 5 {
+        let frame = reader.next(READ).await.expect("a live event");
+        if frame.event == "text_delta" {
+            deltas += 1;
+            last = Some(frame);
+        }
+    }
+    let last = last.expect("a delta");
+    // The entry this client (and the live feed) continue from vanishes under them.
+    lose(&app, thread, "XDEL", last.id.as_deref().expect("an id")).await;
+    let rest = reader.collect(READ).await;
+    assert_eq!(
+        kinds(&rest).last(),
+        Some(&"stream_reset"),
+        "{:?}",
+        kinds(&rest)
+    );
+    assert!(
+        !kinds(&rest).contains(&"done"),
+        "nothing after the gap is sent"
+    );
     app.stop().await;
 }

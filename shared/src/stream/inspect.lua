@@ -1,5 +1,6 @@
--- Retention facts of a stream in one round trip: {exists, newest trimmed entry id, first id,
--- first type}. KEYS: the stream, the starts hash (which records the newest trimmed entry).
+-- Retention facts of a stream and a cursor in one round trip: {exists, newest trimmed entry id,
+-- first id, first type, whether the cursor's entry is in the stream}.
+-- KEYS: the stream, the starts hash (which records the newest trimmed entry). ARGV: the cursor.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'0'}
 end
@@ -15,4 +16,8 @@ if #first > 0 then
     end
   end
 end
-return {'1', trimmed, first_id, first_type}
+local holds = '0'
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1], 'COUNT', 1) > 0 then
+  holds = '1'
+end
+return {'1', trimmed, first_id, first_type, holds}
