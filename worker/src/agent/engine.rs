@@ -18,9 +18,7 @@ pub struct Engine {
     provider: Option<Arc<OpenAiClient>>,
     /// The agent that answers threads without one.
     pub default_agent: AgentSpec,
-    /// The network policy of tools.
-    pub policy: Arc<NetworkPolicy>,
-    /// HTTP clients that enforce it.
+    /// HTTP clients that enforce the network policy of tools, MCP servers and hooks.
     pub http: GuardedClients,
     /// How long one tool call may take.
     pub tool_timeout: Duration,
@@ -58,7 +56,6 @@ impl Engine {
             }),
             provider,
             default_agent: AgentSpec::default_agent(model, &args.default_instructions),
-            policy,
             http,
             tool_timeout: args.tool_timeout(),
         })

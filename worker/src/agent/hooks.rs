@@ -8,7 +8,7 @@
 //! matching deny wins), `approval` (hold the call for a person). Hooks run in the order the
 //! agent lists them; an optional `matcher` (a regex over the whole tool name) limits tool hooks.
 //!
-//! HTTP hooks go through the tools' guarded client, so they obey the same network policy.
+//! HTTP hooks go through the tools' guarded clients, so they obey the same network policy.
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use spool_shared::db::runs::Run;
 
 use super::engine::Engine;
 use super::tools::http::{self, HttpTool};
-use super::tools::ssrf::{GuardedClients, NetworkPolicy};
+use super::tools::ssrf::GuardedClients;
 
 /// What `pre_tool_use` hooks decided for one call.
 #[derive(Debug, PartialEq)]
@@ -36,7 +36,6 @@ pub(crate) enum ToolDecision {
 pub(crate) struct Hooks<'a> {
     hooks: Vec<Hook>,
     clients: &'a GuardedClients,
-    policy: &'a NetworkPolicy,
     context: Value,
 }
 
@@ -47,7 +46,6 @@ impl<'a> Hooks<'a> {
         Self {
             hooks: spec.hooks.iter().map(Hook::new).collect(),
             clients: &engine.http,
-            policy: &engine.policy,
             context: json!({"workflow_id": run.id, "thread_id": run.thread_id,
                 "agent": spec.name}),
         }
@@ -173,8 +171,7 @@ impl<'a> Hooks<'a> {
             else {
                 continue;
             };
-            let client = self.clients.for_headers(headers).clone();
-            let policy = self.policy.clone();
+            let clients = self.clients.clone();
             let (url, headers, timeout) = (url.clone(), headers.clone(), *timeout_secs);
             let mut body = self.context.clone();
             body["event"] = json!("on_run_complete");
@@ -186,7 +183,7 @@ impl<'a> Hooks<'a> {
                     method: "POST",
                     headers: &headers,
                 };
-                let call = http::call(&client, &policy, &tool, &body, "on_run_complete");
+                let call = http::call(&clients, &tool, &body, "on_run_complete");
                 let _ = tokio::time::timeout(Duration::from_secs(u64::from(timeout)), call).await;
             });
         }
@@ -217,8 +214,7 @@ impl<'a> Hooks<'a> {
             method: "POST",
             headers,
         };
-        let client = self.clients.for_headers(headers);
-        let call = http::call(client, self.policy, &tool, &body, &key);
+        let call = http::call(self.clients, &tool, &body, &key);
         match tokio::time::timeout(Duration::from_secs(u64::from(*timeout_secs)), call).await {
             Ok(output) if !output.is_error => {
                 match serde_json::from_str::<Value>(&output.content) {

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tracing::Instrument as _;
 
 use spool_shared::WorkflowId;
-use spool_shared::agent::{AgentSpec, ToolChoice, ToolSpec};
+use spool_shared::agent::{AgentSpec, McpToolSpec, ToolChoice, ToolSpec};
 
 use super::context::Attempt;
 use super::engine::Engine;
@@ -102,43 +102,7 @@ impl ToolSet {
                     requires_approval: http.requires_approval,
                     kind: Kind::Http(http.clone()),
                 }),
-                ToolSpec::Mcp(mcp) => {
-                    let server = McpServer {
-                        prefix: &mcp.name,
-                        url: &mcp.url,
-                        headers: &mcp.headers,
-                    };
-                    match McpSession::connect(
-                        &server,
-                        engine.http.for_headers(server.headers).clone(),
-                        engine.tool_timeout,
-                    )
-                    .await
-                    {
-                        Ok((session, discovered)) => {
-                            let session = Arc::new(session);
-                            for found in discovered {
-                                tools.push(Tool {
-                                    def: ToolDef {
-                                        name: found.name,
-                                        description: found.description,
-                                        parameters: found.parameters,
-                                    },
-                                    read_only: found.read_only,
-                                    requires_approval: mcp.requires_approval,
-                                    kind: Kind::Mcp {
-                                        session: session.clone(),
-                                        remote: found.remote_name,
-                                    },
-                                });
-                            }
-                        }
-                        Err(err) => {
-                            tracing::warn!(mcp.server = %mcp.name, error = format!("{err:#}"),
-                            "MCP server unavailable; running without its tools")
-                        }
-                    }
-                }
+                ToolSpec::Mcp(mcp) => tools.extend(mcp_tools(engine, mcp).await),
                 ToolSpec::Client(client) => tools.push(Tool {
                     def: ToolDef {
                         name: client.name.clone(),
@@ -292,14 +256,7 @@ impl ToolSet {
                         method: &http.method,
                         headers: &http.headers,
                     };
-                    http::call(
-                        engine.http.for_headers(target.headers),
-                        &engine.policy,
-                        &target,
-                        &arguments,
-                        &key,
-                    )
-                    .await
+                    http::call(&engine.http, &target, &arguments, &key).await
                 }
                 Kind::Client => ToolOutput::error("client tools are executed by the client"),
                 Kind::Mcp { session, remote } => {
@@ -317,6 +274,42 @@ impl ToolSet {
             )),
         }
     }
+}
+
+/// The tools an MCP server offers, discovered now; none if it cannot be reached, answers
+/// wrongly or is refused by the network policy (logged: a dead server only removes its tools).
+async fn mcp_tools(engine: &Engine, mcp: &McpToolSpec) -> Vec<Tool> {
+    let server = McpServer {
+        prefix: &mcp.name,
+        url: &mcp.url,
+        headers: &mcp.headers,
+    };
+    let (session, discovered) =
+        match McpSession::connect(&server, &engine.http, engine.tool_timeout).await {
+            Ok(connected) => connected,
+            Err(err) => {
+                tracing::warn!(mcp.server = %mcp.name, error = format!("{err:#}"),
+                    "MCP server unavailable; running without its tools");
+                return Vec::new();
+            }
+        };
+    let session = Arc::new(session);
+    discovered
+        .into_iter()
+        .map(|found| Tool {
+            def: ToolDef {
+                name: found.name,
+                description: found.description,
+                parameters: found.parameters,
+            },
+            read_only: found.read_only,
+            requires_approval: mcp.requires_approval,
+            kind: Kind::Mcp {
+                session: session.clone(),
+                remote: found.remote_name,
+            },
+        })
+        .collect()
 }
 
 /// Cuts a result over [`MAX_TOOL_RESULT_CHARS`] characters, saying how much was cut.

@@ -23,6 +23,7 @@ use tokio::net::TcpListener;
 
 use spool_worker::agent::tools::ToolOutput;
 use spool_worker::agent::tools::mcp::{McpServer, McpSession, McpTool};
+use spool_worker::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -196,7 +197,10 @@ async fn connect(url: &str, timeout: Duration) -> anyhow::Result<(McpSession, Ve
         url,
         headers: &headers,
     };
-    McpSession::connect(&server, reqwest::Client::new(), timeout).await
+    // Through the guarded clients, allowed to reach the loopback servers of these tests.
+    let policy = Arc::new(NetworkPolicy::parse("127.0.0.1/32").expect("allow list parses"));
+    let clients = GuardedClients::new(&policy, timeout).expect("clients build");
+    McpSession::connect(&server, &clients, timeout).await
 }
 
 #[tokio::test]
@@ -400,4 +404,59 @@ async fn a_server_that_never_answers_makes_connect_fail_at_the_timeout() {
         took >= timeout && took < timeout + Duration::from_secs(2),
         "took {took:?}"
     );
+}
+
+#[tokio::test]
+async fn an_mcp_server_the_network_policy_refuses_is_never_connected_to() {
+    // A real MCP server on loopback, and a listener that only counts connections.
+    let (url, seen) = start_calculator().await;
+    let trap = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let trap_addr = trap.local_addr().expect("addr");
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = trap.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    let strict = Arc::new(NetworkPolicy::strict());
+    let clients = GuardedClients::new(&strict, Duration::from_secs(2)).expect("clients build");
+    let headers = api_key();
+    let port = trap_addr.port();
+    // IP literals in every spelling hyper would connect to without asking the resolver.
+    let refused_urls = [
+        format!("http://127.0.0.1:{port}/mcp"),
+        format!("http://2130706433:{port}/mcp"),
+        format!("http://[::ffff:127.0.0.1]:{port}/mcp"),
+        url.clone(),
+    ];
+    for refused in &refused_urls {
+        let server = McpServer {
+            prefix: "calc",
+            url: refused,
+            headers: &headers,
+        };
+        let err = McpSession::connect(&server, &clients, Duration::from_secs(2))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{refused} was connected to"));
+        assert!(format!("{err:#}").contains("refused"), "{refused}: {err:#}");
+    }
+    // Give a stray connection time to be counted, then show the trap counts connections.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(
+        seen.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty(),
+        "the MCP server saw a request"
+    );
+    let _probe = tokio::net::TcpStream::connect(trap_addr)
+        .await
+        .expect("connect");
+    spool_tests::poll_until("the trap to count", Duration::from_secs(2), || async {
+        (accepted.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
 }

@@ -6,9 +6,10 @@
 //! timeout, a connection failure or a non-2xx status is an error the model sees, never a panic
 //! or an `Err`, because a failing tool is not a failing run.
 //!
-//! What must stay true: the URL goes through [`NetworkPolicy::check_url`] before anything is
-//! sent (the guarded client cannot see IP-literal hosts), and the response body read is capped
-//! at [`MAX_RESPONSE_BYTES`] however large the answer.
+//! What must stay true: the URL goes through the network policy before anything is sent (the
+//! client comes from [`GuardedClients::for_url`], which checks it; the resolver alone cannot see
+//! IP-literal hosts), and the response body read is capped at [`MAX_RESPONSE_BYTES`] however
+//! large the answer.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +18,7 @@ use reqwest::{Method, Url};
 use serde_json::Value;
 
 use super::ToolOutput;
-use super::ssrf::{NetworkPolicy, Refused};
+use super::ssrf::{GuardedClients, Refused};
 
 /// The most response body read from a tool; the rest is dropped and the text marked truncated.
 pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
@@ -44,16 +45,14 @@ pub struct HttpTool<'a> {
 /// `ToolOutput::error` with a clear reason (never a panic, never an Err).
 ///
 /// A `GET` whose arguments are a flat JSON object (strings, numbers, booleans, nulls skipped)
-/// sends them as query parameters instead of a body. `client` should come from
-/// [`super::ssrf::guarded_client`] with the same policy.
+/// sends them as query parameters instead of a body.
 pub async fn call(
-    client: &reqwest::Client,
-    policy: &NetworkPolicy,
+    clients: &GuardedClients,
     tool: &HttpTool<'_>,
     arguments: &Value,
     idempotency_key: &str,
 ) -> ToolOutput {
-    let (request, host) = match request(client, policy, tool, arguments, idempotency_key) {
+    let (request, host) = match request(clients, tool, arguments, idempotency_key) {
         Ok(request) => request,
         Err(refused) => return refused,
     };
@@ -98,17 +97,16 @@ pub async fn call(
 /// The request of one call, and the host it goes to; an error output if the URL is refused or
 /// the tool's method or headers are not valid.
 fn request(
-    client: &reqwest::Client,
-    policy: &NetworkPolicy,
+    clients: &GuardedClients,
     tool: &HttpTool<'_>,
     arguments: &Value,
     idempotency_key: &str,
 ) -> Result<(reqwest::RequestBuilder, String), ToolOutput> {
     let mut url = Url::parse(tool.url)
         .map_err(|err| ToolOutput::error(format!("invalid tool URL: {err}")))?;
-    policy
-        .check_url(&url)
-        .map_err(|reason| ToolOutput::error(Refused::new(reason).to_string()))?;
+    let client = clients
+        .for_url(&url, tool.headers)
+        .map_err(|refused| ToolOutput::error(refused.to_string()))?;
     let host = url.host_str().unwrap_or_default().to_owned();
     let method = match tool.method.trim() {
         "" => Method::POST,

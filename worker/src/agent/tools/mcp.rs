@@ -42,6 +42,7 @@ use sse_stream::Sse;
 use std::sync::Arc;
 
 use super::ToolOutput;
+use super::ssrf::GuardedClients;
 
 /// The `_meta` key of a tool call that carries its idempotency key.
 pub const IDEMPOTENCY_META: &str = "io.spool/idempotency-key";
@@ -83,16 +84,23 @@ pub struct McpSession {
 
 impl McpSession {
     /// Connects (initialize handshake) and lists the server's tools (following pagination),
-    /// within `timeout`.
+    /// within `timeout`, through the guarded client for its URL: a URL the network policy
+    /// refuses (an IP literal included) is never connected to.
     ///
     /// The error says which server and which step failed; the caller logs it and runs without
     /// this server's tools.
     pub async fn connect(
         server: &McpServer<'_>,
-        http: reqwest::Client,
+        clients: &GuardedClients,
         timeout: Duration,
     ) -> anyhow::Result<(Self, Vec<McpTool>)> {
         let prefix = server.prefix;
+        let url = reqwest::Url::parse(server.url)
+            .with_context(|| format!("MCP server {prefix}: invalid URL"))?;
+        let http = clients
+            .for_url(&url, server.headers)
+            .with_context(|| format!("MCP server {prefix}"))?
+            .clone();
         let started = tokio::time::Instant::now();
         let config = StreamableHttpClientTransportConfig::with_uri(server.url).custom_headers(
             header_map(server.headers)

@@ -11,6 +11,9 @@
 //!   resolver the client connects with (so DNS rebinding cannot swap the answer after the check),
 //!   and IP-literal hosts, which hyper connects to without asking the resolver, are checked by
 //!   [`NetworkPolicy::check_url`] before the request and again on every redirect.
+//! - Every outbound call of a run (HTTP tools, MCP servers, hooks) gets its client from
+//!   [`GuardedClients::for_url`], which runs that check on the URL it will call: there is no way
+//!   to the guarded clients that skips it.
 //! - IPv6 forms that carry an IPv4 address (IPv4-mapped, NAT64, 6to4) are judged by the IPv4
 //!   address they reach; forms whose target cannot be judged cleanly (IPv4-compatible, Teredo)
 //!   are refused.
@@ -20,7 +23,7 @@
 //!   an `X-Api-Key` to whatever host a tool server (or an open redirect on it) points at.
 //!   [`GuardedClients::for_headers`] picks the client that stays on the origin.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -281,28 +284,39 @@ impl Resolve for GuardedResolver {
         let host = name.as_str().to_owned();
         Box::pin(async move {
             let resolved: Vec<_> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let (permitted, refused): (Vec<_>, Vec<_>) = resolved
-                .into_iter()
-                .partition(|addr| policy.permits(addr.ip()));
-            if permitted.is_empty() {
-                let refused: Vec<String> =
-                    refused.iter().map(|addr| addr.ip().to_string()).collect();
-                let reason = if refused.is_empty() {
-                    format!("{host} resolves to no address")
-                } else {
-                    format!(
-                        "{host} resolves only to addresses that are not public ({})",
-                        refused.join(", ")
-                    )
-                };
-                return Err(Box::new(Refused::new(reason)) as Box<_>);
-            }
-            if !refused.is_empty() {
-                tracing::debug!(%host, ?refused, "dropped addresses the network policy refuses");
-            }
+            let permitted = screen(&policy, &host, resolved).map_err(|r| Box::new(r) as Box<_>)?;
             Ok(Box::new(permitted.into_iter()) as Addrs)
         })
     }
+}
+
+/// What the resolver hands to the connector for `host`: the permitted addresses of those the
+/// system resolver returned, or a refusal when none is left (a name that resolves only to
+/// loopback, private or metadata addresses, as DNS rebinding would make it).
+pub fn screen(
+    policy: &NetworkPolicy,
+    host: &str,
+    resolved: Vec<SocketAddr>,
+) -> Result<Vec<SocketAddr>, Refused> {
+    let (permitted, refused): (Vec<_>, Vec<_>) = resolved
+        .into_iter()
+        .partition(|addr| policy.permits(addr.ip()));
+    if permitted.is_empty() {
+        let refused: Vec<String> = refused.iter().map(|addr| addr.ip().to_string()).collect();
+        let reason = if refused.is_empty() {
+            format!("{host} resolves to no address")
+        } else {
+            format!(
+                "{host} resolves only to addresses that are not public ({})",
+                refused.join(", ")
+            )
+        };
+        return Err(Refused::new(reason));
+    }
+    if !refused.is_empty() {
+        tracing::debug!(%host, ?refused, "dropped addresses the network policy refuses");
+    }
+    Ok(permitted)
 }
 
 /// Where a guarded client follows redirects.
@@ -315,9 +329,11 @@ pub enum Redirects {
     SameOrigin,
 }
 
-/// The two guarded clients tools and hooks use, which differ only in [`Redirects`].
+/// The two guarded clients tools, MCP servers and hooks use, which differ only in
+/// [`Redirects`], with the policy they enforce.
 #[derive(Clone, Debug)]
 pub struct GuardedClients {
+    policy: Arc<NetworkPolicy>,
     any_origin: reqwest::Client,
     same_origin: reqwest::Client,
 }
@@ -326,22 +342,32 @@ impl GuardedClients {
     /// Both clients, enforcing `policy`, each call bounded by `timeout`.
     pub fn new(policy: &Arc<NetworkPolicy>, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Self {
+            policy: Arc::clone(policy),
             any_origin: guarded_client(Arc::clone(policy), timeout, Redirects::AnyOrigin)?,
             same_origin: guarded_client(Arc::clone(policy), timeout, Redirects::SameOrigin)?,
         })
     }
 
-    /// The client for a request that carries these configured headers: with any, redirects
-    /// stay on the configured URL's origin, so the headers never reach a host nobody named.
-    pub fn for_headers<V>(
+    /// The policy the clients enforce.
+    pub fn policy(&self) -> &NetworkPolicy {
+        &self.policy
+    }
+
+    /// The client for a call to `url` that carries these configured headers, once `url` has
+    /// passed the network policy (an IP-literal host is judged here, since the resolver never
+    /// sees it). With configured headers, redirects stay on the URL's origin, so the headers
+    /// never reach a host nobody named.
+    pub fn for_url<V>(
         &self,
+        url: &Url,
         headers: &std::collections::BTreeMap<String, V>,
-    ) -> &reqwest::Client {
-        if headers.is_empty() {
+    ) -> Result<&reqwest::Client, Refused> {
+        self.policy.check_url(url).map_err(Refused::new)?;
+        Ok(if headers.is_empty() {
             &self.any_origin
         } else {
             &self.same_origin
-        }
+        })
     }
 }
 
@@ -351,7 +377,8 @@ impl GuardedClients {
 /// [`Redirects::SameOrigin`], stops at a hop to another origin.
 ///
 /// Callers must still run [`NetworkPolicy::check_url`] on the first URL: hyper connects to an
-/// IP-literal host without asking the resolver. `timeout` bounds the whole call, body included.
+/// IP-literal host without asking the resolver ([`GuardedClients::for_url`] does it). `timeout`
+/// bounds the whole call, body included.
 pub fn guarded_client(
     policy: Arc<NetworkPolicy>,
     timeout: Duration,
@@ -576,6 +603,13 @@ mod tests {
             "http://[::ffff:127.0.0.1]/",
             "http://[::ffff:7f00:1]/",
             "http://169.254.169.254/latest/meta-data/",
+            "http://[::ffff:169.254.169.254]/",
+            "http://192.168.1.1/",
+            "http://172.16.0.1/",
+            "http://100.64.0.1/",
+            "http://[fd00::1]/",
+            "http://[fe80::1]/",
+            "http://[64:ff9b::a00:1]/",
             "http://2130706433/",
             "http://0x7f000001/",
             "http://0177.0.0.1/",
@@ -589,6 +623,45 @@ mod tests {
         assert!(
             reason.contains("10.0.0.1") && reason.contains("private"),
             "{reason}"
+        );
+    }
+
+    #[test]
+    fn the_resolver_keeps_only_permitted_addresses_and_refuses_a_name_with_none() {
+        let at = |text: &str| SocketAddr::new(ip(text), 443);
+        let strict = NetworkPolicy::strict();
+        // A name whose answer mixes a public address with the metadata endpoint and private
+        // ones (DNS rebinding tries exactly this): only the public address is connected to.
+        let mixed = vec![
+            at("169.254.169.254"),
+            at("93.184.216.34"),
+            at("10.0.0.1"),
+            at("fd00::1"),
+            at("2606:2800:220:1::1"),
+        ];
+        assert_eq!(
+            screen(&strict, "mixed.example", mixed).expect("public left"),
+            [at("93.184.216.34"), at("2606:2800:220:1::1")]
+        );
+        for private in [
+            vec![at("169.254.169.254")],
+            vec![at("10.0.0.1"), at("192.168.1.1"), at("172.16.0.1")],
+            vec![at("100.64.0.1"), at("fe80::1"), at("::ffff:127.0.0.1")],
+            vec![at("64:ff9b::a9fe:a9fe")],
+            Vec::new(),
+        ] {
+            let refused = screen(&strict, "inside.example", private.clone());
+            assert!(refused.is_err(), "{private:?} was let through");
+        }
+        let allowed = NetworkPolicy::parse("10.0.0.0/8").expect("parses");
+        assert_eq!(
+            screen(
+                &allowed,
+                "inside.example",
+                vec![at("10.0.0.1"), at("192.168.1.1")]
+            )
+            .expect("allowed network left"),
+            [at("10.0.0.1")]
         );
     }
 
