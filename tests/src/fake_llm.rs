@@ -18,6 +18,9 @@ pub enum Reply {
     Stream(Vec<Value>),
     /// These payloads and no `[DONE]` (a stream cut short).
     Truncated(Vec<Value>),
+    /// These payloads one at a time, this far apart, then `[DONE]` (a slow model, to crash
+    /// a worker mid-answer).
+    Paced(Vec<Value>, std::time::Duration),
     /// A recorded transcript, byte for byte.
     Raw(String),
     /// An error status with a JSON error body and an optional `Retry-After`.
@@ -97,6 +100,7 @@ async fn complete(State(shared): State<Shared>, Json(body): Json<Value>) -> Resp
         text
     };
     let (status, content_type, text, retry_after) = match (shared.handler)(&body, n) {
+        Reply::Paced(payloads, gap) => return paced(payloads, gap),
         Reply::Stream(p) => (200, "text/event-stream", sse(&p, true), None),
         Reply::Truncated(p) => (200, "text/event-stream", sse(&p, false), None),
         Reply::Raw(raw) => (200, "text/event-stream", raw, None),
@@ -114,6 +118,31 @@ async fn complete(State(shared): State<Shared>, Json(body): Json<Value>) -> Resp
         response = response.header("retry-after", retry_after);
     }
     response.body(Body::from(text)).unwrap_or_default()
+}
+
+/// A streamed response whose `data:` lines come `gap` apart.
+fn paced(payloads: Vec<Value>, gap: std::time::Duration) -> Response<Body> {
+    use futures::StreamExt as _;
+    let lines = payloads
+        .into_iter()
+        .map(|p| format!("data: {p}\n\n"))
+        .chain(std::iter::once("data: [DONE]\n\n".to_owned()));
+    let body = futures::stream::iter(lines).then(move |line| async move {
+        tokio::time::sleep(gap).await;
+        Ok::<_, std::convert::Infallible>(bytes::Bytes::from(line))
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(body))
+        .unwrap_or_default()
+}
+
+/// A text answer in `pieces` deltas sent `gap` apart.
+pub fn paced_text(answer: &str, pieces: usize, gap: std::time::Duration) -> Reply {
+    match text(answer, pieces) {
+        Reply::Stream(payloads) => Reply::Paced(payloads, gap),
+        other => other,
+    }
 }
 
 fn chunk(delta: Value, finish_reason: Option<&str>) -> Value {

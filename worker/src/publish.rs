@@ -10,7 +10,10 @@
 //! - Redis outages: a failed batch is retried with backoff and nothing is dropped; the run goes
 //!   on meanwhile (its result is in Postgres regardless). [`Publisher::finish`] waits a bounded
 //!   time for the backlog, then gives up and logs what was lost.
-//! - Fencing: once Redis refuses the attempt (a newer attempt has published), every later event
+//! - Fencing: an attempt after the first raises the thread's fence for itself with its first
+//!   round trip, at once, even with nothing to publish yet (a resumed attempt may stay silent
+//!   for a while), so a stale attempt's queued events are refused from the moment a new one
+//!   starts. Once Redis refuses the attempt (a newer attempt has published), every later event
 //!   is dropped.
 
 use std::collections::VecDeque;
@@ -112,8 +115,10 @@ async fn publish_loop(
     // Renewals stop when the lease is handed back (a run that ended, before its final flush).
     let mut beating = true;
     let mut backoff = retry_delays();
+    // The first round trip raises the fence, even empty; the first attempt has no elder.
+    let mut fenced = origin.attempt <= 1;
     loop {
-        if pending.is_empty() {
+        if pending.is_empty() && fenced {
             if closed {
                 return;
             }
@@ -140,7 +145,7 @@ async fn publish_loop(
             done |= event.kind == EventType::Done;
             push(&mut pending, event, coalesce);
         }
-        if pending.is_empty() {
+        if pending.is_empty() && fenced {
             continue;
         }
         let batch: Vec<Event> = pending.iter().take(MAX_BATCH).cloned().collect();
@@ -159,6 +164,7 @@ async fn publish_loop(
                 metrics::counter!("spool_events_published_total").increment(batch.len() as u64);
                 pending.drain(..batch.len());
                 backoff = retry_delays();
+                fenced = true;
             }
             Err(PublishError::Fenced { current }) => {
                 tracing::warn!(fence = current, "Redis refused a stale attempt's events");

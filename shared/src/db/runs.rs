@@ -365,7 +365,12 @@ pub async fn claim_next(
             SET status = 'running',
                 attempt = r.attempt + 1,
                 reclaims = r.reclaims + (candidate.previous_status = 'running')::int,
-                resumed = r.resumed OR candidate.previous_status = 'awaiting_approval',
+                -- Continues cleanly (no attempt_restarted) only after an answered or expired
+                -- pause; after an expired lease (a crash) it restarts, whatever came before.
+                resumed = CASE candidate.previous_status
+                              WHEN 'running' THEN false
+                              WHEN 'awaiting_approval' THEN true
+                              ELSE r.resumed END,
                 pending_action = NULL,
                 approval_expires_at = NULL,
                 lease_owner = $1,
@@ -604,7 +609,8 @@ async fn release(
 ) -> sqlx::Result<bool> {
     let result = sqlx::query(
         "UPDATE runs
-            SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+            SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, resumed = false,
+                updated_at = now()
           WHERE id = $1 AND attempt = $2 AND status = 'running'",
     )
     .bind(id)
@@ -811,5 +817,45 @@ mod tests {
             (id, 3, 0),
             "a release is not counted as a crash"
         );
+    }
+
+    #[tokio::test]
+    async fn only_the_attempt_right_after_a_pause_continues_cleanly() {
+        let db = TestDb::new().await.expect("db");
+        let (id, _) = queued(&db).await;
+        let pool = &db.pool;
+        let lease = Duration::from_secs(60);
+        let a = claim(&db, lease).await.expect("a run");
+        assert!(!a.run().resumed, "a first attempt starts");
+        let action = PendingAction::SubmitToolOutputs { tool_calls: vec![] };
+        let paused = a.pause(pool, RunStatus::RequiresAction, &action, None);
+        assert_eq!(paused.await.expect("pause"), Fence::Held);
+        assert!(
+            resume(pool, id, RunStatus::RequiresAction, None)
+                .await
+                .expect("resume")
+        );
+        let b = claim(&db, lease).await.expect("the answered run");
+        assert!(
+            b.run().resumed,
+            "the attempt after an answered pause continues"
+        );
+        // It crashes: the next attempt restarts, although a pause came before.
+        expire(&db, id).await;
+        let c = claim(&db, lease).await.expect("a reclaim");
+        assert!(!c.run().resumed, "an attempt after a crash restarts");
+        // A release after a resume: the next attempt restarts too.
+        let paused = c.pause(pool, RunStatus::RequiresAction, &action, None);
+        assert_eq!(paused.await.expect("pause"), Fence::Held);
+        assert!(
+            resume(pool, id, RunStatus::RequiresAction, None)
+                .await
+                .expect("resume")
+        );
+        let d = claim(&db, lease).await.expect("the answered run");
+        assert!(d.run().resumed);
+        assert_eq!(d.release(pool).await.expect("release"), Fence::Held);
+        let e = claim(&db, lease).await.expect("the released run");
+        assert!(!e.run().resumed, "an attempt after a release restarts");
     }
 }

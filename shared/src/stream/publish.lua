@@ -1,7 +1,7 @@
 -- Publishes one attempt's batch of events to a thread's stream, fenced on the attempt.
 -- KEYS: stream, fence hash, starts hash (one hash tag: one Cluster slot).
 -- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, then (type, message_id,
---       json) for each event.
+--       json) for each event. No event: it only raises the fence to this attempt.
 local stream, fence, starts = KEYS[1], KEYS[2], KEYS[3]
 local attempt = tonumber(ARGV[2])
 local current = tonumber(redis.call('HGET', fence, ARGV[1]) or '0')
@@ -58,5 +58,8 @@ for i = 6, #ARGV, 3 do
   end
   ids[#ids + 1] = id
 end
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+-- An empty batch only raises the fence: there is nothing to announce.
+if #ids > 0 then
+  redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
 return ids

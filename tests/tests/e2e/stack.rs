@@ -98,6 +98,33 @@ impl Stack {
         response.json().await.expect("json")
     }
 
+    /// POSTs `body` to `path` with `token`; returns the status and the JSON answer.
+    pub(crate) async fn post(
+        &self,
+        token: &str,
+        path: &str,
+        body: &Value,
+    ) -> (reqwest::StatusCode, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Creates an agent of tenant `acme` (as its admin); returns its id.
+    pub(crate) async fn create_agent(&self, spec: &Value) -> String {
+        let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
+        let (status, agent) = self.post(&admin, "/v1/agents", spec).await;
+        assert_eq!(status, reqwest::StatusCode::CREATED, "{agent}");
+        agent["id"].as_str().expect("id").to_owned()
+    }
+
     /// The status of an assistant message, read from Postgres.
     pub(crate) async fn message_status(&self, message_id: &Value) -> Option<String> {
         let id: uuid::Uuid = message_id.as_str()?.parse().ok()?;
