@@ -43,6 +43,11 @@
 //! if the worker has not yet noticed that it lost its lease. `message_start` is idempotent per
 //! message: a new attempt's `message_start` reuses the first one's entry.
 //!
+//! Publishing is idempotent per batch: each batch carries an id, the script remembers the last
+//! 16 applied for the workflow (field `{workflow_id}:batches` of the fence hash), and a batch
+//! it has seen is not stored again. A retry after a lost reply (a timeout, a reset connection,
+//! a failover) therefore never duplicates events, as long as the retry sends the same batch.
+//!
 //! # Trimming
 //! On `done` the script trims entries older than the retention window counted from now (the
 //! run's completion), never the just-finished message, and sets the thread's keys to expire
@@ -275,17 +280,36 @@ pub enum PublishError {
     Redis(#[from] redis::RedisError),
 }
 
-/// Publishes a batch of one attempt's events, in order, fenced on the attempt; returns their
-/// entry ids.
+/// One batch of one attempt's events: what [`publish`] stores, at most once per `id`.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    /// The thread whose stream it goes to.
+    pub thread: ThreadId,
+    /// The run.
+    pub workflow: WorkflowId,
+    /// The attempt that publishes it (the fence).
+    pub attempt: i32,
+    /// Unique per batch; a retry of the batch sends the same id (and the same events).
+    pub id: &'a str,
+    /// The events, in order; none only raises the fence.
+    pub events: &'a [Event],
+}
+
+/// Publishes a batch, in order, fenced on its attempt; returns the new entries' ids (none if
+/// the batch was already stored).
 pub async fn publish(
     conn: &mut RedisConn,
     keys: &StreamKeys,
-    thread: ThreadId,
-    workflow: WorkflowId,
-    attempt: i32,
-    events: &[Event],
+    batch: &Batch<'_>,
     retention: Duration,
 ) -> Result<Vec<String>, PublishError> {
+    let Batch {
+        thread,
+        workflow,
+        attempt,
+        id,
+        events,
+    } = *batch;
     let mut invocation = PUBLISH.prepare_invoke();
     invocation
         .key(keys.events(thread))
@@ -299,7 +323,8 @@ pub async fn publish(
                 .max(1),
         )
         .arg(keys.notify_channel())
-        .arg(thread.to_string());
+        .arg(thread.to_string())
+        .arg(id);
     for event in events {
         let json = serde_json::to_string(event).map_err(|err| {
             redis::RedisError::from((redis::ErrorKind::Client, "event encoding", err.to_string()))

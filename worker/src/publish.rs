@@ -8,8 +8,10 @@
 //!   coalesced into one; order and concatenated content never change.
 //! - Heartbeats: every lease renewal queues a `heartbeat` event.
 //! - Redis outages: a failed batch is retried with backoff and nothing is dropped; the run goes
-//!   on meanwhile (its result is in Postgres regardless). [`Publisher::finish`] waits a bounded
-//!   time for the backlog, then gives up and logs what was lost.
+//!   on meanwhile (its result is in Postgres regardless). A retry sends the same batch under the
+//!   same id, so a batch whose reply was lost (it may have been stored) is stored once
+//!   (`spool_shared::stream` "Fencing"). [`Publisher::finish`] waits a bounded time for the
+//!   backlog, then gives up and logs what was lost.
 //! - Fencing: an attempt after the first raises the thread's fence for itself with its first
 //!   round trip, at once, even with nothing to publish yet (a resumed attempt may stay silent
 //!   for a while), so a stale attempt's queued events are refused from the moment a new one
@@ -25,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use spool_shared::event::{Event, EventType, Origin};
-use spool_shared::stream::{self, PublishError, RedisConn, StreamKeys};
+use spool_shared::stream::{self, Batch, PublishError, RedisConn, StreamKeys};
 
 /// Where events go: a Redis connection, the key names and the retention window.
 #[derive(Clone)]
@@ -108,63 +110,44 @@ async fn publish_loop(
     coalesce: usize,
 ) {
     let mut conn = streams.conn.clone();
-    let mut pending: VecDeque<Event> = VecDeque::new();
-    let mut closed = false;
-    // Nothing follows `done`, not even a heartbeat from a renewal during the final flush.
-    let mut done = false;
-    // Renewals stop when the lease is handed back (a run that ended, before its final flush).
-    let mut beating = true;
+    let mut outbox = Outbox::new(origin, coalesce);
     let mut backoff = retry_delays();
-    // The first round trip raises the fence, even empty; the first attempt has no elder.
-    let mut fenced = origin.attempt <= 1;
     loop {
-        if pending.is_empty() && fenced {
-            if closed {
+        if outbox.idle() {
+            if outbox.closed {
                 return;
             }
             tokio::select! {
                 event = rx.recv() => match event {
-                    Some(event) => {
-                        done |= event.kind == EventType::Done;
-                        push(&mut pending, event, coalesce);
-                    }
-                    None => closed = true,
+                    Some(event) => outbox.take(event),
+                    None => outbox.closed = true,
                 },
-                changed = beats.changed(), if beating && !done => match changed {
-                    Ok(()) => push(
-                        &mut pending,
-                        origin.event(EventType::Heartbeat, json!({})),
-                        coalesce,
-                    ),
+                changed = beats.changed(), if outbox.beating && !outbox.done => match changed {
+                    Ok(()) => outbox.take(origin.event(EventType::Heartbeat, json!({}))),
                     // The lease is gone; the run's own events still flow until `finish`.
-                    Err(_) => beating = false,
+                    Err(_) => outbox.beating = false,
                 },
             }
         }
         while let Ok(event) = rx.try_recv() {
-            done |= event.kind == EventType::Done;
-            push(&mut pending, event, coalesce);
+            outbox.take(event);
         }
-        if pending.is_empty() && fenced {
+        if outbox.idle() {
             continue;
         }
-        let batch: Vec<Event> = pending.iter().take(MAX_BATCH).cloned().collect();
-        let result = stream::publish(
-            &mut conn,
-            &streams.keys,
-            origin.thread_id,
-            origin.workflow_id,
-            origin.attempt,
-            &batch,
-            streams.retention,
-        )
-        .await;
-        match result {
+        let (id, events) = outbox.batch();
+        let batch = Batch {
+            thread: origin.thread_id,
+            workflow: origin.workflow_id,
+            attempt: origin.attempt,
+            id,
+            events,
+        };
+        match stream::publish(&mut conn, &streams.keys, &batch, streams.retention).await {
             Ok(_) => {
-                metrics::counter!("spool_events_published_total").increment(batch.len() as u64);
-                pending.drain(..batch.len());
+                let sent = outbox.sent();
+                metrics::counter!("spool_events_published_total").increment(sent as u64);
                 backoff = retry_delays();
-                fenced = true;
             }
             Err(PublishError::Fenced { current }) => {
                 tracing::warn!(fence = current, "Redis refused a stale attempt's events");
@@ -172,11 +155,71 @@ async fn publish_loop(
             }
             Err(PublishError::Redis(err)) => {
                 let delay = backoff.next().unwrap_or(Duration::from_secs(1));
-                tracing::warn!(error = %err, backlog = pending.len(), ?delay,
-                    "publishing events failed; retrying");
+                tracing::warn!(error = %err, backlog = outbox.pending.len(), ?delay,
+                    "publishing events failed; retrying the same batch");
                 tokio::time::sleep(delay).await;
             }
         }
+    }
+}
+
+/// The events a publisher holds: those not sent yet, and the batch in flight, which a retry
+/// sends exactly as it was first sent (same id, same events), so Redis can tell a retry from a
+/// new batch and store it once. Events that arrive meanwhile queue behind it.
+struct Outbox {
+    pending: VecDeque<Event>,
+    in_flight: Option<(String, Vec<Event>)>,
+    coalesce: usize,
+    closed: bool,
+    /// Nothing follows `done`, not even a heartbeat from a renewal during the final flush.
+    done: bool,
+    /// Renewals stop when the lease is handed back (a run that ended, before its final flush).
+    beating: bool,
+    /// Whether a round trip has raised the fence; the first does, even empty (the first
+    /// attempt has no elder to fence out).
+    fenced: bool,
+}
+
+impl Outbox {
+    fn new(origin: Origin, coalesce: usize) -> Self {
+        Self {
+            pending: VecDeque::new(),
+            in_flight: None,
+            coalesce,
+            closed: false,
+            done: false,
+            beating: true,
+            fenced: origin.attempt <= 1,
+        }
+    }
+
+    /// Queues an event behind whatever is pending.
+    fn take(&mut self, event: Event) {
+        self.done |= event.kind == EventType::Done;
+        push(&mut self.pending, event, self.coalesce);
+    }
+
+    /// Whether there is nothing to send.
+    fn idle(&self) -> bool {
+        self.in_flight.is_none() && self.pending.is_empty() && self.fenced
+    }
+
+    /// The batch to send: the one in flight, else the next [`MAX_BATCH`] pending events under
+    /// a new id.
+    fn batch(&mut self) -> (&str, &[Event]) {
+        let pending = &mut self.pending;
+        let (id, events) = self.in_flight.get_or_insert_with(|| {
+            let n = pending.len().min(MAX_BATCH);
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            (id, pending.drain(..n).collect())
+        });
+        (id, events)
+    }
+
+    /// The batch in flight was stored; returns how many events it held.
+    fn sent(&mut self) -> usize {
+        self.fenced = true;
+        self.in_flight.take().map_or(0, |(_, events)| events.len())
     }
 }
 
@@ -303,6 +346,52 @@ mod tests {
             .collect();
         let expected: String = (0..n).map(|i| format!("{} ", i % 10)).collect();
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn a_batch_is_retried_exactly_as_it_was_first_sent() {
+        let o = origin();
+        let delta = |text: &str| {
+            o.event(
+                EventType::TextDelta,
+                json!({"block_id": "b0", "delta": text}),
+            )
+        };
+        let mut outbox = Outbox::new(o, CAP);
+        outbox.take(delta("Hel"));
+        let (id, events) = outbox.batch();
+        let first = (id.to_owned(), events.to_vec());
+        // More text arrives while the batch is in flight, and the send fails.
+        outbox.take(delta("lo"));
+        let (id, events) = outbox.batch();
+        assert_eq!(
+            (id.to_owned(), events.to_vec()),
+            first,
+            "the retry is the same batch"
+        );
+        assert_eq!(outbox.sent(), 1);
+        let (id, events) = outbox.batch();
+        assert_ne!(id, first.0, "the next batch has an id of its own");
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data["delta"], "lo");
+        assert_eq!(outbox.sent(), 1);
+        assert!(outbox.idle());
+    }
+
+    #[test]
+    fn a_later_attempt_raises_the_fence_before_it_has_anything_to_send() {
+        let mut later = origin();
+        later.attempt = 3;
+        let mut outbox = Outbox::new(later, CAP);
+        assert!(!outbox.idle(), "the first round trip goes out at once");
+        let (_, events) = outbox.batch();
+        assert!(events.is_empty());
+        assert_eq!(outbox.sent(), 0);
+        assert!(outbox.idle());
+        assert!(
+            Outbox::new(origin(), CAP).idle(),
+            "a first attempt has no elder"
+        );
     }
 
     #[test]

@@ -221,13 +221,18 @@ async fn publish_cancelled(state: &AppState, run: &Run, attempt: i32) {
         .map(|(kind, data)| origin.event(kind, data))
         .collect();
     let mut conn = state.streams.conn();
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let batch = stream::Batch {
+        thread: run.thread_id,
+        workflow: run.id,
+        attempt,
+        id: &id,
+        events: &events,
+    };
     let result = stream::publish(
         &mut conn,
         state.streams.keys(),
-        run.thread_id,
-        run.id,
-        attempt,
-        &events,
+        &batch,
         state.config.stream_retention,
     )
     .await;

@@ -64,13 +64,18 @@ impl TestApp {
         origin: &spool_shared::event::Origin,
         events: &[spool_shared::event::Event],
     ) {
+        let id = Uuid::new_v4().simple().to_string();
+        let batch = events::Batch {
+            thread: origin.thread_id,
+            workflow: origin.workflow_id,
+            attempt: origin.attempt,
+            id: &id,
+            events,
+        };
         events::publish(
             &mut self.streams.conn(),
             &self.keys,
-            origin.thread_id,
-            origin.workflow_id,
-            origin.attempt,
-            events,
+            &batch,
             Duration::from_secs(60),
         )
         .await

@@ -1,7 +1,9 @@
 -- Publishes one attempt's batch of events to a thread's stream, fenced on the attempt.
 -- KEYS: stream, fence hash, starts hash (one hash tag: one Cluster slot).
--- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, then (type, message_id,
---       json) for each event. No event: it only raises the fence to this attempt.
+-- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, batch id, then (type,
+--       message_id, json) for each event. No event: it only raises the fence to this attempt.
+-- A batch whose id is among the last ones applied for the workflow was already stored (a retry
+-- after a reply was lost): it is not stored again, and the answer is empty.
 local stream, fence, starts = KEYS[1], KEYS[2], KEYS[3]
 local attempt = tonumber(ARGV[2])
 local current = tonumber(redis.call('HGET', fence, ARGV[1]) or '0')
@@ -11,6 +13,21 @@ end
 if current < attempt then
   redis.call('HSET', fence, ARGV[1], ARGV[2])
 end
+local batches_field = ARGV[1] .. ':batches'
+local applied = redis.call('HGET', fence, batches_field) or ''
+if string.find(',' .. applied .. ',', ',' .. ARGV[6] .. ',', 1, true) then
+  return {}
+end
+-- Remember this batch among the last 16 applied for the workflow.
+local ids_kept = {}
+for id in string.gmatch(applied, '[^,]+') do
+  ids_kept[#ids_kept + 1] = id
+end
+ids_kept[#ids_kept + 1] = ARGV[6]
+while #ids_kept > 16 do
+  table.remove(ids_kept, 1)
+end
+redis.call('HSET', fence, batches_field, table.concat(ids_kept, ','))
 if redis.call('EXISTS', stream) == 0 then
   -- Marks the stream's birth, so a cursor from before it (an expired or lost stream) is seen
   -- as a gap.
@@ -18,7 +35,7 @@ if redis.call('EXISTS', stream) == 0 then
 end
 local retention = tonumber(ARGV[3])
 local ids = {}
-for i = 6, #ARGV, 3 do
+for i = 7, #ARGV, 3 do
   local kind, message, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local id = false
   if kind == 'message_start' then

@@ -149,16 +149,16 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
         let keys = keys.clone();
         let mut conn = conn.clone();
         async move {
-            stream::publish(
-                &mut conn,
-                &keys,
-                event.thread_id,
-                event.workflow_id,
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let events = [event];
+            let batch = stream::Batch {
+                thread: events[0].thread_id,
+                workflow: events[0].workflow_id,
                 attempt,
-                &[event],
-                Duration::from_secs(60),
-            )
-            .await
+                id: &id,
+                events: &events,
+            };
+            stream::publish(&mut conn, &keys, &batch, Duration::from_secs(60)).await
         }
     };
     publish(1).await.expect("attempt 1 publishes");
@@ -186,6 +186,69 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
         })
         .collect();
     assert_eq!(attempts, [1, 2, 2]);
+}
+
+#[tokio::test]
+async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
+    let keys = StreamKeys::new(spool_tests::redis_prefix());
+    let mut conn = stream::connect(&spool_tests::redis_url()).expect("redis");
+    let origin = Origin {
+        thread_id: ThreadId::new(),
+        workflow_id: WorkflowId::new(),
+        message_id: MessageId::new(),
+        attempt: 1,
+    };
+    let delta = |text: &str| {
+        origin.event(
+            EventType::TextDelta,
+            json!({"block_id": "b0", "delta": text}),
+        )
+    };
+    let publish = |id: String, events: Vec<spool_shared::event::Event>| {
+        let keys = keys.clone();
+        let mut conn = conn.clone();
+        async move {
+            let batch = stream::Batch {
+                thread: origin.thread_id,
+                workflow: origin.workflow_id,
+                attempt: origin.attempt,
+                id: &id,
+                events: &events,
+            };
+            stream::publish(&mut conn, &keys, &batch, Duration::from_secs(60))
+                .await
+                .expect("publish")
+        }
+    };
+    let first = vec![delta("Hel"), delta("lo")];
+    assert_eq!(publish("b1".into(), first.clone()).await.len(), 2);
+    // The reply was lost (a timeout, a reset, a failover): the publisher sends the batch again.
+    assert!(publish("b1".into(), first.clone()).await.is_empty());
+    assert_eq!(publish("b2".into(), vec![delta(", world")]).await.len(), 1);
+    // Even after many later batches, a late repeat of a recent one is recognised.
+    for n in 3..12 {
+        publish(format!("b{n}"), vec![delta("!")]).await;
+    }
+    assert!(
+        publish("b2".into(), vec![delta(", world")])
+            .await
+            .is_empty()
+    );
+    let stored = stream::read_after(
+        &mut conn,
+        &keys.events(origin.thread_id),
+        Default::default(),
+        100,
+    )
+    .await
+    .expect("xrange");
+    let text: String = stored
+        .iter()
+        .filter(|e| !e.is_marker())
+        .map(|e| serde_json::from_str::<Value>(&e.json).expect("json")["data"]["delta"].clone())
+        .filter_map(|d| d.as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, format!("Hello, world{}", "!".repeat(9)));
 }
 
 #[tokio::test]
