@@ -30,7 +30,8 @@ impl Usage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureCode {
-    /// The run's agent was deleted before the run started.
+    /// The run's agent was deleted before the run started (only a run enqueued before runs
+    /// stored their agent's spec: a later one executes the spec it was enqueued with).
     AgentNotFound,
     /// The model could not be reached, or kept failing after its retries (429, 5xx, timeouts),
     /// or no provider serves it.

@@ -58,12 +58,17 @@ use tools::ToolSet;
 
 use crate::stop::Halt;
 
-/// The agent that answers `run`: its own, or the worker's default. `None` if it was deleted.
+/// The agent that answers `run`: its spec as it was at enqueue, or the worker's default. A
+/// run enqueued before specs were stored with runs reads the agent's row (`None` if it was
+/// deleted).
 pub(crate) async fn load_spec(
     db: &PgPool,
     engine: &Engine,
     run: &Run,
 ) -> sqlx::Result<Option<AgentSpec>> {
+    if let Some(spec) = &run.agent_spec {
+        return Ok(Some(spec.0.clone()));
+    }
     match run.agent_id {
         None => Ok(Some(engine.default_agent.clone())),
         Some(id) => Ok(agents::find(db, id, &run.tenant_id)

@@ -1,6 +1,10 @@
 //! Agents: stored configurations, per tenant. Anyone of the tenant may read them; writes need
 //! an `admin` token. A spec is validated before it is saved, and every problem comes back at
 //! once, by field path: `422 invalid_agent` with `errors: [{field, message}]`.
+//!
+//! Header values (of HTTP tools, MCP servers and hooks; often credentials) are write-only:
+//! every read shows `"<redacted>"`, and a write that sends `"<redacted>"` back keeps the stored
+//! value, so a client can read an agent, change it and write it back.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -47,7 +51,7 @@ impl From<Agent> for AgentResponse {
     fn from(agent: Agent) -> Self {
         Self {
             id: agent.id,
-            spec: agent.spec.0,
+            spec: agent.spec.0.redacted(),
             created_at: agent.created_at,
             updated_at: agent.updated_at,
         }
@@ -61,8 +65,11 @@ pub struct AgentsResponse {
     pub agents: Vec<AgentResponse>,
 }
 
-fn validated(spec: AgentSpec) -> Result<AgentSpec, ApiError> {
-    let errors = spec.validate();
+/// The spec to store: `"<redacted>"` header values replaced by what `stored` holds for them,
+/// then validated.
+fn validated(mut spec: AgentSpec, stored: Option<&AgentSpec>) -> Result<AgentSpec, ApiError> {
+    let mut errors = spec.keep_redacted(stored);
+    errors.extend(spec.validate());
     if errors.is_empty() {
         return Ok(spec);
     }
@@ -106,7 +113,7 @@ async fn post_agent(
     ApiJson(spec): ApiJson<AgentSpec>,
 ) -> Result<(StatusCode, Json<AgentResponse>), ApiError> {
     caller.require_admin()?;
-    let spec = validated(spec)?;
+    let spec = validated(spec, None)?;
     let agent = agents::insert(&state.db, AgentId::new(), &caller.owner.tenant_id, &spec).await?;
     Ok((StatusCode::CREATED, Json(agent.into())))
 }
@@ -180,8 +187,12 @@ async fn put_agent(
     ApiJson(spec): ApiJson<AgentSpec>,
 ) -> Result<Json<AgentResponse>, ApiError> {
     caller.require_admin()?;
-    let spec = validated(spec)?;
-    let agent = agents::update(&state.db, agent_id, &caller.owner.tenant_id, &spec)
+    let tenant = &caller.owner.tenant_id;
+    let stored = agents::find(&state.db, agent_id, tenant)
+        .await?
+        .ok_or_else(not_found)?;
+    let spec = validated(spec, Some(&stored.spec.0))?;
+    let agent = agents::update(&state.db, agent_id, tenant, &spec)
         .await?
         .ok_or_else(not_found)?;
     Ok(Json(agent.into()))

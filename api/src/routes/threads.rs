@@ -402,6 +402,9 @@ async fn post_user_message(
     let enqueued = match enqueue(&mut tx, &message).await {
         Ok(enqueued) => enqueued,
         Err(EnqueueError::ThreadNotFound) => return Err(thread_not_found()),
+        Err(EnqueueError::AgentNotFound) => {
+            return Err(ApiError::not_found("agent_not_found", "no such agent"));
+        }
         Err(EnqueueError::ThreadBusy) => {
             tx.rollback().await?;
             return Err(thread_busy(&state, thread_id).await);

@@ -181,3 +181,145 @@ async fn a_thread_created_with_an_agent_is_answered_by_it() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn header_values_are_write_only_and_writing_back_what_was_read_keeps_them() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let spec = json!({"name": "keys", "model": "demo",
+        "tools": [
+            {"type": "http", "name": "lookup", "url": "https://tools.example.com/lookup",
+             "headers": {"X-Api-Key": "sesame"}},
+            {"type": "mcp", "name": "gh", "url": "https://mcp.example.com/mcp",
+             "headers": {"Authorization": "Bearer ghp_secret"}}],
+        "hooks": [{"event": "on_run_start", "type": "http", "url": "https://hooks.example.com",
+                   "headers": {"X-Hook-Token": "hook-secret"}}]});
+    let id = app.create_agent("acme", &spec).await;
+    let stored_spec = || async {
+        let (spec,): (Value,) = sqlx::query_as("SELECT spec FROM agents")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("stored");
+        spec
+    };
+    let secrets = ["sesame", "ghp_secret", "hook-secret"];
+    let reads = [
+        app.get(&token("alice", "acme"), &format!("/v1/agents/{id}"))
+            .await,
+        app.get(&token("alice", "acme"), "/v1/agents").await,
+        app.get(&admin("acme"), &format!("/v1/agents/{id}")).await,
+    ];
+    for (status, body) in &reads {
+        assert_eq!(*status, StatusCode::OK);
+        let text = body.to_string();
+        for secret in secrets {
+            assert!(!text.contains(secret), "{secret} was shown: {text}");
+        }
+    }
+    let read = reads[2].1.clone();
+    assert_eq!(read["tools"][0]["headers"]["X-Api-Key"], "<redacted>");
+    assert_eq!(read["hooks"][0]["headers"]["X-Hook-Token"], "<redacted>");
+
+    // The client changes the instructions and writes back what it read.
+    let mut written = read.clone();
+    for field in ["id", "created_at", "updated_at"] {
+        written.as_object_mut().expect("object").remove(field);
+    }
+    written["instructions"] = json!("Be brief.");
+    written["tools"][0]["headers"]["X-Extra"] = json!("new-value");
+    let (status, body) = app
+        .send(
+            reqwest::Method::PUT,
+            &admin("acme"),
+            &format!("/v1/agents/{id}"),
+            Some(&written),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stored = stored_spec().await;
+    assert_eq!(stored["instructions"], "Be brief.");
+    assert_eq!(stored["tools"][0]["headers"]["X-Api-Key"], "sesame");
+    assert_eq!(stored["tools"][0]["headers"]["X-Extra"], "new-value");
+    assert_eq!(
+        stored["tools"][1]["headers"]["Authorization"],
+        "Bearer ghp_secret"
+    );
+    assert_eq!(stored["hooks"][0]["headers"]["X-Hook-Token"], "hook-secret");
+
+    // `<redacted>` where nothing is stored is refused, and nothing is created.
+    let mut copy = written.clone();
+    copy["name"] = json!("copy");
+    let (status, body) = app.post(&admin("acme"), "/v1/agents", &copy).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["code"], "invalid_agent");
+    assert!(
+        body["error"]["errors"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["field"] == "tools[0].headers.X-Api-Key")),
+        "{body}"
+    );
+    assert_eq!(app.db.count("agents").await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_run_executes_its_agent_as_it_was_when_the_run_was_enqueued() {
+    let fake =
+        spool_tests::fake_llm::FakeLlm::start(|_, _| spool_tests::fake_llm::text("done", 1)).await;
+    // No worker until both runs are enqueued and the agent has changed, then was deleted.
+    let args = crate::common::worker_args_with(1, 0, &["--llm-base-url", &fake.base_url]);
+    let mut app = TestApp::start(0, args.clone()).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "v", "model": "gpt-4o-mini", "instructions": "Version A."}),
+        )
+        .await;
+    let (_, first) = crate::common::ask(&app, &agent, "first").await;
+    let (status, _) = app
+        .send(
+            reqwest::Method::PUT,
+            &admin("acme"),
+            &format!("/v1/agents/{agent}"),
+            Some(&json!({"name": "v", "model": "gpt-4o-mini", "instructions": "Version B."})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, second) = crate::common::ask(&app, &agent, "second").await;
+    let (status, _) = app
+        .send(
+            reqwest::Method::DELETE,
+            &admin("acme"),
+            &format!("/v1/agents/{agent}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    app.restart_workers(1, args).await;
+    for accepted in [&first, &second] {
+        let run = crate::common::finished(&app, accepted).await;
+        assert_eq!(run["status"], "completed", "{run}");
+    }
+    let instructions: Vec<(String, String)> = fake
+        .requests()
+        .iter()
+        .map(|r| {
+            let messages = r["messages"].as_array().cloned().unwrap_or_default();
+            let system = messages[0]["content"].as_str().unwrap_or("").to_owned();
+            let user = messages
+                .last()
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or("")
+                .to_owned();
+            (user, system)
+        })
+        .collect();
+    assert!(
+        instructions.contains(&("first".into(), "Version A.".into())),
+        "{instructions:?}"
+    );
+    assert!(
+        instructions.contains(&("second".into(), "Version B.".into())),
+        "{instructions:?}"
+    );
+    app.stop().await;
+}

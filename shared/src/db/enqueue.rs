@@ -2,8 +2,9 @@
 //!
 //! In the caller's transaction: the thread on first use (if the id is a UUID no one else owns),
 //! the user message, the assistant message that will stream (status `queued`, so its id is
-//! known at once and its content is written exactly once, when the run ends), the run, and a
-//! NOTIFY that wakes the workers when the transaction commits. A `202` therefore means all of it
+//! known at once and its content is written exactly once, when the run ends), the run with the
+//! spec of its agent as it is now (the run executes that spec, whatever happens to the agent
+//! later), and a NOTIFY that wakes the workers when the transaction commits. A `202` therefore means all of it
 //! is committed, and any error before the commit leaves nothing behind. The partial unique index
 //! on active runs refuses a second one on the thread (invariant 2).
 
@@ -12,7 +13,7 @@ use sqlx::PgConnection;
 
 use crate::db::runs::{self, NewRun};
 use crate::db::threads::{self, Owner};
-use crate::db::{is_unique_violation, messages, notify_runs};
+use crate::db::{agents, is_unique_violation, messages, notify_runs};
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
 use crate::status::{MessageStatus, Role};
 
@@ -52,6 +53,9 @@ pub enum EnqueueError {
     /// The thread belongs to someone else.
     #[error("no such thread")]
     ThreadNotFound,
+    /// The agent (the message's, or the thread's) does not exist (any more).
+    #[error("no such agent")]
+    AgentNotFound,
     /// The thread already has an active run.
     #[error("the thread already has an active run")]
     ThreadBusy,
@@ -69,6 +73,17 @@ pub async fn enqueue(
     let thread_agent = threads::ensure_owned(tx, thread_id, message.owner, message.agent_id)
         .await?
         .ok_or(EnqueueError::ThreadNotFound)?;
+    let agent_id = message.agent_id.or(thread_agent);
+    let agent_spec = match agent_id {
+        Some(id) => Some(
+            agents::find(&mut *tx, id, &message.owner.tenant_id)
+                .await?
+                .ok_or(EnqueueError::AgentNotFound)?
+                .spec
+                .0,
+        ),
+        None => None,
+    };
     let enqueued = Enqueued {
         workflow_id: WorkflowId::new(),
         user_message_id: MessageId::new(),
@@ -101,7 +116,8 @@ pub async fn enqueue(
         id: workflow_id,
         thread_id,
         owner: message.owner,
-        agent_id: message.agent_id.or(thread_agent),
+        agent_id,
+        agent_spec: agent_spec.as_ref(),
         user_message_id: enqueued.user_message_id,
         assistant_message_id: enqueued.message_id,
         idempotency_key: message.idempotency_key,

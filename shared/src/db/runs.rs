@@ -20,7 +20,7 @@ use sqlx::PgExecutor;
 use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
 
-use crate::agent::RunOverrides;
+use crate::agent::{AgentSpec, RunOverrides};
 use crate::db::steps::{self, SavedStep};
 use crate::db::threads::Owner;
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
@@ -89,6 +89,8 @@ pub struct Run {
     pub cancelled_by: Option<String>,
     /// When it last became claimable.
     pub queued_at: DateTime<Utc>,
+    /// The agent's spec as it was at enqueue (`None`: the worker's default agent).
+    pub agent_spec: Option<Json<AgentSpec>>,
 }
 
 // One list for every statement that returns whole runs (`r.`-prefixed where a join needs it).
@@ -99,7 +101,7 @@ macro_rules! columns {
          status, attempt, reclaims, lease_owner, lease_expires_at, heartbeat_at, \
          cancel_requested_at, error, usage, trace_context, created_at, started_at, finished_at, \
          updated_at, pending_action, approval_expires_at, resumed, overrides, cancel_reason, \
-         cancelled_by, queued_at"
+         cancelled_by, queued_at, agent_spec"
     };
     ("r.") => {
         "r.id, r.thread_id, r.tenant_id, r.owner_id, r.agent_id, r.user_message_id, \
@@ -107,7 +109,7 @@ macro_rules! columns {
          r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage, \
          r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at, \
          r.pending_action, r.approval_expires_at, r.resumed, r.overrides, r.cancel_reason, \
-         r.cancelled_by, r.queued_at"
+         r.cancelled_by, r.queued_at, r.agent_spec"
     };
 }
 
@@ -122,6 +124,8 @@ pub struct NewRun<'a> {
     pub owner: &'a Owner,
     /// The agent that answers.
     pub agent_id: Option<AgentId>,
+    /// Its spec, which the run executes whatever happens to the agent later.
+    pub agent_spec: Option<&'a AgentSpec>,
     /// The message that starts it.
     pub user_message_id: MessageId,
     /// The assistant message it will produce.
@@ -137,8 +141,8 @@ pub struct NewRun<'a> {
 pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                           assistant_message_id, idempotency_key, trace_context)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                           assistant_message_id, idempotency_key, trace_context, agent_spec)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(run.id)
     .bind(run.thread_id)
@@ -149,6 +153,7 @@ pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Re
     .bind(run.assistant_message_id)
     .bind(run.idempotency_key)
     .bind(run.trace_context)
+    .bind(run.agent_spec.map(Json))
     .execute(executor)
     .await?;
     Ok(())

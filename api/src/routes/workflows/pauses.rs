@@ -132,18 +132,20 @@ pub(crate) async fn post_tool_outputs(
         step_rules: request.step_rules,
         defaults: request.defaults,
     };
-    // Checked against the agent as the worker will load it: a tool the agent does not have
+    // Checked against the agent as the worker will run it: a tool the agent does not have
     // would otherwise fail the run at its next model call, after the outputs were accepted.
     let run = &paused.run;
-    let agent = match run.agent_id {
-        Some(agent_id) => agents::find(&mut *paused.tx, agent_id, &run.tenant_id)
+    let agent = match (&run.agent_spec, run.agent_id) {
+        (Some(spec), _) => Some(spec.0.clone()),
+        (None, Some(agent_id)) => agents::find(&mut *paused.tx, agent_id, &run.tenant_id)
             .await?
             .map(|agent| agent.spec.0),
-        None => Some(AgentSpec::default_agent("default", "")),
+        (None, None) => Some(AgentSpec::default_agent("default", "")),
     };
     // The paused step is settled by these outputs; the next model call is the one after it.
     let next_step = u32::try_from(paused.number).unwrap_or(0).saturating_add(1);
-    // An agent deleted while its run waited fails the run when it resumes, whatever is posted.
+    // `None` only for a run enqueued before specs were stored with runs, whose agent was since
+    // deleted: it fails when it resumes, whatever is posted.
     let errors = agent
         .as_ref()
         .map_or_else(Vec::new, |agent| overrides.validate(agent, next_step));
