@@ -312,18 +312,17 @@ impl Claimed {
     }
 
     /// Pauses the run (`requires_action` or `awaiting_approval`) for `action`, giving up its
-    /// lease and its worker.
+    /// lease and its worker; unless someone asked to cancel it, which a pause would leave
+    /// unapplied (no worker would hear it), or the lease is lost.
     pub async fn pause(
         &self,
         executor: impl PgExecutor<'_>,
         status: RunStatus,
         action: &PendingAction,
         approval_expires_at: Option<DateTime<Utc>>,
-    ) -> sqlx::Result<Fence> {
+    ) -> sqlx::Result<Pause> {
         let (id, attempt) = (self.run.id, self.run.attempt);
-        pause(executor, id, attempt, status, action, approval_expires_at)
-            .await
-            .map(Fence::of)
+        pause(executor, id, attempt, status, action, approval_expires_at).await
     }
 
     /// Ends the run and writes its assistant message, in one statement: the message is
@@ -429,8 +428,20 @@ pub async fn heartbeat(
     .await
 }
 
-/// Pauses a running run (fenced): `requires_action` or `awaiting_approval`, releasing its lease.
-/// `false` if this attempt no longer holds it.
+/// What a pause found.
+#[must_use = "a pause that did not happen must end the attempt"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pause {
+    /// The run waits, without a worker.
+    Paused,
+    /// Not paused: a cancel was requested; the attempt must end the run as cancelled.
+    CancelRequested,
+    /// Not paused: the lease is lost.
+    Lost,
+}
+
+/// Pauses a running run (fenced): `requires_action` or `awaiting_approval`, releasing its lease,
+/// unless a cancel was requested meanwhile.
 async fn pause(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
@@ -438,21 +449,33 @@ async fn pause(
     status: RunStatus,
     pending_action: &PendingAction,
     approval_expires_at: Option<DateTime<Utc>>,
-) -> sqlx::Result<bool> {
-    let result = sqlx::query(
-        "UPDATE runs
-            SET status = $3, pending_action = $4, approval_expires_at = $5, resumed = false,
-                lease_expires_at = NULL, queued_at = now(), updated_at = now()
-          WHERE id = $1 AND attempt = $2 AND status = 'running'",
+) -> sqlx::Result<Pause> {
+    // The row lock orders this against a cancel request: either the request came first (and
+    // the run is not paused) or the API finds the run paused and cancels it itself.
+    let row: Option<(bool,)> = sqlx::query_as(
+        "WITH held AS (
+             SELECT id, cancel_requested_at IS NOT NULL AS cancel
+               FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running' FOR UPDATE),
+         paused AS (
+             UPDATE runs r
+                SET status = $3, pending_action = $4, approval_expires_at = $5, resumed = false,
+                    lease_expires_at = NULL, queued_at = now(), updated_at = now()
+               FROM held
+              WHERE r.id = held.id AND NOT held.cancel)
+         SELECT cancel FROM held",
     )
     .bind(id)
     .bind(attempt)
     .bind(status)
     .bind(Json(pending_action))
     .bind(approval_expires_at)
-    .execute(executor)
+    .fetch_optional(executor)
     .await?;
-    Ok(result.rows_affected() == 1)
+    Ok(match row {
+        None => Pause::Lost,
+        Some((true,)) => Pause::CancelRequested,
+        Some((false,)) => Pause::Paused,
+    })
 }
 
 /// Re-queues a paused run after its pause was answered. `overrides`, if given, replace the
@@ -751,7 +774,7 @@ mod tests {
             }],
         };
         let paused = a.pause(pool, RunStatus::RequiresAction, &action, None);
-        assert_eq!(paused.await.expect("pause"), Fence::Lost);
+        assert_eq!(paused.await.expect("pause"), Pause::Lost);
         assert_eq!(a.release(pool).await.expect("release"), Fence::Lost);
         assert_eq!(
             a.finish(pool, &completed("stale")).await.expect("finish"),
@@ -800,7 +823,7 @@ mod tests {
         };
         let soon = chrono::Utc::now() + chrono::Duration::hours(1);
         let paused = a.pause(pool, RunStatus::AwaitingApproval, &action, Some(soon));
-        assert_eq!(paused.await.expect("pause"), Fence::Held);
+        assert_eq!(paused.await.expect("pause"), Pause::Paused);
         assert!(
             claim(&db, lease).await.is_none(),
             "the approval has not expired"
@@ -834,7 +857,7 @@ mod tests {
         assert!(!a.run().resumed, "a first attempt starts");
         let action = PendingAction::SubmitToolOutputs { tool_calls: vec![] };
         let paused = a.pause(pool, RunStatus::RequiresAction, &action, None);
-        assert_eq!(paused.await.expect("pause"), Fence::Held);
+        assert_eq!(paused.await.expect("pause"), Pause::Paused);
         assert!(
             resume(pool, id, RunStatus::RequiresAction, None)
                 .await
@@ -851,7 +874,7 @@ mod tests {
         assert!(!c.run().resumed, "an attempt after a crash restarts");
         // A release after a resume: the next attempt restarts too.
         let paused = c.pause(pool, RunStatus::RequiresAction, &action, None);
-        assert_eq!(paused.await.expect("pause"), Fence::Held);
+        assert_eq!(paused.await.expect("pause"), Pause::Paused);
         assert!(
             resume(pool, id, RunStatus::RequiresAction, None)
                 .await
@@ -862,5 +885,31 @@ mod tests {
         assert_eq!(d.release(pool).await.expect("release"), Fence::Held);
         let e = claim(&db, lease).await.expect("the released run");
         assert!(!e.run().resumed, "an attempt after a release restarts");
+    }
+
+    #[tokio::test]
+    async fn a_run_whose_cancel_was_requested_is_not_paused() {
+        let db = TestDb::new().await.expect("db");
+        let (id, _) = queued(&db).await;
+        let pool = &db.pool;
+        let a = claim(&db, Duration::from_secs(60)).await.expect("a run");
+        let owner = Owner {
+            tenant_id: "acme".into(),
+            user_id: "alice".into(),
+        };
+        let requested = request_cancel(pool, id, &owner, Some("stop"))
+            .await
+            .expect("cancel");
+        assert_eq!(
+            requested,
+            Some(RunStatus::Running),
+            "the API only signals a running run"
+        );
+        let action = PendingAction::SubmitToolOutputs { tool_calls: vec![] };
+        let paused = a.pause(pool, RunStatus::RequiresAction, &action, None);
+        assert_eq!(paused.await.expect("pause"), Pause::CancelRequested);
+        let run = find(pool, id, &owner).await.expect("find").expect("run");
+        assert_eq!(run.status, RunStatus::Running, "still the worker's to end");
+        assert!(run.pending_action.is_none());
     }
 }

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::PgPool;
 
-use spool_shared::db::runs::{Claimed, Fence};
+use spool_shared::db::runs::{Claimed, Fence, Pause};
 use spool_shared::db::steps::SavedStep;
 use spool_shared::event::EventType;
 use spool_shared::run::PendingAction;
@@ -38,14 +38,18 @@ impl Attempt<'_> {
     }
 
     /// Pauses the run (fenced on this attempt) for `action`; ends the loop if the lease is lost.
+    /// `CancelRequested` if a cancel request stood in the way (the run was not paused).
     pub(crate) async fn pause(
         &self,
         status: RunStatus,
         action: &PendingAction,
         expires_at: Option<DateTime<Utc>>,
-    ) -> Result<(), Exit> {
+    ) -> Result<Pause, Exit> {
         let paused = self.claimed.pause(self.db, status, action, expires_at);
-        held(paused.await?)
+        match paused.await? {
+            Pause::Lost => Err(LoopEnd::LeaseLost.into()),
+            other => Ok(other),
+        }
     }
 
     /// Publishes a whole text block at once (held-back or re-shown text).

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use spool_shared::agent::StopCondition;
+use spool_shared::db::runs::Pause;
 use spool_shared::db::steps::{CallResult, CallState};
 use spool_shared::event::EventType;
 use spool_shared::run::{Citation, PendingAction, PendingCall};
@@ -26,6 +27,7 @@ use super::hooks::ToolDecision;
 use super::llm::{ChatMessage, ToolCall};
 use super::model_call::ModelOutput;
 use super::tools::Kind;
+use crate::stop::Halt;
 
 /// The same call this many times in a row is a doom loop.
 pub(crate) const DOOM_LOOP: usize = 3;
@@ -116,7 +118,7 @@ impl Loop<'_> {
                 CallState::PendingApproval | CallState::PendingClient
             )
         }) {
-            return Err(pause(a, step, &output, results).await);
+            return Err(self.pause(a, step, &output, results).await);
         }
         self.commit(a, step, output, results).await
     }
@@ -197,6 +199,77 @@ impl Loop<'_> {
         }
         Ok(())
     }
+
+    /// Saves the step with its held calls and pauses the run for the first pending approval, or
+    /// for every pending client call once no approval is pending; then tells the client. A cancel
+    /// requested meanwhile ends the run instead.
+    async fn pause(
+        &mut self,
+        a: &Attempt<'_>,
+        step: u32,
+        output: &ModelOutput,
+        results: Vec<CallResult>,
+    ) -> Exit {
+        if let Err(exit) = a
+            .save_step(step, &output.saved(results.clone(), Vec::new()))
+            .await
+        {
+            return exit;
+        }
+        let pending = |result: &CallResult| PendingCall {
+            tool_call_id: result.tool_call_id.clone(),
+            tool_name: result.name.clone(),
+            arguments: output
+                .tool_calls
+                .iter()
+                .find(|c| c.id == result.tool_call_id)
+                .map_or(Value::Null, ToolCall::parsed_arguments),
+        };
+        let approval = results
+            .iter()
+            .find(|r| r.state == CallState::PendingApproval);
+        let (status, action, expires_at, event, data) = match approval {
+            Some(first) => {
+                let call = pending(first);
+                let data = json!({"tool_call_id": call.tool_call_id, "tool_name": call.tool_name,
+                    "arguments": call.arguments, "expires_at": first.expires_at});
+                let action = PendingAction::Approval {
+                    tool_call_id: call.tool_call_id,
+                    tool_name: call.tool_name,
+                    arguments: call.arguments,
+                    expires_at: first.expires_at,
+                };
+                let status = RunStatus::AwaitingApproval;
+                (
+                    status,
+                    action,
+                    first.expires_at,
+                    EventType::ApprovalRequested,
+                    data,
+                )
+            }
+            None => {
+                let calls: Vec<PendingCall> = results
+                    .iter()
+                    .filter(|r| r.state == CallState::PendingClient)
+                    .map(pending)
+                    .collect();
+                let data = json!({"tool_calls": calls});
+                let action = PendingAction::SubmitToolOutputs { tool_calls: calls };
+                let status = RunStatus::RequiresAction;
+                (status, action, None, EventType::RequiresAction, data)
+            }
+        };
+        match a.pause(status, &action, expires_at).await {
+            Err(exit) => exit,
+            // The run was not paused: end it as the cancel asked, with what it produced.
+            Ok(Pause::CancelRequested) => self.halted(Halt::Cancelled),
+            Ok(_) => {
+                a.events.send(event, data);
+                LoopEnd::Paused.into()
+            }
+        }
+    }
 }
 
 /// Publishes a `step` event (`phase: call`) per call.
@@ -250,66 +323,6 @@ fn publish_results(a: &Attempt<'_>, step: u32, results: &mut [CallResult]) {
         );
         result.published = true;
     }
-}
-
-/// Saves the step with its held calls and pauses the run for the first pending approval, or
-/// for every pending client call once no approval is pending; then tells the client.
-async fn pause(a: &Attempt<'_>, step: u32, output: &ModelOutput, results: Vec<CallResult>) -> Exit {
-    if let Err(exit) = a
-        .save_step(step, &output.saved(results.clone(), Vec::new()))
-        .await
-    {
-        return exit;
-    }
-    let pending = |result: &CallResult| PendingCall {
-        tool_call_id: result.tool_call_id.clone(),
-        tool_name: result.name.clone(),
-        arguments: output
-            .tool_calls
-            .iter()
-            .find(|c| c.id == result.tool_call_id)
-            .map_or(Value::Null, ToolCall::parsed_arguments),
-    };
-    let approval = results
-        .iter()
-        .find(|r| r.state == CallState::PendingApproval);
-    let (status, action, expires_at, event, data) = match approval {
-        Some(first) => {
-            let call = pending(first);
-            let data = json!({"tool_call_id": call.tool_call_id, "tool_name": call.tool_name,
-                "arguments": call.arguments, "expires_at": first.expires_at});
-            let action = PendingAction::Approval {
-                tool_call_id: call.tool_call_id,
-                tool_name: call.tool_name,
-                arguments: call.arguments,
-                expires_at: first.expires_at,
-            };
-            let status = RunStatus::AwaitingApproval;
-            (
-                status,
-                action,
-                first.expires_at,
-                EventType::ApprovalRequested,
-                data,
-            )
-        }
-        None => {
-            let calls: Vec<PendingCall> = results
-                .iter()
-                .filter(|r| r.state == CallState::PendingClient)
-                .map(pending)
-                .collect();
-            let data = json!({"tool_calls": calls});
-            let action = PendingAction::SubmitToolOutputs { tool_calls: calls };
-            let status = RunStatus::RequiresAction;
-            (status, action, None, EventType::RequiresAction, data)
-        }
-    };
-    if let Err(exit) = a.pause(status, &action, expires_at).await {
-        return exit;
-    }
-    a.events.send(event, data);
-    LoopEnd::Paused.into()
 }
 
 /// The citations a tool result carries: `{"citations": [{title, url, snippet}]}` in JSON.

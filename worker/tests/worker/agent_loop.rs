@@ -430,3 +430,38 @@ async fn a_dead_mcp_server_only_removes_its_tools_and_a_thread_s_agent_answers()
         "only the dead server's tools are gone"
     );
 }
+
+#[tokio::test]
+async fn a_cancel_requested_just_before_a_pause_ends_the_run_cancelled_not_paused() {
+    let fake = FakeLlm::start(|_, _| fake_llm::tool_calls(&[("c1", "read", "{}")])).await;
+    let app = Harness::start(&fake).await;
+    // The cancel request lands in the window between the step's save and the pause, where
+    // the worker has already looked for one: as a request committed then would.
+    sqlx::raw_sql(
+        "CREATE FUNCTION cancel_on_save() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           UPDATE runs SET cancel_requested_at = now() WHERE id = NEW.workflow_id;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER cancel_on_save AFTER INSERT ON run_steps
+           FOR EACH ROW EXECUTE FUNCTION cancel_on_save();",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("trigger");
+    let agent = app
+        .create_agent(&json!({"name": "reader", "model": "gpt-4o-mini",
+            "tools": [{"type": "client", "name": "read"}]}))
+        .await;
+    let (thread, accepted) = app.ask(&agent, "read it").await;
+    let run = app
+        .run_until(&accepted, |s| {
+            matches!(s, "completed" | "failed" | "cancelled" | "requires_action")
+        })
+        .await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let frames = app.events(thread).await;
+    let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    assert!(!kinds.contains(&"requires_action"), "{kinds:?}");
+    assert!(kinds.ends_with(&["message_end", "done"]), "{kinds:?}");
+}

@@ -134,11 +134,17 @@ impl Harness {
     /// Executes attempts until the run of `accepted` has completed or failed; returns it as
     /// `GET /v1/workflows/{id}` shows it.
     pub(crate) async fn finished(&self, accepted: &Value) -> Value {
+        self.run_until(accepted, |s| matches!(s, "completed" | "failed"))
+            .await
+    }
+
+    /// Executes attempts until the run's status is one `until` accepts; returns the run.
+    pub(crate) async fn run_until(&self, accepted: &Value, until: impl Fn(&str) -> bool) -> Value {
         let id: WorkflowId = serde_json::from_value(accepted["workflow_id"].clone()).expect("id");
         let deadline = tokio::time::Instant::now() + TIMEOUT;
         loop {
             let run = self.run(id).await;
-            if matches!(run["status"].as_str(), Some("completed" | "failed")) {
+            if run["status"].as_str().is_some_and(&until) {
                 return run;
             }
             assert!(
