@@ -71,6 +71,36 @@ pub struct AgentSpec {
     /// Hooks on the run's events, in order.
     #[serde(default)]
     pub hooks: Vec<HookSpec>,
+    /// Limits of each run.
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
+}
+
+/// How long a run waits for client tool outputs when the agent does not say.
+pub const DEFAULT_HUMAN_TIMEOUT_SECS: u32 = 86_400;
+
+/// Limits of a run of the agent (all optional).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Seconds a run may wait for client tool outputs (`requires_action`) before it fails with
+    /// `human_timeout` (default 86400; approvals keep `approval_timeout_secs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 604_800)]
+    pub human_timeout_secs: Option<u32>,
+}
+
+impl Limits {
+    /// Whether no limit is set.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// How long a run waits for client tool outputs, in seconds.
+    pub fn client_timeout_secs(&self) -> u32 {
+        self.human_timeout_secs
+            .unwrap_or(DEFAULT_HUMAN_TIMEOUT_SECS)
+    }
 }
 
 /// When a hook runs.
@@ -370,6 +400,7 @@ impl AgentSpec {
             context_budget_tokens: default_context_budget(),
             approval_timeout_secs: default_approval_timeout(),
             hooks: Vec::new(),
+            limits: Limits::default(),
         }
     }
 

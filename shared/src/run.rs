@@ -49,11 +49,14 @@ pub enum FailureCode {
     TooManyAttempts,
     /// The worker failed unexpectedly (a panic).
     InternalError,
+    /// The run waited for client tool outputs longer than the agent allows
+    /// (`limits.human_timeout_secs`, default 86400).
+    HumanTimeout,
 }
 
 impl FailureCode {
     /// Every code, in the order the documentation lists them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::AgentNotFound,
         Self::ModelUnavailable,
         Self::ModelError,
@@ -62,6 +65,7 @@ impl FailureCode {
         Self::DoomLoop,
         Self::TooManyAttempts,
         Self::InternalError,
+        Self::HumanTimeout,
     ];
 
     /// The code as stored and shown.
@@ -75,6 +79,7 @@ impl FailureCode {
             Self::DoomLoop => "doom_loop",
             Self::TooManyAttempts => "too_many_attempts",
             Self::InternalError => "internal_error",
+            Self::HumanTimeout => "human_timeout",
         }
     }
 }
@@ -119,6 +124,9 @@ pub enum PendingAction {
     SubmitToolOutputs {
         /// The calls to answer, all at once.
         tool_calls: Vec<PendingCall>,
+        /// When the run stops waiting and fails (`human_timeout`).
+        #[serde(default)]
+        expires_at: Option<DateTime<Utc>>,
     },
     /// `awaiting_approval`: a person's decision on this call (`POST .../approvals/{id}`).
     Approval {
@@ -130,6 +138,7 @@ pub enum PendingAction {
         #[schema(value_type = Object)]
         arguments: Value,
         /// When no decision counts as a denial.
+        #[serde(default)]
         expires_at: Option<DateTime<Utc>>,
     },
 }

@@ -45,6 +45,7 @@ use spool_shared::db::agents;
 use spool_shared::db::runs::Run;
 use spool_shared::event::EventType;
 use spool_shared::run::{FailureCode, RunFailure};
+use spool_shared::status::RunStatus;
 
 use answer::{Answer, Exit, LoopEnd};
 use checkpoint::{Checkpoint, Unsettled};
@@ -97,6 +98,9 @@ pub(crate) struct Loop<'a> {
     recent: Recent,
     /// Whether the final text is held back until `pre_response` hooks decide.
     buffer: bool,
+    /// Whether the run was claimed because its presented approval ran out of time (settling
+    /// the step denies it).
+    approval_expired: bool,
 }
 
 impl<'a> Loop<'a> {
@@ -138,8 +142,15 @@ impl<'a> Loop<'a> {
             // Checked and pinned to their steps by the API.
             overrides.0.clone().apply(&mut spec);
         }
-        let hooks = Hooks::for_run(&spec, a.engine, run);
         let answer = std::mem::take(&mut checkpoint.answer);
+        if a.claimed.previous_status() == RunStatus::RequiresAction {
+            // Claimed because nobody posted the client tools' outputs in time.
+            let secs = spec.limits.client_timeout_secs();
+            let message = format!("no client tool outputs arrived within {secs} s");
+            let failure = RunFailure::new(FailureCode::HumanTimeout, message);
+            return Err(LoopEnd::Failed(failure, answer).into());
+        }
+        let hooks = Hooks::for_run(&spec, a.engine, run);
         if !run.resumed
             && checkpoint.is_fresh()
             && let Some(reason) = hooks.on_run_start(&input).await
@@ -150,6 +161,7 @@ impl<'a> Loop<'a> {
         let tools = ToolSet::build(a.engine, &spec).await;
         let state = Self {
             buffer: hooks.has(HookEvent::PreResponse),
+            approval_expired: a.claimed.previous_status() == RunStatus::AwaitingApproval,
             recent: std::mem::take(&mut checkpoint.recent),
             spec,
             model,

@@ -467,3 +467,207 @@ async fn an_approval_hook_holds_a_matching_call_until_it_is_approved() {
     assert_eq!(tools.calls().len(), 1);
     app.stop().await;
 }
+
+/// The run's pause deadline and the time it paused, both by the database clock.
+async fn deadline(app: &TestApp, accepted: &Value) -> (chrono::DateTime<chrono::Utc>, i64) {
+    let id: uuid::Uuid = accepted["workflow_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("id");
+    sqlx::query_as(
+        "SELECT pause_expires_at, (extract(epoch FROM pause_expires_at - updated_at) * 1e6)::bigint
+           FROM runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("deadline")
+}
+
+#[tokio::test]
+async fn each_approval_of_a_step_gets_its_own_deadline_from_the_database_clock() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[
+            ("w1", "get_weather", r#"{"city": "Paris"}"#),
+            ("w2", "get_weather", r#"{"city": "Lyon"}"#),
+        ]),
+        _ => fake_llm::text("Both answered.", 1),
+    })
+    .await;
+    let (tools, base) = Tools::start().await;
+    let (app, agent) = approval_app(&fake, &base, 300).await;
+    let alice = token("alice", "acme");
+    let (_, accepted) = ask(&app, &agent, "two cities").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    let first = app.wait_run(&accepted, |s| s == "awaiting_approval").await;
+    assert_eq!(first["pending_action"]["tool_call_id"], "w1");
+    let (first_deadline, timeout_us) = deadline(&app, &accepted).await;
+    assert_eq!(
+        timeout_us, 300_000_000,
+        "now() + 300 s, in the pause's own statement"
+    );
+    let shown: chrono::DateTime<chrono::Utc> = first["pending_action"]["expires_at"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("expires_at");
+    assert_eq!(shown, first_deadline);
+    let approve = |call: &'static str| {
+        let (app, alice, workflow) = (&app, alice.clone(), workflow.clone());
+        async move {
+            app.post(
+                &alice,
+                &format!("/v1/workflows/{workflow}/approvals/{call}"),
+                &json!({"approved": true}),
+            )
+            .await
+        }
+    };
+    assert_eq!(approve("w1").await.0, StatusCode::ACCEPTED);
+    // The second approval is presented now, with 300 s from now: not what was left of the
+    // first one's.
+    let second = poll_until("the second approval", Duration::from_secs(20), || async {
+        let (_, run) = app.get(&alice, &format!("/v1/workflows/{workflow}")).await;
+        (run["pending_action"]["tool_call_id"] == "w2").then_some(run)
+    })
+    .await;
+    let (second_deadline, timeout_us) = deadline(&app, &accepted).await;
+    assert_eq!(timeout_us, 300_000_000);
+    assert!(
+        second_deadline > first_deadline,
+        "{second_deadline} vs {first_deadline}"
+    );
+    assert_eq!(second["status"], "awaiting_approval");
+    assert_eq!(approve("w2").await.0, StatusCode::ACCEPTED);
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert_eq!(tools.calls().len(), 2, "both approved calls ran");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_approval_past_its_deadline_by_the_database_clock_cannot_be_approved() {
+    let fake = FakeLlm::start(weather_then_echo()).await;
+    let (tools, base) = Tools::start().await;
+    // Long enough that no worker expires it by itself during the test.
+    let (mut app, agent) = approval_app(&fake, &base, 3600).await;
+    let alice = token("alice", "acme");
+    let (_, accepted) = ask(&app, &agent, "late").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    app.wait_run(&accepted, |s| s == "awaiting_approval").await;
+    // No worker may pick the expired run up before the API is asked.
+    let args = crate::common::worker_args_with(1, 0, &["--llm-base-url", &fake.base_url]);
+    app.restart_workers(0, args.clone()).await;
+    sqlx::query("UPDATE runs SET pause_expires_at = now() - interval '1 second'")
+        .execute(&app.db.pool)
+        .await
+        .expect("expire");
+    let (status, body) = app
+        .post(
+            &alice,
+            &format!("/v1/workflows/{workflow}/approvals/call_w"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "approval_expired");
+    app.restart_workers(1, args).await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert!(tools.calls().is_empty(), "an expired approval is a denial");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_tool_that_needs_approval_waits_for_the_approval_then_for_the_client() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("f1", "read_local_file", r#"{"path": "/notes"}"#)]),
+        _ => {
+            let output = fake_llm::last_tool_result(request)
+                .unwrap_or("?")
+                .to_owned();
+            fake_llm::text(&format!("File says: {output}"), 1)
+        }
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let mut tool = client_tool();
+    tool["requires_approval"] = json!(true);
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "guarded reader", "model": "gpt-4o-mini", "tools": [tool]}),
+        )
+        .await;
+    let alice = token("alice", "acme");
+    let (_, accepted) = ask(&app, &agent, "read my notes").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    app.wait_run(&accepted, |s| s == "awaiting_approval").await;
+    let (status, _) = app
+        .post(
+            &alice,
+            &format!("/v1/workflows/{workflow}/approvals/f1"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    // Approved, it is still the client's to execute.
+    let waiting = app.wait_run(&accepted, |s| s == "requires_action").await;
+    assert_eq!(
+        waiting["pending_action"]["tool_calls"][0]["tool_call_id"],
+        "f1"
+    );
+    assert!(waiting["pending_action"]["expires_at"].is_string());
+    let (status, _) = app
+        .post(
+            &alice,
+            &format!("/v1/workflows/{workflow}/tool_outputs"),
+            &json!({"tool_outputs": [{"tool_call_id": "f1", "output": "buy milk"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    assert_eq!(
+        fake_llm::last_tool_result(&fake.requests()[1]),
+        Some("buy milk")
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn client_tool_outputs_that_never_come_fail_the_run_and_free_the_thread() {
+    let fake =
+        FakeLlm::start(|_, _| fake_llm::tool_calls(&[("f1", "read_local_file", "{}")])).await;
+    let app = app_with(&fake).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "impatient", "model": "gpt-4o-mini",
+            "tools": [client_tool()], "limits": {"human_timeout_secs": 1}}),
+        )
+        .await;
+    let alice = token("alice", "acme");
+    let (thread, accepted) = ask(&app, &agent, "read it").await;
+    let paused = app.wait_run(&accepted, |s| s == "requires_action").await;
+    assert!(paused["pending_action"]["expires_at"].is_string());
+    // Nobody answers: the system itself fails the run once the deadline passes.
+    let run = finished(&app, &accepted).await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["error"]["code"], "human_timeout");
+    let kinds: Vec<String> = app
+        .stored(thread)
+        .await
+        .into_iter()
+        .map(|(_, k)| k)
+        .collect();
+    assert!(
+        kinds.ends_with(&["error".into(), "message_end".into(), "done".into()]),
+        "{kinds:?}"
+    );
+    let (status, _) = app
+        .post(
+            &alice,
+            &format!("/v1/threads/{thread}/user_message"),
+            &json!({"input_text": "again", "agent_id": agent}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "the thread is free again");
+    app.stop().await;
+}

@@ -93,6 +93,11 @@ impl AgentSpec {
                 &(1..=86_400),
                 self.approval_timeout_secs,
             ),
+            (
+                "limits.human_timeout_secs",
+                &(1..=604_800),
+                self.limits.client_timeout_secs(),
+            ),
         ];
         for (field, range, value) in ranges {
             if !range.contains(&value) {

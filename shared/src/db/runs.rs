@@ -77,8 +77,9 @@ pub struct Run {
     pub updated_at: DateTime<Utc>,
     /// What a paused run waits for.
     pub pending_action: Option<Json<PendingAction>>,
-    /// When an unanswered approval counts as denied.
-    pub approval_expires_at: Option<DateTime<Utc>>,
+    /// When the pause runs out (database clock): an unanswered approval counts as denied,
+    /// missing client tool outputs fail the run (`human_timeout`).
+    pub pause_expires_at: Option<DateTime<Utc>>,
     /// Whether the next attempt continues after a pause (rather than after a crash).
     pub resumed: bool,
     /// Overrides given with tool outputs.
@@ -100,7 +101,7 @@ macro_rules! columns {
         "id, thread_id, tenant_id, owner_id, agent_id, user_message_id, assistant_message_id, \
          status, attempt, reclaims, lease_owner, lease_expires_at, heartbeat_at, \
          cancel_requested_at, error, usage, trace_context, created_at, started_at, finished_at, \
-         updated_at, pending_action, approval_expires_at, resumed, overrides, cancel_reason, \
+         updated_at, pending_action, pause_expires_at, resumed, overrides, cancel_reason, \
          cancelled_by, queued_at, agent_spec"
     };
     ("r.") => {
@@ -108,7 +109,7 @@ macro_rules! columns {
          r.assistant_message_id, r.status, r.attempt, r.reclaims, r.lease_owner, \
          r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage, \
          r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at, \
-         r.pending_action, r.approval_expires_at, r.resumed, r.overrides, r.cancel_reason, \
+         r.pending_action, r.pause_expires_at, r.resumed, r.overrides, r.cancel_reason, \
          r.cancelled_by, r.queued_at, r.agent_spec"
     };
 }
@@ -312,17 +313,18 @@ impl Claimed {
     }
 
     /// Pauses the run (`requires_action` or `awaiting_approval`) for `action`, giving up its
-    /// lease and its worker; unless someone asked to cancel it, which a pause would leave
-    /// unapplied (no worker would hear it), or the lease is lost.
+    /// lease and its worker, for at most `timeout` from now by the database clock (the deadline
+    /// is written into the action's `expires_at` too); unless someone asked to cancel it, which
+    /// a pause would leave unapplied (no worker would hear it), or the lease is lost.
     pub async fn pause(
         &self,
         executor: impl PgExecutor<'_>,
         status: RunStatus,
         action: &PendingAction,
-        approval_expires_at: Option<DateTime<Utc>>,
+        timeout: Duration,
     ) -> sqlx::Result<Pause> {
         let (id, attempt) = (self.run.id, self.run.attempt);
-        pause(executor, id, attempt, status, action, approval_expires_at).await
+        pause(executor, id, attempt, status, action, timeout).await
     }
 
     /// Ends the run and writes its assistant message, in one statement: the message is
@@ -346,9 +348,9 @@ impl Claimed {
 }
 
 /// Claims the oldest claimable run for `worker`: a queued run, a running run whose lease has
-/// expired, or a run whose approval has expired (so an unanswered approval is enforced even if
-/// no client ever calls again). Bumps `attempt` (and `reclaims` for an expired lease) and sets
-/// a fresh lease.
+/// expired, or a paused run whose pause has expired (so an unanswered approval or client tool
+/// is enforced even if no client ever calls again; `previous_status` says which). Bumps
+/// `attempt` (and `reclaims` for an expired lease) and sets a fresh lease.
 pub async fn claim_next(
     executor: impl PgExecutor<'_>,
     worker: &str,
@@ -358,10 +360,11 @@ pub async fn claim_next(
         "WITH candidate AS (
              SELECT id, status AS previous_status
                FROM runs
-              WHERE status IN ('queued', 'running', 'awaiting_approval')
+              WHERE status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
                 AND (status = 'queued'
                      OR (status = 'running' AND lease_expires_at < now())
-                     OR (status = 'awaiting_approval' AND approval_expires_at < now()))
+                     OR (status IN ('awaiting_approval', 'requires_action')
+                         AND pause_expires_at < now()))
               ORDER BY queued_at
               LIMIT 1
                 FOR UPDATE SKIP LOCKED)
@@ -374,9 +377,10 @@ pub async fn claim_next(
                 resumed = CASE candidate.previous_status
                               WHEN 'running' THEN false
                               WHEN 'awaiting_approval' THEN true
+                              WHEN 'requires_action' THEN true
                               ELSE r.resumed END,
                 pending_action = NULL,
-                approval_expires_at = NULL,
+                pause_expires_at = NULL,
                 lease_owner = $1,
                 lease_expires_at = now() + $2,
                 heartbeat_at = now(),
@@ -432,8 +436,8 @@ pub async fn heartbeat(
 #[must_use = "a pause that did not happen must end the attempt"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pause {
-    /// The run waits, without a worker.
-    Paused,
+    /// The run waits, without a worker, until this deadline (database clock).
+    Paused(DateTime<Utc>),
     /// Not paused: a cancel was requested; the attempt must end the run as cancelled.
     CancelRequested,
     /// Not paused: the lease is lost.
@@ -448,34 +452,46 @@ async fn pause(
     attempt: i32,
     status: RunStatus,
     pending_action: &PendingAction,
-    approval_expires_at: Option<DateTime<Utc>>,
+    timeout: Duration,
 ) -> sqlx::Result<Pause> {
     // The row lock orders this against a cancel request: either the request came first (and
     // the run is not paused) or the API finds the run paused and cancels it itself.
-    let row: Option<(bool,)> = sqlx::query_as(
+    let row: Option<(bool, DateTime<Utc>)> = sqlx::query_as(
         "WITH held AS (
-             SELECT id, cancel_requested_at IS NOT NULL AS cancel
+             SELECT id, cancel_requested_at IS NOT NULL AS cancel, now() + $5 AS deadline
                FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running' FOR UPDATE),
          paused AS (
              UPDATE runs r
-                SET status = $3, pending_action = $4, approval_expires_at = $5, resumed = false,
-                    lease_expires_at = NULL, queued_at = now(), updated_at = now()
+                SET status = $3, pause_expires_at = held.deadline,
+                    pending_action = jsonb_set($4, '{expires_at}', to_jsonb(held.deadline)),
+                    resumed = false, lease_expires_at = NULL, queued_at = now(),
+                    updated_at = now()
                FROM held
               WHERE r.id = held.id AND NOT held.cancel)
-         SELECT cancel FROM held",
+         SELECT cancel, deadline FROM held",
     )
     .bind(id)
     .bind(attempt)
     .bind(status)
     .bind(Json(pending_action))
-    .bind(approval_expires_at)
+    .bind(interval(timeout))
     .fetch_optional(executor)
     .await?;
     Ok(match row {
         None => Pause::Lost,
-        Some((true,)) => Pause::CancelRequested,
-        Some((false,)) => Pause::Paused,
+        Some((true, _)) => Pause::CancelRequested,
+        Some((false, deadline)) => Pause::Paused(deadline),
     })
+}
+
+/// Whether the paused run's deadline has passed, by the database clock.
+pub async fn pause_expired(executor: impl PgExecutor<'_>, id: WorkflowId) -> sqlx::Result<bool> {
+    let (expired,): (bool,) =
+        sqlx::query_as("SELECT coalesce(pause_expires_at <= now(), false) FROM runs WHERE id = $1")
+            .bind(id)
+            .fetch_one(executor)
+            .await?;
+    Ok(expired)
 }
 
 /// Re-queues a paused run after its pause was answered. `overrides`, if given, replace the
@@ -489,7 +505,7 @@ pub async fn resume(
 ) -> sqlx::Result<bool> {
     let result = sqlx::query(
         "UPDATE runs
-            SET status = 'queued', pending_action = NULL, approval_expires_at = NULL,
+            SET status = 'queued', pending_action = NULL, pause_expires_at = NULL,
                 resumed = true, overrides = coalesce($3, overrides), queued_at = now(),
                 updated_at = now()
           WHERE id = $1 AND status = $2",
@@ -539,7 +555,7 @@ pub async fn cancel_unclaimed(
         "WITH cancelled AS (
              UPDATE runs
                 SET status = 'cancelled', finished_at = now(), updated_at = now(),
-                    pending_action = NULL, approval_expires_at = NULL
+                    pending_action = NULL, pause_expires_at = NULL
               WHERE id = $1 AND status IN ('queued', 'requires_action', 'awaiting_approval')
           RETURNING id, attempt, assistant_message_id),
          partial AS (
@@ -667,6 +683,7 @@ mod tests {
     use crate::run::PendingCall;
 
     const WORKER: &str = "worker-a";
+    const HOUR: Duration = Duration::from_secs(3600);
 
     /// A queued run on a thread of its own, as the enqueue leaves it.
     async fn queued(db: &TestDb) -> (WorkflowId, MessageId) {
@@ -772,8 +789,9 @@ mod tests {
                 tool_name: "t".into(),
                 arguments: json!({}),
             }],
+            expires_at: None,
         };
-        let paused = a.pause(pool, RunStatus::RequiresAction, &action, None);
+        let paused = a.pause(pool, RunStatus::RequiresAction, &action, HOUR);
         assert_eq!(paused.await.expect("pause"), Pause::Lost);
         assert_eq!(a.release(pool).await.expect("release"), Fence::Lost);
         assert_eq!(
@@ -821,14 +839,13 @@ mod tests {
             arguments: json!({}),
             expires_at: None,
         };
-        let soon = chrono::Utc::now() + chrono::Duration::hours(1);
-        let paused = a.pause(pool, RunStatus::AwaitingApproval, &action, Some(soon));
-        assert_eq!(paused.await.expect("pause"), Pause::Paused);
+        let paused = a.pause(pool, RunStatus::AwaitingApproval, &action, HOUR);
+        assert!(matches!(paused.await.expect("pause"), Pause::Paused(_)));
         assert!(
             claim(&db, lease).await.is_none(),
             "the approval has not expired"
         );
-        sqlx::query("UPDATE runs SET approval_expires_at = now() - interval '1 second'")
+        sqlx::query("UPDATE runs SET pause_expires_at = now() - interval '1 second'")
             .execute(pool)
             .await
             .expect("expire");
@@ -855,9 +872,12 @@ mod tests {
         let lease = Duration::from_secs(60);
         let a = claim(&db, lease).await.expect("a run");
         assert!(!a.run().resumed, "a first attempt starts");
-        let action = PendingAction::SubmitToolOutputs { tool_calls: vec![] };
-        let paused = a.pause(pool, RunStatus::RequiresAction, &action, None);
-        assert_eq!(paused.await.expect("pause"), Pause::Paused);
+        let action = PendingAction::SubmitToolOutputs {
+            tool_calls: vec![],
+            expires_at: None,
+        };
+        let paused = a.pause(pool, RunStatus::RequiresAction, &action, HOUR);
+        assert!(matches!(paused.await.expect("pause"), Pause::Paused(_)));
         assert!(
             resume(pool, id, RunStatus::RequiresAction, None)
                 .await
@@ -873,8 +893,8 @@ mod tests {
         let c = claim(&db, lease).await.expect("a reclaim");
         assert!(!c.run().resumed, "an attempt after a crash restarts");
         // A release after a resume: the next attempt restarts too.
-        let paused = c.pause(pool, RunStatus::RequiresAction, &action, None);
-        assert_eq!(paused.await.expect("pause"), Pause::Paused);
+        let paused = c.pause(pool, RunStatus::RequiresAction, &action, HOUR);
+        assert!(matches!(paused.await.expect("pause"), Pause::Paused(_)));
         assert!(
             resume(pool, id, RunStatus::RequiresAction, None)
                 .await
@@ -905,11 +925,66 @@ mod tests {
             Some(RunStatus::Running),
             "the API only signals a running run"
         );
-        let action = PendingAction::SubmitToolOutputs { tool_calls: vec![] };
-        let paused = a.pause(pool, RunStatus::RequiresAction, &action, None);
+        let action = PendingAction::SubmitToolOutputs {
+            tool_calls: vec![],
+            expires_at: None,
+        };
+        let paused = a.pause(pool, RunStatus::RequiresAction, &action, HOUR);
         assert_eq!(paused.await.expect("pause"), Pause::CancelRequested);
         let run = find(pool, id, &owner).await.expect("find").expect("run");
         assert_eq!(run.status, RunStatus::Running, "still the worker's to end");
         assert!(run.pending_action.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_pause_s_deadline_is_the_database_s_now_plus_its_timeout_and_it_expires_by_itself() {
+        let db = TestDb::new().await.expect("db");
+        let (id, _) = queued(&db).await;
+        let pool = &db.pool;
+        let a = claim(&db, HOUR).await.expect("a run");
+        let action = PendingAction::SubmitToolOutputs {
+            tool_calls: vec![],
+            expires_at: None,
+        };
+        let timeout = Duration::from_millis(86_400_250);
+        let Pause::Paused(deadline) = a
+            .pause(pool, RunStatus::RequiresAction, &action, timeout)
+            .await
+            .expect("pause")
+        else {
+            panic!("not paused");
+        };
+        // Set in the pause's own statement: the deadline minus the pause's time is exactly the
+        // timeout, and clients see the same deadline in the pending action.
+        let (timeout_us, shown): (i64, String) = sqlx::query_as(
+            "SELECT (extract(epoch FROM pause_expires_at - updated_at) * 1e6)::bigint,
+                    pending_action->>'expires_at'
+               FROM runs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("deadline");
+        assert_eq!(timeout_us, 86_400_250_000);
+        assert_eq!(shown.parse::<DateTime<Utc>>().ok(), Some(deadline));
+        assert!(!pause_expired(pool, id).await.expect("expired?"));
+        assert!(
+            claim(&db, HOUR).await.is_none(),
+            "a pause in time is not claimable"
+        );
+        sqlx::query("UPDATE runs SET pause_expires_at = now() - interval '1 second'")
+            .execute(pool)
+            .await
+            .expect("expire");
+        assert!(pause_expired(pool, id).await.expect("expired?"));
+        let b = claim(&db, HOUR).await.expect("the expired pause");
+        assert_eq!(
+            (
+                b.previous_status(),
+                b.run().resumed,
+                b.run().pause_expires_at
+            ),
+            (RunStatus::RequiresAction, true, None)
+        );
     }
 }

@@ -9,7 +9,6 @@
 //! [`SavedStep::decide`]; the next attempt settles it and goes on. Nobody reads or writes the
 //! stored JSON but through these types.
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgExecutor;
@@ -61,7 +60,8 @@ pub enum CallState {
     PendingClient,
     /// The client posted its output; the next attempt settles it.
     ClientOutput,
-    /// Waits for a person's decision until `expires_at`.
+    /// Waits for a person's decision; presented one at a time, each for `timeout_secs` from
+    /// the moment it is presented.
     PendingApproval,
     /// To execute (allowed at once, or approved by a person).
     Approved,
@@ -84,9 +84,9 @@ pub struct CallResult {
     pub is_error: bool,
     /// Where it stands.
     pub state: CallState,
-    /// When a pending approval counts as denied.
+    /// How long a pending approval waits once presented (`None`: the agent's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<DateTime<Utc>>,
+    pub timeout_secs: Option<u32>,
     /// Why a person decided as they did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -104,7 +104,7 @@ impl CallResult {
             output: String::new(),
             is_error: false,
             state,
-            expires_at: None,
+            timeout_secs: None,
             reason: None,
             published: false,
         }
@@ -200,20 +200,20 @@ impl SavedStep {
     }
 
     /// Records a person's decision on the call `tool_call_id` that waits for approval, unless
-    /// its approval has expired by `now`.
+    /// its approval has `expired` (as the database clock judges the one presented).
     pub fn decide(
         &mut self,
         tool_call_id: &str,
         approved: bool,
         reason: Option<String>,
-        now: DateTime<Utc>,
+        expired: bool,
     ) -> Result<(), DecideError> {
         let result = self
             .results
             .iter_mut()
             .find(|r| r.tool_call_id == tool_call_id && r.state == CallState::PendingApproval)
             .ok_or(DecideError::NotPending)?;
-        if result.expires_at.is_some_and(|at| at <= now) {
+        if expired {
             return Err(DecideError::Expired);
         }
         result.state = if approved {
@@ -373,30 +373,28 @@ mod tests {
 
     #[test]
     fn a_decision_needs_a_pending_approval_that_has_not_expired() {
-        let now = Utc::now();
         let mut paused = step(&[
             ("a", CallState::PendingApproval),
             ("b", CallState::PendingApproval),
             ("c", CallState::PendingClient),
         ]);
-        paused.results[1].expires_at = Some(now);
         assert_eq!(
-            paused.decide("c", true, None, now),
+            paused.decide("c", true, None, false),
             Err(DecideError::NotPending)
         );
         assert_eq!(
-            paused.decide("b", true, None, now),
+            paused.decide("b", true, None, true),
             Err(DecideError::Expired)
         );
         let long = "x".repeat(MAX_REASON_CHARS + 10);
-        assert_eq!(paused.decide("a", false, Some(long), now), Ok(()));
+        assert_eq!(paused.decide("a", false, Some(long), false), Ok(()));
         assert_eq!(paused.results[0].state, CallState::Denied);
         assert_eq!(
             paused.results[0].reason.as_deref().map(str::len),
             Some(MAX_REASON_CHARS)
         );
         assert_eq!(
-            paused.decide("a", true, None, now),
+            paused.decide("a", true, None, false),
             Err(DecideError::NotPending),
             "decided once"
         );

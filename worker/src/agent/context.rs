@@ -2,7 +2,8 @@
 //! clients), the claimed run, its stop signal and its event publisher. Nothing of the claim loop
 //! or the lease keeper: the loop cannot reach them.
 
-use chrono::{DateTime, Utc};
+use std::time::Duration;
+
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -37,15 +38,17 @@ impl Attempt<'_> {
         held(self.claimed.save_step(self.db, step, data).await?)
     }
 
-    /// Pauses the run (fenced on this attempt) for `action`; ends the loop if the lease is lost.
-    /// `CancelRequested` if a cancel request stood in the way (the run was not paused).
+    /// Pauses the run (fenced on this attempt) for `action`, for at most `timeout_secs`; ends
+    /// the loop if the lease is lost. `CancelRequested` if a cancel request stood in the way
+    /// (the run was not paused).
     pub(crate) async fn pause(
         &self,
         status: RunStatus,
         action: &PendingAction,
-        expires_at: Option<DateTime<Utc>>,
+        timeout_secs: u32,
     ) -> Result<Pause, Exit> {
-        let paused = self.claimed.pause(self.db, status, action, expires_at);
+        let timeout = Duration::from_secs(u64::from(timeout_secs));
+        let paused = self.claimed.pause(self.db, status, action, timeout);
         match paused.await? {
             Pause::Lost => Err(LoopEnd::LeaseLost.into()),
             other => Ok(other),

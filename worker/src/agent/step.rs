@@ -56,9 +56,9 @@ impl Recent {
 
 impl Loop<'_> {
     /// Decides, for each call of a new step, what happens to it. Hooks may rewrite the
-    /// arguments (in `output`, so the saved step holds what runs).
+    /// arguments (in `output`, so the saved step holds what runs). A call held for approval
+    /// records how long it may wait once presented (a hook's timeout, else the agent's).
     pub(crate) async fn classify(&self, output: &mut ModelOutput) -> Vec<CallResult> {
-        let now = Utc::now();
         let timeout = self.spec.approval_timeout_secs;
         let mut results = Vec::with_capacity(output.tool_calls.len());
         for call in &mut output.tool_calls {
@@ -84,7 +84,7 @@ impl Loop<'_> {
             let approval = hook_timeout.or(tool.filter(|t| t.requires_approval).map(|_| timeout));
             if let Some(secs) = approval {
                 result.state = CallState::PendingApproval;
-                result.expires_at = Some(now + chrono::Duration::seconds(i64::from(secs)));
+                result.timeout_secs = Some(secs);
             } else if tool.is_some_and(|t| matches!(t.kind, Kind::Client)) {
                 result.state = CallState::PendingClient;
             }
@@ -106,7 +106,7 @@ impl Loop<'_> {
         if announce {
             announce_calls(a, step, &output.tool_calls);
         }
-        apply_decisions(&mut results, Utc::now(), self.spec.approval_timeout_secs);
+        self.apply_decisions(&mut results);
         self.execute(a, step, &output, &mut results).await?;
         if let Some(halt) = a.stop.now() {
             return Err(self.halted(halt));
@@ -121,6 +121,44 @@ impl Loop<'_> {
             return Err(self.pause(a, step, &output, results).await);
         }
         self.commit(a, step, output, results).await
+    }
+
+    /// Settles what people decided, or failed to decide in time: a denial, or the presented
+    /// approval left unanswered until its deadline (the run was claimed because the database
+    /// clock passed it), reaches the model as an error; a client's output as it is. An
+    /// approved client tool now waits for the client.
+    fn apply_decisions(&mut self, results: &mut [CallResult]) {
+        let mut expired = std::mem::take(&mut self.approval_expired);
+        for result in results {
+            match result.state {
+                CallState::Denied => {
+                    let output = match &result.reason {
+                        Some(reason) => format!("The user denied this tool call: {reason}"),
+                        None => "The user denied this tool call.".to_owned(),
+                    };
+                    result.settle(output, true);
+                }
+                // The first pending approval is the one that was presented.
+                CallState::PendingApproval if std::mem::take(&mut expired) => {
+                    let secs = result
+                        .timeout_secs
+                        .unwrap_or(self.spec.approval_timeout_secs);
+                    let output =
+                        format!("No one approved this tool call within {secs} s; it was not made.");
+                    result.settle(output, true);
+                }
+                CallState::Approved
+                    if self
+                        .tools
+                        .find(&result.name)
+                        .is_some_and(|t| matches!(t.kind, Kind::Client)) =>
+                {
+                    result.state = CallState::PendingClient;
+                }
+                CallState::ClientOutput => result.state = CallState::Done,
+                _ => {}
+            }
+        }
     }
 
     /// Executes the calls that may run, racing the stop signal; settles each with its result
@@ -228,25 +266,19 @@ impl Loop<'_> {
         let approval = results
             .iter()
             .find(|r| r.state == CallState::PendingApproval);
-        let (status, action, expires_at, event, data) = match approval {
+        let (status, action, timeout) = match approval {
             Some(first) => {
                 let call = pending(first);
-                let data = json!({"tool_call_id": call.tool_call_id, "tool_name": call.tool_name,
-                    "arguments": call.arguments, "expires_at": first.expires_at});
                 let action = PendingAction::Approval {
                     tool_call_id: call.tool_call_id,
                     tool_name: call.tool_name,
                     arguments: call.arguments,
-                    expires_at: first.expires_at,
+                    expires_at: None,
                 };
-                let status = RunStatus::AwaitingApproval;
-                (
-                    status,
-                    action,
-                    first.expires_at,
-                    EventType::ApprovalRequested,
-                    data,
-                )
+                let timeout = first
+                    .timeout_secs
+                    .unwrap_or(self.spec.approval_timeout_secs);
+                (RunStatus::AwaitingApproval, action, timeout)
             }
             None => {
                 let calls: Vec<PendingCall> = results
@@ -254,17 +286,21 @@ impl Loop<'_> {
                     .filter(|r| r.state == CallState::PendingClient)
                     .map(pending)
                     .collect();
-                let data = json!({"tool_calls": calls});
-                let action = PendingAction::SubmitToolOutputs { tool_calls: calls };
-                let status = RunStatus::RequiresAction;
-                (status, action, None, EventType::RequiresAction, data)
+                let action = PendingAction::SubmitToolOutputs {
+                    tool_calls: calls,
+                    expires_at: None,
+                };
+                let timeout = self.spec.limits.client_timeout_secs();
+                (RunStatus::RequiresAction, action, timeout)
             }
         };
-        match a.pause(status, &action, expires_at).await {
+        match a.pause(status, &action, timeout).await {
             Err(exit) => exit,
             // The run was not paused: end it as the cancel asked, with what it produced.
             Ok(Pause::CancelRequested) => self.halted(Halt::Cancelled),
-            Ok(_) => {
+            Ok(Pause::Lost) => LoopEnd::LeaseLost.into(),
+            Ok(Pause::Paused(deadline)) => {
+                let (event, data) = pause_event(action, deadline);
                 a.events.send(event, data);
                 LoopEnd::Paused.into()
             }
@@ -284,28 +320,23 @@ fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
     }
 }
 
-/// Settles what people decided, or failed to decide in time: a denial, or no decision before
-/// the approval expired, reaches the model as an error; a client's output as it is.
-fn apply_decisions(results: &mut [CallResult], now: DateTime<Utc>, approval_timeout_secs: u32) {
-    for result in results {
-        match result.state {
-            CallState::Denied => {
-                let output = match &result.reason {
-                    Some(reason) => format!("The user denied this tool call: {reason}"),
-                    None => "The user denied this tool call.".to_owned(),
-                };
-                result.settle(output, true);
-            }
-            CallState::PendingApproval if result.expires_at.is_none_or(|at| at <= now) => {
-                let output = format!(
-                    "No one approved this tool call within {approval_timeout_secs} s; it was \
-                     not made."
-                );
-                result.settle(output, true);
-            }
-            CallState::ClientOutput => result.state = CallState::Done,
-            _ => {}
-        }
+/// The event that tells the client what the run waits for, and until when.
+fn pause_event(action: PendingAction, deadline: DateTime<Utc>) -> (EventType, Value) {
+    match action {
+        PendingAction::Approval {
+            tool_call_id,
+            tool_name,
+            arguments,
+            ..
+        } => (
+            EventType::ApprovalRequested,
+            json!({"tool_call_id": tool_call_id, "tool_name": tool_name,
+                "arguments": arguments, "expires_at": deadline}),
+        ),
+        PendingAction::SubmitToolOutputs { tool_calls, .. } => (
+            EventType::RequiresAction,
+            json!({"tool_calls": tool_calls, "expires_at": deadline}),
+        ),
     }
 }
 

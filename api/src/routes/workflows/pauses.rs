@@ -9,7 +9,6 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use chrono::Utc;
 use serde::Deserialize;
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};
@@ -19,6 +18,7 @@ use spool_shared::agent::{AgentSpec, FieldError, RunDefaults, RunOverrides, Step
 use spool_shared::db::runs::{self, Run};
 use spool_shared::db::steps::{self, AnswerError, DecideError, SavedStep};
 use spool_shared::db::{self, agents};
+use spool_shared::run::PendingAction;
 use spool_shared::status::RunStatus;
 
 use super::{WorkflowResponse, accepted, current, workflow_not_found};
@@ -200,9 +200,13 @@ pub(crate) async fn post_approval(
     ApiJson(request): ApiJson<ApprovalRequest>,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
     let mut paused = Paused::lock(&state, &caller, id, RunStatus::AwaitingApproval).await?;
+    // Only the approval presented has a deadline running, and the database clock judges it.
+    let presented = matches!(&paused.run.pending_action,
+        Some(action) if matches!(&action.0, PendingAction::Approval { tool_call_id: p, .. } if *p == tool_call_id));
+    let expired = presented && runs::pause_expired(&mut *paused.tx, id).await?;
     let decided = paused
         .step
-        .decide(&tool_call_id, request.approved, request.reason, Utc::now());
+        .decide(&tool_call_id, request.approved, request.reason, expired);
     decided.map_err(|err| match err {
         DecideError::NotPending => ApiError::not_found("tool_call_not_found", err.to_string()),
         DecideError::Expired => ApiError::conflict("approval_expired", err.to_string()),
