@@ -127,15 +127,19 @@ impl<'a> Loop<'a> {
                 json!({"role": "assistant", "model": spec.model}),
             );
         }
-        if let Some(halt) = a.stop.now() {
-            return Err(LoopEnd::halted(halt, Answer::default()).into());
-        }
-        let model = a.engine.model(&spec.model).map_err(|err| {
-            let failure = RunFailure::new(FailureCode::ModelUnavailable, err.to_string());
-            LoopEnd::Failed(failure, Answer::default())
-        })?;
-        let (mut conversation, input) = prompt::start(a.db, run, spec).await?;
+        // What earlier attempts produced first: every way this attempt ends keeps it.
         let mut checkpoint = checkpoint::restore(a.db, run.id).await?;
+        if let Some(halt) = a.stop.now() {
+            return Err(LoopEnd::halted(halt, checkpoint.answer).into());
+        }
+        let model = match a.engine.model(&spec.model) {
+            Ok(model) => model,
+            Err(err) => {
+                let failure = RunFailure::new(FailureCode::ModelUnavailable, err.to_string());
+                return Err(LoopEnd::Failed(failure, checkpoint.answer).into());
+            }
+        };
+        let (mut conversation, input) = prompt::start(a.db, run, spec).await?;
         conversation.append(&mut checkpoint.conversation);
         let mut spec = spec.clone();
         if let Some(overrides) = &run.overrides {

@@ -27,6 +27,7 @@ use spool_shared::status::RunStatus;
 use spool_shared::stream::FLUSH_WINDOW;
 
 use crate::agent::answer::{Answer, LoopEnd};
+use crate::agent::checkpoint;
 use crate::agent::context::Attempt;
 use crate::agent::{self, Hooks};
 use crate::lease::Lease;
@@ -126,13 +127,8 @@ async fn execute_in_span(
             tracing::error!("attempt panicked; failing the run");
             let error = RunFailure::new(FailureCode::InternalError, "the worker panicked");
             let spec = spec.ok().flatten();
-            let failed = end(
-                &a,
-                spec.as_ref(),
-                RunStatus::Failed,
-                Answer::default(),
-                Some(&error),
-            );
+            let answer = partial_answer(&a).await;
+            let failed = end(&a, spec.as_ref(), RunStatus::Failed, answer, Some(&error));
             match failed.await {
                 Ok(ended) => Some(ended),
                 Err(err) => {
@@ -212,7 +208,8 @@ async fn attempt(
                 run.reclaims
             ),
         );
-        return end(a, spec, RunStatus::Failed, Answer::default(), Some(&error)).await;
+        let answer = partial_answer(a).await;
+        return end(a, spec, RunStatus::Failed, answer, Some(&error)).await;
     }
     if a.claimed.start_streaming(a.db).await?.is_lost() {
         return Ok(Ended::LeaseLost);
@@ -224,7 +221,8 @@ async fn attempt(
             FailureCode::AgentNotFound,
             "the run's agent no longer exists",
         );
-        return end(a, None, RunStatus::Failed, Answer::default(), Some(&error)).await;
+        let answer = partial_answer(a).await;
+        return end(a, None, RunStatus::Failed, answer, Some(&error)).await;
     };
     match agent::run(a, agent).await? {
         LoopEnd::LeaseLost => Ok(Ended::LeaseLost),
@@ -243,6 +241,18 @@ async fn attempt(
                 });
             }
             end(a, spec, RunStatus::Completed, answer, None).await
+        }
+    }
+}
+
+/// What earlier attempts produced (their settled steps), for a run that ends without running
+/// the loop; nothing if it cannot be read.
+async fn partial_answer(a: &Attempt<'_>) -> Answer {
+    match checkpoint::restore(a.db, a.claimed.run().id).await {
+        Ok(checkpoint) => checkpoint.answer,
+        Err(err) => {
+            tracing::warn!(error = %err, "could not read the saved steps; ending without them");
+            Answer::default()
         }
     }
 }

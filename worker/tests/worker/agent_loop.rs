@@ -465,3 +465,70 @@ async fn a_cancel_requested_just_before_a_pause_ends_the_run_cancelled_not_pause
     assert!(!kinds.contains(&"requires_action"), "{kinds:?}");
     assert!(kinds.ends_with(&["message_end", "done"]), "{kinds:?}");
 }
+
+#[tokio::test]
+async fn a_run_cancelled_after_its_worker_died_keeps_the_steps_it_completed() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("c1", "get_weather", r#"{"city": "Paris"}"#)]),
+        _ => fake_llm::tool_calls(&[("c2", "hang", "{}")]),
+    })
+    .await;
+    let (_, base) = Tools::start().await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "slow", "model": "gpt-4o-mini",
+            "tools": [http_tool("get_weather", format!("{base}/weather")),
+                      http_tool("hang", format!("{base}/hang"))]}))
+        .await;
+    let (thread, accepted) = app.ask(&agent, "weather, then wait").await;
+    let workflow: uuid::Uuid = accepted["workflow_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("id");
+    // The worker dies while step 2's tool hangs (its attempt is dropped mid-way).
+    tokio::select! {
+        executed = app.attempt() => panic!("the attempt should hang in step 2: {executed:?}"),
+        () = spool_tests::poll_until("step 2 to be saved", Duration::from_secs(10), || async {
+            let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM run_steps")
+                .fetch_one(&app.db.pool)
+                .await
+                .ok()?;
+            (n == 2).then_some(())
+        }) => {}
+    }
+    // A cancel is requested, and the dead worker's lease runs out.
+    sqlx::query(
+        "UPDATE runs SET cancel_requested_at = now(), lease_expires_at = now() - interval '1 second'
+          WHERE id = $1",
+    )
+    .bind(workflow)
+    .execute(&app.db.pool)
+    .await
+    .expect("cancel");
+    let run = app
+        .run_until(&accepted, |s| {
+            matches!(s, "cancelled" | "completed" | "failed")
+        })
+        .await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let page = app.messages(thread).await;
+    let message = &page["messages"][1];
+    assert_eq!(message["status"], "cancelled");
+    let parts: Vec<&str> = message["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .filter_map(|p| p["type"].as_str())
+        .collect();
+    assert_eq!(
+        parts,
+        ["tool_call", "tool_result"],
+        "step 1 is kept: {message}"
+    );
+    assert!(
+        message["parts"][1]["output"]
+            .as_str()
+            .is_some_and(|o| o.contains("sunny in Paris")),
+        "{message}"
+    );
+}

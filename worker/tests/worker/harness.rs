@@ -161,6 +161,14 @@ impl Harness {
         }
     }
 
+    /// Claims and executes the next attempt (dropping the future mid-way is a crash: the
+    /// lease is no longer renewed and nothing more is written).
+    pub(crate) async fn attempt(&self) -> Option<spool_worker::Executed> {
+        spool_worker::run_next(&self.worker, &self.keeper)
+            .await
+            .expect("an attempt")
+    }
+
     /// The run as `GET /v1/workflows/{id}` shows it.
     async fn run(&self, id: WorkflowId) -> Value {
         let run: Run = sqlx::query_as("SELECT * FROM runs WHERE id = $1")
