@@ -21,6 +21,9 @@ use anyhow::Context as _;
 use sqlx::migrate::MigrateDatabase as _;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
+use serde_json::Value;
+use sqlx::types::Json;
+
 use crate::config::DbArgs;
 
 /// The channel a NOTIFY on it wakes idle workers: a run became claimable.
@@ -109,6 +112,42 @@ pub async fn notify_cancel(
     Ok(())
 }
 
+/// What a worker writes from model and tool output, made storable: Postgres keeps no NUL
+/// (U+0000) in `text` or `jsonb`, and a model or a tool can produce one (as a raw character or
+/// a `\u0000` escape in JSON). Every string of the value, keys included, has its NULs replaced
+/// by U+FFFD, so the write succeeds instead of failing on every retry (a crash loop that would
+/// repeat the step's tool calls).
+pub fn storable<T: serde::Serialize + ?Sized>(value: &T) -> sqlx::Result<Json<Value>> {
+    let mut value = serde_json::to_value(value).map_err(|err| sqlx::Error::Encode(err.into()))?;
+    scrub(&mut value);
+    Ok(Json(value))
+}
+
+/// `text` with its NULs replaced by U+FFFD (see [`storable`]).
+pub fn storable_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        text.replace('\0', "\u{fffd}").into()
+    } else {
+        text.into()
+    }
+}
+
+fn scrub(value: &mut Value) {
+    match value {
+        Value::String(text) if text.contains('\0') => *text = text.replace('\0', "\u{fffd}"),
+        Value::Array(items) => items.iter_mut().for_each(scrub),
+        Value::Object(map) if map.keys().any(|k| k.contains('\0')) => {
+            let entries = std::mem::take(map);
+            for (key, mut item) in entries {
+                scrub(&mut item);
+                map.insert(storable_text(&key).into_owned(), item);
+            }
+        }
+        Value::Object(map) => map.values_mut().for_each(scrub),
+        _ => {}
+    }
+}
+
 /// Whether an error is the violation of the named unique index or constraint.
 pub fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
     match err {
@@ -116,5 +155,24 @@ pub fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
             db.is_unique_violation() && db.constraint() == Some(constraint)
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nul_characters_are_replaced_everywhere_in_what_is_stored() {
+        let value = json!({"text": "a\u{0}b", "list": ["\u{0}", 1, {"k\u{0}": "v\u{0}"}]});
+        let stored = storable(&value).expect("serializes").0.to_string();
+        assert!(!stored.contains("\\u0000"), "{stored}");
+        assert_eq!(stored.matches('\u{fffd}').count(), 4, "{stored}");
+        assert_eq!(storable_text("x\0y"), "x\u{fffd}y");
+        assert!(matches!(
+            storable_text("clean"),
+            std::borrow::Cow::Borrowed("clean")
+        ));
     }
 }

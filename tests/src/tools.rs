@@ -1,6 +1,7 @@
 //! A real local HTTP tool server for agent tests: it records every call (path, idempotency
 //! key, JSON body) and answers by path: `weather` (a forecast with citations), `big` (60,000
-//! characters), `finish` and anything else (`ok`), `hang` (never answers).
+//! characters), `nul` (text with a NUL character), `finish` and anything else (`ok`), `hang`
+//! (never answers).
 
 use std::sync::{Arc, Mutex};
 
@@ -36,6 +37,7 @@ impl Tools {
                     "weather" => json!({"forecast": format!("sunny in {}", body["city"].as_str().unwrap_or("?")),
                         "citations": [{"title": "Weather service", "url": "https://weather.example/paris", "snippet": "Sunny"}]}).to_string(),
                     "big" => "z".repeat(60_000),
+                    "nul" => "zero\0byte".to_owned(),
                     "hang" => {
                         std::future::pending::<()>().await;
                         String::new()
@@ -47,6 +49,7 @@ impl Tools {
         let app = axum::Router::new()
             .route("/weather", post(record("weather")))
             .route("/big", post(record("big")))
+            .route("/nul", post(record("nul")))
             .route("/finish", post(record("finish")))
             .route("/hang", post(record("hang")))
             .with_state(tools.clone());

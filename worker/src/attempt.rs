@@ -114,8 +114,18 @@ async fn execute_in_span(
         Err(err) => Ok(Err(anyhow::anyhow!("loading the run's agent: {err}"))),
     };
     record_attempt(claimed, &result, started.elapsed());
+    let spec = spec.ok().flatten();
     let ended = match result {
         Ok(Ok(ended)) => Some(ended),
+        // Postgres refused the data itself: another attempt would fail the same way.
+        Ok(Err(err)) if is_data_error(&err) => {
+            tracing::error!(
+                error = format!("{err:#}"),
+                "attempt failed on data; failing the run"
+            );
+            let message = "the run produced data that could not be stored";
+            fail(&a, spec.as_ref(), message).await
+        }
         Ok(Err(err)) => {
             tracing::error!(
                 error = format!("{err:#}"),
@@ -125,21 +135,36 @@ async fn execute_in_span(
         }
         Err(_) => {
             tracing::error!("attempt panicked; failing the run");
-            let error = RunFailure::new(FailureCode::InternalError, "the worker panicked");
-            let spec = spec.ok().flatten();
-            let answer = partial_answer(&a).await;
-            let failed = end(&a, spec.as_ref(), RunStatus::Failed, answer, Some(&error));
-            match failed.await {
-                Ok(ended) => Some(ended),
-                Err(err) => {
-                    tracing::error!(error = %err, "could not record the failure");
-                    None
-                }
-            }
+            fail(&a, spec.as_ref(), "the worker panicked").await
         }
     };
     wind_up(ended.as_ref(), lease, events).await;
     ended
+}
+
+/// Fails the run at once (`internal_error`), where retrying on another worker would only fail
+/// again, keeping what earlier attempts produced. `None` if even that cannot be written.
+async fn fail(a: &Attempt<'_>, spec: Option<&AgentSpec>, message: &str) -> Option<Ended> {
+    let error = RunFailure::new(FailureCode::InternalError, message);
+    let answer = partial_answer(a).await;
+    match end(a, spec, RunStatus::Failed, answer, Some(&error)).await {
+        Ok(ended) => Some(ended),
+        Err(err) => {
+            tracing::error!(error = %err, "could not record the failure");
+            None
+        }
+    }
+}
+
+/// Whether Postgres refused an attempt's data itself (SQLSTATE class 22: data exceptions),
+/// which no retry can fix, rather than being unreachable or busy.
+fn is_data_error(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
+        .any(|err| match err {
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| code.starts_with("22")),
+            _ => false,
+        })
 }
 
 /// Flushes the attempt's events once its end is written, or drops them when it lost the run.
@@ -295,4 +320,26 @@ async fn end(
         Hooks::for_run(spec, a.engine, run).on_run_complete(status.as_str(), &answer.content);
     }
     Ok(Ended::Finished(status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn data_postgres_refuses_is_told_apart_from_an_unreachable_database() {
+        let db = spool_tests::TestDb::new().await.expect("db");
+        let refused = sqlx::query("SELECT 1 / 0")
+            .execute(&db.pool)
+            .await
+            .expect_err("division by zero");
+        let err = anyhow::Error::from(refused).context("saving a step");
+        assert!(is_data_error(&err), "{err:#}");
+        let unreachable = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(200))
+            .connect("postgres://nobody@127.0.0.1:1/none")
+            .await
+            .expect_err("nothing listens there");
+        assert!(!is_data_error(&anyhow::Error::from(unreachable)));
+    }
 }

@@ -473,7 +473,7 @@ async fn pause(
     .bind(id)
     .bind(attempt)
     .bind(status)
-    .bind(Json(pending_action))
+    .bind(super::storable(pending_action)?)
     .bind(interval(timeout))
     .fetch_optional(executor)
     .await?;
@@ -635,10 +635,10 @@ async fn finish(
     .bind(id)
     .bind(attempt)
     .bind(outcome.status)
-    .bind(outcome.content)
-    .bind(Json(outcome.parts))
+    .bind(super::storable_text(outcome.content))
+    .bind(super::storable(outcome.parts)?)
     .bind(Json(outcome.usage))
-    .bind(outcome.error.map(Json))
+    .bind(outcome.error.map(super::storable).transpose()?)
     .fetch_optional(executor)
     .await?;
     Ok(updated.is_some())

@@ -272,8 +272,8 @@ pub(crate) async fn save(
     .bind(workflow_id)
     .bind(attempt)
     .bind(step)
-    .bind(Json(data))
-    .bind(&data.assistant.text)
+    .bind(super::storable(data)?)
+    .bind(super::storable_text(&data.assistant.text))
     .fetch_optional(executor)
     .await?;
     Ok(saved.is_some())

@@ -532,3 +532,28 @@ async fn a_run_cancelled_after_its_worker_died_keeps_the_steps_it_completed() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn nul_characters_from_the_model_or_a_tool_neither_crash_the_run_nor_repeat_its_tools() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        // Arguments whose JSON escapes a NUL, then a tool whose answer carries one.
+        0 => fake_llm::tool_calls(&[("c1", "nul", r#"{"city": "a\u0000b"}"#)]),
+        _ => fake_llm::text("done\u{0}", 1),
+    })
+    .await;
+    let (tools, base) = Tools::start().await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "nul", "model": "gpt-4o-mini",
+            "tools": [http_tool("nul", format!("{base}/nul"))]}))
+        .await;
+    let (thread, accepted) = app.ask(&agent, "break it").await;
+    let run = app.finished(&accepted).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["attempt"], 1, "no crash loop");
+    assert_eq!(tools.calls().len(), 1, "the tool ran once");
+    let page = app.messages(thread).await;
+    let message = &page["messages"][1];
+    assert_eq!(message["content"], "done\u{fffd}");
+    assert_eq!(message["parts"][1]["output"], "zero\u{fffd}byte");
+}
