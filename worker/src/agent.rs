@@ -239,7 +239,7 @@ impl<'a> Loop<'a> {
             );
             return Err(self.failed(FailureCode::DoomLoop, message));
         }
-        let results = self.classify(&mut output).await;
+        let results = self.classify(step, &mut output).await;
         a.save_step(step, &output.saved(results.clone(), Vec::new()))
             .await?;
         self.settle(a, step, output, results, true).await
@@ -263,7 +263,7 @@ impl<'a> Loop<'a> {
     /// The final answer; with `pre_response` hooks it was held back until they decide.
     async fn final_answer(&mut self, a: &Attempt<'_>, step: u32, text: String) -> Exit {
         let text = if self.buffer {
-            match self.hooks.pre_response(&text).await {
+            match self.hooks.pre_response(step, &text).await {
                 Ok(text) => {
                     a.emit_text(&block_id(step), &text);
                     text

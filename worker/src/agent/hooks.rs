@@ -9,6 +9,11 @@
 //! agent lists them; an optional `matcher` (a regex over the whole tool name) limits tool hooks.
 //!
 //! HTTP hooks go through the tools' guarded clients, so they obey the same network policy.
+//! Each call carries an `Idempotency-Key` unique to the call, the event and the hook:
+//! `{workflow_id}:{step}:{tool_call_id}:{event}:{hook}` for tool events,
+//! `{workflow_id}:{step}:pre_response:{hook}` and `{workflow_id}:{event}:{hook}` for the
+//! run's events; a repeat after a crash carries the same key. Logs name a failing hook by its
+//! index and host, never its URL (which may carry a credential).
 
 use std::time::Duration;
 
@@ -18,6 +23,7 @@ use spool_shared::agent::{AgentSpec, HookEvent, HookKind, HookSpec, RuleConditio
 use spool_shared::db::runs::Run;
 
 use super::engine::Engine;
+use super::llm::ToolCall;
 use super::tools::http::{self, HttpTool};
 use super::tools::ssrf::GuardedClients;
 
@@ -37,6 +43,8 @@ pub(crate) struct Hooks<'a> {
     hooks: Vec<Hook>,
     clients: &'a GuardedClients,
     context: Value,
+    /// The run's workflow id, the start of every idempotency key.
+    workflow: String,
 }
 
 impl<'a> Hooks<'a> {
@@ -48,6 +56,7 @@ impl<'a> Hooks<'a> {
             clients: &engine.http,
             context: json!({"workflow_id": run.id, "thread_id": run.thread_id,
                 "agent": spec.name}),
+            workflow: run.id.to_string(),
         }
     }
 
@@ -56,17 +65,25 @@ impl<'a> Hooks<'a> {
         self.hooks.iter().any(|h| h.spec.event == event)
     }
 
-    fn for_event(&self, event: HookEvent, tool: Option<&str>) -> impl Iterator<Item = &HookSpec> {
+    /// The hooks of `event` (for `tool`, if a tool event), with their places in the agent.
+    fn for_event(
+        &self,
+        event: HookEvent,
+        tool: Option<&str>,
+    ) -> impl Iterator<Item = (usize, &HookSpec)> {
         self.hooks
             .iter()
-            .filter(move |h| h.spec.event == event && h.applies_to(tool))
-            .map(|h| &h.spec)
+            .enumerate()
+            .filter(move |(_, h)| h.spec.event == event && h.applies_to(tool))
+            .map(|(i, h)| (i, &h.spec))
     }
 
     /// `on_run_start`: `Some(reason)` blocks the run.
     pub(crate) async fn on_run_start(&self, input: &str) -> Option<String> {
-        for hook in self.for_event(HookEvent::OnRunStart, None) {
-            if let Some(answer) = self.call(hook, json!({"input_text": input})).await
+        let scope = &self.workflow;
+        for (i, hook) in self.for_event(HookEvent::OnRunStart, None) {
+            let event = json!({"input_text": input});
+            if let Some(answer) = self.call(i, hook, event, scope).await
                 && answer["decision"] == "deny"
             {
                 return Some(reason(&answer, "the run was blocked by a hook"));
@@ -76,11 +93,13 @@ impl<'a> Hooks<'a> {
     }
 
     /// `pre_tool_use` for one call.
-    pub(crate) async fn pre_tool_use(&self, tool: &str, arguments: &Value) -> ToolDecision {
-        let mut arguments = arguments.clone();
+    pub(crate) async fn pre_tool_use(&self, step: u32, call: &ToolCall) -> ToolDecision {
+        let tool = call.name.as_str();
+        let scope = format!("{}:{step}:{}", self.workflow, call.id);
+        let mut arguments = call.parsed_arguments();
         let mut rewritten = false;
         let mut approval = None;
-        for hook in self.for_event(HookEvent::PreToolUse, Some(tool)) {
+        for (i, hook) in self.for_event(HookEvent::PreToolUse, Some(tool)) {
             match &hook.kind {
                 HookKind::Rule {
                     conditions,
@@ -98,7 +117,7 @@ impl<'a> Hooks<'a> {
                 }
                 HookKind::Http { .. } => {
                     let event = json!({"tool_name": tool, "arguments": arguments});
-                    let Some(answer) = self.call(hook, event).await else {
+                    let Some(answer) = self.call(i, hook, event, &scope).await else {
                         continue;
                     };
                     match answer["decision"].as_str() {
@@ -121,16 +140,14 @@ impl<'a> Hooks<'a> {
     }
 
     /// `post_tool_use`: the result, rewritten if a hook says so.
-    pub(crate) async fn post_tool_use(
-        &self,
-        tool: &str,
-        arguments: &Value,
-        output: String,
-    ) -> String {
+    pub(crate) async fn post_tool_use(&self, step: u32, call: &ToolCall, output: String) -> String {
+        let tool = call.name.as_str();
+        let scope = format!("{}:{step}:{}", self.workflow, call.id);
+        let arguments = call.parsed_arguments();
         let mut output = output;
-        for hook in self.for_event(HookEvent::PostToolUse, Some(tool)) {
+        for (i, hook) in self.for_event(HookEvent::PostToolUse, Some(tool)) {
             let event = json!({"tool_name": tool, "arguments": arguments, "output": output});
-            if let Some(answer) = self.call(hook, event).await
+            if let Some(answer) = self.call(i, hook, event, &scope).await
                 && answer["decision"] == "modify"
                 && let Some(rewritten) = answer["output"].as_str()
             {
@@ -141,10 +158,11 @@ impl<'a> Hooks<'a> {
     }
 
     /// `pre_response`: the final text (rewritten if a hook says so), or the reason it is blocked.
-    pub(crate) async fn pre_response(&self, text: &str) -> Result<String, String> {
+    pub(crate) async fn pre_response(&self, step: u32, text: &str) -> Result<String, String> {
+        let scope = format!("{}:{step}", self.workflow);
         let mut text = text.to_owned();
-        for hook in self.for_event(HookEvent::PreResponse, None) {
-            let Some(answer) = self.call(hook, json!({"text": text})).await else {
+        for (i, hook) in self.for_event(HookEvent::PreResponse, None) {
+            let Some(answer) = self.call(i, hook, json!({"text": text}), &scope).await else {
                 continue;
             };
             match answer["decision"].as_str() {
@@ -162,7 +180,7 @@ impl<'a> Hooks<'a> {
 
     /// `on_run_complete`: fire and forget (the run's end never waits for it).
     pub(crate) fn on_run_complete(&self, status: &str, content: &str) {
-        for hook in self.for_event(HookEvent::OnRunComplete, None) {
+        for (i, hook) in self.for_event(HookEvent::OnRunComplete, None) {
             let HookKind::Http {
                 url,
                 headers,
@@ -177,20 +195,28 @@ impl<'a> Hooks<'a> {
             body["event"] = json!("on_run_complete");
             body["status"] = json!(status);
             body["content"] = json!(content);
+            let key = format!("{}:on_run_complete:{i}", self.workflow);
             tokio::spawn(async move {
                 let tool = HttpTool {
                     url: &url,
                     method: "POST",
                     headers: &headers,
                 };
-                let call = http::call(&clients, &tool, &body, "on_run_complete");
+                let call = http::call(&clients, &tool, &body, &key);
                 let _ = tokio::time::timeout(Duration::from_secs(u64::from(timeout)), call).await;
             });
         }
     }
 
-    /// POSTs one event to an HTTP hook; `None` (allow) on any failure.
-    async fn call(&self, hook: &HookSpec, event: Value) -> Option<Value> {
+    /// POSTs one event to the HTTP hook at place `index`, keyed `{scope}:{event}:{index}`;
+    /// `None` (allow) on any failure.
+    async fn call(
+        &self,
+        index: usize,
+        hook: &HookSpec,
+        event: Value,
+        scope: &str,
+    ) -> Option<Value> {
         let HookKind::Http {
             url,
             headers,
@@ -204,11 +230,11 @@ impl<'a> Hooks<'a> {
         if let (Some(body), Some(event)) = (body.as_object_mut(), event.as_object()) {
             body.extend(event.clone());
         }
-        let key = format!(
-            "{}:{}",
-            self.context["workflow_id"].as_str().unwrap_or(""),
-            body["event"].as_str().unwrap_or("")
-        );
+        let key = format!("{scope}:{}:{index}", body["event"].as_str().unwrap_or(""));
+        let host = reqwest::Url::parse(url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_default();
         let tool = HttpTool {
             url,
             method: "POST",
@@ -220,17 +246,19 @@ impl<'a> Hooks<'a> {
                 match serde_json::from_str::<Value>(&output.content) {
                     Ok(answer) => Some(answer),
                     Err(_) => {
-                        tracing::warn!(hook.url = %url, "hook answered something that is not JSON; allowing");
+                        tracing::warn!(hook.index = index, hook.host = %host,
+                            "hook answered something that is not JSON; allowing");
                         None
                     }
                 }
             }
             Ok(output) => {
-                tracing::warn!(hook.url = %url, error = %output.content, "hook failed; allowing");
+                tracing::warn!(hook.index = index, hook.host = %host, error = %output.content,
+                    "hook failed; allowing");
                 None
             }
             Err(_) => {
-                tracing::warn!(hook.url = %url, "hook timed out; allowing");
+                tracing::warn!(hook.index = index, hook.host = %host, "hook timed out; allowing");
                 None
             }
         }

@@ -58,16 +58,13 @@ impl Loop<'_> {
     /// Decides, for each call of a new step, what happens to it. Hooks may rewrite the
     /// arguments (in `output`, so the saved step holds what runs). A call held for approval
     /// records how long it may wait once presented (a hook's timeout, else the agent's).
-    pub(crate) async fn classify(&self, output: &mut ModelOutput) -> Vec<CallResult> {
+    pub(crate) async fn classify(&self, step: u32, output: &mut ModelOutput) -> Vec<CallResult> {
         let timeout = self.spec.approval_timeout_secs;
         let mut results = Vec::with_capacity(output.tool_calls.len());
         for call in &mut output.tool_calls {
             let tool = self.tools.find(&call.name);
             let mut result = CallResult::new(call, CallState::Approved);
-            let decision = self
-                .hooks
-                .pre_tool_use(&call.name, &call.parsed_arguments())
-                .await;
+            let decision = self.hooks.pre_tool_use(step, call).await;
             let hook_timeout = match decision {
                 ToolDecision::Deny(reason) => {
                     result.settle(format!("Blocked by a hook: {reason}"), true);
@@ -187,10 +184,7 @@ impl Loop<'_> {
         let outputs = outputs.map_err(|halt| self.halted(halt))?;
         for (call, out) in to_run.iter().zip(outputs) {
             if let Some(result) = results.iter_mut().find(|r| r.tool_call_id == call.id) {
-                let output = self
-                    .hooks
-                    .post_tool_use(&call.name, &call.parsed_arguments(), out.content)
-                    .await;
+                let output = self.hooks.post_tool_use(step, call, out.content).await;
                 result.settle(output, out.is_error);
             }
         }

@@ -24,7 +24,8 @@ struct HookServer {
     decide: Decide,
 }
 
-/// A hook endpoint that records every event and answers with `decide(event)`.
+/// A hook endpoint that records every event (with its `Idempotency-Key` header as
+/// `idempotency_key`) and answers with `decide(event)`.
 async fn hook_server(
     decide: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
 ) -> (Arc<Mutex<Vec<Value>>>, String) {
@@ -37,8 +38,15 @@ async fn hook_server(
         .route(
             "/hook",
             post(
-                |State(server): State<HookServer>, Json(event): Json<Value>| async move {
-                    server.seen.lock().expect("lock").push(event.clone());
+                |State(server): State<HookServer>,
+                 headers: axum::http::HeaderMap,
+                 Json(event): Json<Value>| async move {
+                    let mut seen = event.clone();
+                    seen["idempotency_key"] = headers
+                        .get("idempotency-key")
+                        .and_then(|v| v.to_str().ok())
+                        .map_or(Value::Null, |k| json!(k));
+                    server.seen.lock().expect("lock").push(seen);
                     let (status, body) = (server.decide)(&event);
                     (
                         AxumStatus::from_u16(status).unwrap_or(AxumStatus::OK),
@@ -305,4 +313,58 @@ async fn on_run_complete_is_told_how_the_run_ended() {
     assert_eq!(event["status"], "completed");
     assert_eq!(event["content"], "all done");
     assert_eq!(event["workflow_id"], accepted["workflow_id"]);
+}
+
+#[tokio::test]
+async fn every_hook_call_has_its_own_idempotency_key() {
+    // Two calls in one step, two pre_tool_use hooks, one post_tool_use hook, and the run's end.
+    let fake = FakeLlm::start(|request, _| {
+        if fake_llm::tool_results_in(request) == 0 {
+            fake_llm::tool_calls(&[
+                ("call_a", "get_weather", r#"{"city":"Paris"}"#),
+                ("call_b", "get_weather", r#"{"city":"Lyon"}"#),
+            ])
+        } else {
+            fake_llm::text("done", 1)
+        }
+    })
+    .await;
+    let (_, base) = Tools::start().await;
+    let (seen, hook) = hook_server(|_| (200, json!({"decision": "allow"}))).await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "keyed", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "pre_tool_use", "type": "http", "url": hook},
+                  {"event": "pre_tool_use", "type": "http", "url": hook},
+                  {"event": "post_tool_use", "type": "http", "url": hook},
+                  {"event": "on_run_complete", "type": "http", "url": hook}]}))
+        .await;
+    let (_, accepted) = app.ask(&agent, "weather?").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
+    let wf = accepted["workflow_id"]
+        .as_str()
+        .expect("workflow id")
+        .to_owned();
+    let events = poll_until("all seven hook calls", Duration::from_secs(10), || async {
+        let events = seen.lock().expect("lock").clone();
+        (events.len() == 7).then_some(events)
+    })
+    .await;
+    let mut keys: Vec<String> = events
+        .iter()
+        .map(|e| e["idempotency_key"].as_str().expect("a key").to_owned())
+        .collect();
+    keys.sort();
+    let mut expected = vec![
+        format!("{wf}:1:call_a:pre_tool_use:0"),
+        format!("{wf}:1:call_a:pre_tool_use:1"),
+        format!("{wf}:1:call_b:pre_tool_use:0"),
+        format!("{wf}:1:call_b:pre_tool_use:1"),
+        format!("{wf}:1:call_a:post_tool_use:2"),
+        format!("{wf}:1:call_b:post_tool_use:2"),
+        format!("{wf}:on_run_complete:3"),
+    ];
+    expected.sort();
+    assert_eq!(keys, expected, "one key per call, event and hook");
 }
