@@ -1,6 +1,6 @@
 //! A real local HTTP tool server for agent tests: it records every call (path, idempotency
 //! key, JSON body) and answers by path: `weather` (a forecast with citations), `big` (60,000
-//! characters), `nul` (text with a NUL character), `finish` and anything else (`ok`), `hang`
+//! characters), `nul` (text with a NUL character), `finish`, `create`, `list` (`ok`), `hang`
 //! (never answers).
 
 use std::sync::{Arc, Mutex};
@@ -52,6 +52,8 @@ impl Tools {
             .route("/nul", post(record("nul")))
             .route("/finish", post(record("finish")))
             .route("/hang", post(record("hang")))
+            .route("/create", post(record("create")))
+            .route("/list", post(record("list")))
             .with_state(tools.clone());
         let base = crate::serve(app).await;
         (tools, base)

@@ -208,6 +208,7 @@ impl<'a> Loop<'a> {
             return Err(self.halted(halt));
         }
         let request = self.request(step);
+        let offered = request.callable();
         let mut output = match call_model(a, self.model.as_ref(), request, step, self.buffer).await
         {
             Ok(output) => output,
@@ -239,7 +240,7 @@ impl<'a> Loop<'a> {
             );
             return Err(self.failed(FailureCode::DoomLoop, message));
         }
-        let results = self.classify(step, &mut output).await;
+        let results = self.classify(step, &offered, &mut output).await;
         a.save_step(step, &output.saved(results.clone(), Vec::new()))
             .await?;
         self.settle(a, step, output, results, true).await

@@ -92,6 +92,17 @@ pub struct ChatRequest {
     pub temperature: Option<f64>,
 }
 
+impl ChatRequest {
+    /// The names of the tools the model may call with this request: those offered, none if
+    /// the choice is `none`.
+    pub fn callable(&self) -> Vec<String> {
+        if matches!(self.tool_choice, Choice::None) {
+            return Vec::new();
+        }
+        self.tools.iter().map(|tool| tool.name.clone()).collect()
+    }
+}
+
 /// Why the model stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FinishReason {

@@ -57,13 +57,28 @@ impl Recent {
 impl Loop<'_> {
     /// Decides, for each call of a new step, what happens to it. Hooks may rewrite the
     /// arguments (in `output`, so the saved step holds what runs). A call held for approval
-    /// records how long it may wait once presented (a hook's timeout, else the agent's).
-    pub(crate) async fn classify(&self, step: u32, output: &mut ModelOutput) -> Vec<CallResult> {
+    /// records how long it may wait once presented (a hook's timeout, else the agent's). A call
+    /// of a tool the step did not offer (`offered`) is answered with an error, never run.
+    pub(crate) async fn classify(
+        &self,
+        step: u32,
+        offered: &[String],
+        output: &mut ModelOutput,
+    ) -> Vec<CallResult> {
         let timeout = self.spec.approval_timeout_secs;
         let mut results = Vec::with_capacity(output.tool_calls.len());
         for call in &mut output.tool_calls {
             let tool = self.tools.find(&call.name);
             let mut result = CallResult::new(call, CallState::Approved);
+            if !offered.contains(&call.name) {
+                let error = match tool {
+                    Some(_) => format!("the tool `{}` is not available at this step", call.name),
+                    None => format!("unknown tool `{}`", call.name),
+                };
+                result.settle(error, true);
+                results.push(result);
+                continue;
+            }
             let decision = self.hooks.pre_tool_use(step, call).await;
             let hook_timeout = match decision {
                 ToolDecision::Deny(reason) => {

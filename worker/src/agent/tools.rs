@@ -148,8 +148,8 @@ impl ToolSet {
         self.tools.iter().find(|tool| tool.def.name == name)
     }
 
-    /// Executes calls of one step: read-only tools concurrently, the others in order; results
-    /// come back in the calls' order.
+    /// Executes calls of one step in the order the model gave them, consecutive read-only
+    /// calls together; results come back in the calls' order.
     pub(crate) async fn execute(
         &self,
         a: &Attempt<'_>,
@@ -161,30 +161,29 @@ impl ToolSet {
             .iter()
             .map(|tool| (tool.def.name.as_str(), tool))
             .collect();
-        let mut results: Vec<Option<ToolOutput>> = vec![None; calls.len()];
-        let concurrent = calls.iter().enumerate().filter(|(_, c)| {
-            by_name
-                .get(c.name.as_str())
-                .is_some_and(|tool| tool.read_only)
-        });
-        let outputs =
-            futures::future::join_all(concurrent.clone().map(|(_, call)| {
-                self.call(a, step, call, by_name.get(call.name.as_str()).copied())
-            }))
-            .await;
-        for ((index, _), output) in concurrent.zip(outputs) {
-            results[index] = Some(output);
+        let tool_of = |call: &ToolCall| by_name.get(call.name.as_str()).copied();
+        let read_only = |call: &ToolCall| tool_of(call).is_some_and(|tool| tool.read_only);
+        // Program order, except that a run of consecutive read-only calls goes at once: a read
+        // never overtakes the write the model asked for before it.
+        let mut outputs = Vec::with_capacity(calls.len());
+        let mut rest = calls;
+        while let Some(first) = rest.first() {
+            let batch = if read_only(first) {
+                rest.iter().take_while(|call| read_only(call)).count()
+            } else {
+                1
+            };
+            let (now, later) = rest.split_at(batch);
+            outputs.extend(
+                futures::future::join_all(
+                    now.iter()
+                        .map(|call| self.call(a, step, call, tool_of(call))),
+                )
+                .await,
+            );
+            rest = later;
         }
-        for (index, call) in calls.iter().enumerate() {
-            if results[index].is_none() {
-                let tool = by_name.get(call.name.as_str()).copied();
-                results[index] = Some(self.call(a, step, call, tool).await);
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| ToolOutput::error("not executed")))
-            .collect()
+        outputs
     }
 
     async fn call(

@@ -396,6 +396,86 @@ async fn read_only_calls_of_one_step_run_together_and_others_one_at_a_time() {
 }
 
 #[tokio::test]
+async fn a_read_never_overtakes_a_write_the_model_asked_for_before_it() {
+    // create, then list what was created: the list must see the create.
+    let (tools, base) = Tools::start().await;
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[
+            ("c1", "create", r#"{"city": "a"}"#),
+            ("l1", "list", r#"{"city": "a"}"#),
+            ("l2", "list", r#"{"city": "b"}"#),
+            ("c2", "create", r#"{"city": "b"}"#),
+        ]),
+        _ => fake_llm::text("done", 1),
+    })
+    .await;
+    let app = Harness::start(&fake).await;
+    let mut list = http_tool("list", format!("{base}/list"));
+    list["read_only"] = json!(true);
+    let agent = app
+        .create_agent(&json!({"name": "ordered", "model": "gpt-4o-mini",
+        "tools": [http_tool("create", format!("{base}/create")), list]}))
+        .await;
+    let (_, accepted) = app.ask(&agent, "go").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
+    let order: Vec<String> = tools
+        .calls()
+        .iter()
+        .map(|(path, _, body)| format!("{path} {}", body["city"].as_str().unwrap_or("?")))
+        .collect();
+    assert_eq!(order.len(), 4, "{order:?}");
+    assert_eq!(
+        order[0], "create a",
+        "the first write went first: {order:?}"
+    );
+    let mut reads = order[1..3].to_vec();
+    reads.sort();
+    assert_eq!(reads, ["list a", "list b"], "then both reads: {order:?}");
+    assert_eq!(order[3], "create b", "then the last write: {order:?}");
+}
+
+#[tokio::test]
+async fn a_call_of_a_tool_the_step_did_not_offer_is_answered_with_an_error_and_not_made() {
+    // Step 1 offers only `list`; the model calls `create` anyway, and then a tool it never had.
+    let (tools, base) = Tools::start().await;
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[
+            ("c1", "create", r#"{"city": "a"}"#),
+            ("g1", "ghost", r#"{}"#),
+            ("l1", "list", r#"{"city": "a"}"#),
+        ]),
+        _ => fake_llm::text("done", 1),
+    })
+    .await;
+    let app = Harness::start(&fake).await;
+    let agent = app.create_agent(&json!({"name": "narrow", "model": "gpt-4o-mini",
+        "tools": [http_tool("create", format!("{base}/create")), http_tool("list", format!("{base}/list"))],
+        "step_rules": [{"step": 1, "active_tools": ["list"]}]})).await;
+    let (_, accepted) = app.ask(&agent, "go").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
+    let made: Vec<String> = tools.calls().into_iter().map(|(path, _, _)| path).collect();
+    assert_eq!(made, ["list"], "only the offered tool ran");
+    let answered = &fake.requests()[1];
+    let results: Vec<(String, String)> = answered["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            let id = m["tool_call_id"].as_str().unwrap_or_default().to_owned();
+            (id, m["content"].as_str().unwrap_or_default().to_owned())
+        })
+        .collect();
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert!(
+        results[0].1.contains("`create` is not available"),
+        "{results:?}"
+    );
+    assert!(results[1].1.contains("unknown tool `ghost`"), "{results:?}");
+    assert_eq!(results[2].1, "ok");
+}
+
+#[tokio::test]
 async fn a_dead_mcp_server_only_removes_its_tools_and_a_thread_s_agent_answers() {
     let fake = FakeLlm::start(|_, _| fake_llm::text("Answered without MCP.", 2)).await;
     let app = Harness::start(&fake).await;
