@@ -50,8 +50,10 @@ use crate::extract::{ApiPath, ApiQuery};
 
 pub use hub::Hub;
 
-/// Backlog entries read per round trip.
-const PAGE: usize = 500;
+/// Backlog entries read per round trip. Bounded by size, not only count: an entry can hold a
+/// whole tool result (50,000 characters, up to about 300 KB once JSON-escaped), so a page is
+/// at most about 20 MB in memory, held only while it is written out.
+pub(crate) const PAGE: usize = 64;
 /// The reconnection delay suggested to clients.
 const RETRY: Duration = Duration::from_secs(2);
 /// Comment interval that keeps proxies from closing idle streams.

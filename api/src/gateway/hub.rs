@@ -26,8 +26,9 @@ use tokio_util::sync::CancellationToken;
 use spool_shared::ThreadId;
 use spool_shared::stream::{self, EntryId, ReadError, RedisConn, StoredEvent, StreamKeys};
 
-/// Entries read per round trip.
-const PAGE: usize = 512;
+/// Entries read per round trip: the sessions' page ([`super::PAGE`], bounded for the same
+/// reason: an entry may be a whole tool result).
+const PAGE: usize = super::PAGE;
 /// The kind of the entry a feed broadcasts when the entry it continued from is gone (trimmed,
 /// deleted, lost in a failover): its subscribers end with `stream_reset`.
 pub(crate) const GAP: &str = "spool_gap";

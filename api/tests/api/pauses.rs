@@ -671,3 +671,40 @@ async fn client_tool_outputs_that_never_come_fail_the_run_and_free_the_thread() 
     assert_eq!(status, StatusCode::ACCEPTED, "the thread is free again");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_client_output_over_the_result_limit_is_cut_like_any_tool_result() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("call_f", "read_local_file", r#"{"path": "big.txt"}"#)]),
+        _ => fake_llm::text("read it", 1),
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "files", "model": "gpt-4o-mini", "tools": [client_tool()]}),
+        )
+        .await;
+    let (_, accepted) = ask(&app, &agent, "read big.txt").await;
+    app.wait_run(&accepted, |s| s == "requires_action").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id");
+    let (status, body) = app
+        .post(
+            &token("alice", "acme"),
+            &format!("/v1/workflows/{workflow}/tool_outputs"),
+            &json!({"tool_outputs": [{"tool_call_id": "call_f", "output": "y".repeat(60_000)}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+    let requests = fake.requests();
+    let seen = fake_llm::last_tool_result(&requests[1]).unwrap_or_default();
+    assert!(
+        seen.ends_with("\n[truncated: 10040 more characters]"),
+        "{}",
+        &seen[seen.len().saturating_sub(60)..]
+    );
+    assert_eq!(seen.chars().filter(|c| *c == 'y').count(), 49_960);
+    app.stop().await;
+}

@@ -69,6 +69,26 @@ pub enum CallState {
     Denied,
 }
 
+/// Tool results longer than this many characters are cut, whoever produced them (a tool, a
+/// client, a hook's rewrite): the model, the stream and the saved step see the same text.
+pub const MAX_RESULT_CHARS: usize = 50_000;
+
+/// Room kept for the marker of a cut result.
+const MARKER_ROOM: usize = 40;
+
+/// Cuts `text` to at most [`MAX_RESULT_CHARS`] characters, its end a marker saying how many
+/// were cut. A text within the limit (a cut one too) is left as it is, so cutting twice (a
+/// tool's result, then what a hook made of it) changes nothing.
+pub fn truncate(text: String) -> String {
+    if text.chars().nth(MAX_RESULT_CHARS).is_none() {
+        return text;
+    }
+    let keep = MAX_RESULT_CHARS - MARKER_ROOM;
+    let end = text.char_indices().nth(keep).map_or(text.len(), |(i, _)| i);
+    let more = text[end..].chars().count();
+    format!("{}\n[truncated: {more} more characters]", &text[..end])
+}
+
 /// One tool call's result, or where it stands, in a saved step.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallResult {
@@ -110,9 +130,10 @@ impl CallResult {
         }
     }
 
-    /// Settles the call with `output` (an error the model sees, if `is_error`).
+    /// Settles the call with `output` (an error the model sees, if `is_error`), cut at
+    /// [`MAX_RESULT_CHARS`].
     pub fn settle(&mut self, output: String, is_error: bool) {
-        self.output = output;
+        self.output = truncate(output);
         self.is_error = is_error;
         self.state = CallState::Done;
     }
@@ -191,7 +212,7 @@ impl SavedStep {
         }
         for (id, output) in outputs {
             if let Some(result) = self.results.iter_mut().find(|r| r.tool_call_id == id) {
-                result.output = output;
+                result.output = truncate(output);
                 result.is_error = false;
                 result.state = CallState::ClientOutput;
             }
@@ -414,5 +435,27 @@ mod tests {
         assert_eq!(step.assistant.tool_calls[0].parsed_arguments()["q"], 1);
         assert!(step.citations.is_empty());
         assert!(!step.is_settled());
+    }
+
+    #[test]
+    fn a_result_over_the_limit_is_cut_once_with_a_marker() {
+        assert_eq!(truncate("x".repeat(10)), "x".repeat(10));
+        let exact = "é".repeat(MAX_RESULT_CHARS);
+        assert_eq!(
+            truncate(exact.clone()),
+            exact,
+            "at the limit nothing is cut"
+        );
+        let cut = truncate("é".repeat(MAX_RESULT_CHARS + 5));
+        assert!(
+            cut.ends_with("\n[truncated: 45 more characters]"),
+            "{cut:.20}"
+        );
+        assert!(cut.chars().count() <= MAX_RESULT_CHARS);
+        assert_eq!(
+            cut.chars().filter(|c| *c == 'é').count(),
+            MAX_RESULT_CHARS - 40
+        );
+        assert_eq!(truncate(cut.clone()), cut, "cutting again changes nothing");
     }
 }

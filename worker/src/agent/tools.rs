@@ -6,7 +6,7 @@
 //!
 //! [`ToolSet`] holds one attempt's tools: what the model is offered at each step, and how the
 //! calls of a step execute: read-only calls concurrently, the others in order, each within the
-//! tool timeout, each result cut at [`MAX_TOOL_RESULT_CHARS`] characters with a marker. Every
+//! tool timeout, each result cut at [`MAX_RESULT_CHARS`] characters with a marker. Every
 //! call carries the idempotency key `{workflow_id}:{step}:{tool_call_id}` ([`idempotency_key`]),
 //! so a call repeated by a new attempt after a crash can be de-duplicated by the tool.
 
@@ -22,14 +22,14 @@ use tracing::Instrument as _;
 
 use spool_shared::WorkflowId;
 use spool_shared::agent::{AgentSpec, McpToolSpec, ToolChoice, ToolSpec};
+use spool_shared::db::steps;
 
 use super::context::Attempt;
 use super::engine::Engine;
 use super::llm::{Choice, ToolCall, ToolDef};
 use mcp::{McpServer, McpSession};
 
-/// Tool results longer than this are truncated.
-pub const MAX_TOOL_RESULT_CHARS: usize = 50_000;
+pub use spool_shared::db::steps::MAX_RESULT_CHARS;
 
 /// What a tool call returned, as the model will see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -311,32 +311,8 @@ async fn mcp_tools(engine: &Engine, mcp: &McpToolSpec) -> Vec<Tool> {
         .collect()
 }
 
-/// Cuts a result over [`MAX_TOOL_RESULT_CHARS`] characters, saying how much was cut.
+/// Cuts a result over [`MAX_RESULT_CHARS`] characters, saying how much was cut.
 fn truncate(mut output: ToolOutput) -> ToolOutput {
-    let total = output.content.chars().count();
-    if total > MAX_TOOL_RESULT_CHARS {
-        let cut: String = output.content.chars().take(MAX_TOOL_RESULT_CHARS).collect();
-        output.content = format!(
-            "{cut}\n[truncated: {} more characters]",
-            total - MAX_TOOL_RESULT_CHARS
-        );
-    }
+    output.content = steps::truncate(output.content);
     output
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_results_are_truncated_with_a_marker() {
-        let short = truncate(ToolOutput::ok("x".repeat(10)));
-        assert_eq!(short.content.len(), 10);
-        let long = truncate(ToolOutput::ok("é".repeat(MAX_TOOL_RESULT_CHARS + 5)));
-        assert!(long.content.ends_with("[truncated: 5 more characters]"));
-        assert_eq!(
-            long.content.chars().filter(|c| *c == 'é').count(),
-            MAX_TOOL_RESULT_CHARS
-        );
-    }
 }

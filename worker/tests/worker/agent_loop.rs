@@ -200,11 +200,11 @@ async fn a_huge_tool_result_is_truncated_with_a_marker_before_the_model_sees_it(
         .expect("tool result")
         .to_owned();
     assert!(
-        seen.ends_with("[truncated: 10000 more characters]"),
+        seen.ends_with("[truncated: 10040 more characters]"),
         "{}",
         &seen[seen.len() - 60..]
     );
-    assert_eq!(seen.chars().filter(|c| *c == 'z').count(), 50_000);
+    assert_eq!(seen.chars().filter(|c| *c == 'z').count(), 49_960);
 }
 
 #[tokio::test]

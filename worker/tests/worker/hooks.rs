@@ -368,3 +368,31 @@ async fn every_hook_call_has_its_own_idempotency_key() {
     expected.sort();
     assert_eq!(keys, expected, "one key per call, event and hook");
 }
+
+#[tokio::test]
+async fn a_hook_s_rewrite_over_the_result_limit_is_cut_like_any_tool_result() {
+    let fake = weather_model().await;
+    let (_, base) = Tools::start().await;
+    let (_, hook) = hook_server(|_| {
+        (
+            200,
+            json!({"decision": "modify", "output": "h".repeat(50_007)}),
+        )
+    })
+    .await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "verbose", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "post_tool_use", "type": "http", "url": hook}]}))
+        .await;
+    let (_, accepted) = app.ask(&agent, "weather?").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
+    let requests = fake.requests();
+    let seen = fake_llm::last_tool_result(&requests[1]).unwrap_or_default();
+    assert!(
+        seen.ends_with("\n[truncated: 47 more characters]"),
+        "{}",
+        seen.len()
+    );
+}
