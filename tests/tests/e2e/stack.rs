@@ -117,6 +117,18 @@ impl Stack {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// GETs `path` without credentials; returns the status and the JSON answer.
+    pub(crate) async fn get_json(&self, path: &str) -> (reqwest::StatusCode, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("request");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
     /// Creates an agent of tenant `acme` (as its admin); returns its id.
     pub(crate) async fn create_agent(&self, spec: &Value) -> String {
         let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);

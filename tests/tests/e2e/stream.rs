@@ -436,6 +436,15 @@ async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recover
     assert!(response.headers().contains_key("retry-after"));
     let body: Value = response.json().await.expect("json");
     assert_eq!(body["error"]["code"], "stream_unavailable");
+    let ready = stack.get_json("/readyz").await;
+    assert_eq!(
+        ready,
+        (
+            reqwest::StatusCode::OK,
+            json!({"status": "degraded", "postgres": "ok", "redis": "unreachable"})
+        ),
+        "the API stays in service without Redis"
+    );
     println!(
         "run completed without Redis in {:.2} s",
         started.elapsed().as_secs_f64()
@@ -447,6 +456,7 @@ async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recover
         (response.status() == reqwest::StatusCode::OK).then_some(())
     })
     .await;
+    assert_eq!(stack.get_json("/readyz").await.1["status"], "ready");
     let next = stack.enqueue(&alice, "after the outage").await;
     let frames = SseReader::new(stack.stream(&alice, &next["thread_id"], None).await)
         .collect(READ)
