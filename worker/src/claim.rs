@@ -84,6 +84,10 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
         .context("LISTEN connection")?;
     listener.listen(RUNS_CHANNEL).await.context("LISTEN")?;
     let cancels = tokio::spawn(listen_for_cancels(worker.db.clone(), keeper.canceller()));
+    let housekeeping = tokio::spawn(crate::housekeeping::run(
+        worker.db.clone(),
+        shutdown.clone(),
+    ));
     let permits = Arc::new(Semaphore::new(args.concurrency));
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
@@ -142,6 +146,7 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
         tracker.wait().await;
     }
     cancels.abort();
+    housekeeping.abort();
     drop(keeper);
     tracing::info!("worker stopped");
     Ok(())

@@ -96,11 +96,17 @@ pub async fn find(
     .await
 }
 
-/// Deletes keys older than 24 hours; returns how many.
-pub async fn purge_expired(executor: impl PgExecutor<'_>) -> sqlx::Result<u64> {
-    let result =
-        sqlx::query("DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'")
-            .execute(executor)
-            .await?;
+/// Deletes up to `limit` keys older than 24 hours (a batch keeps each statement short);
+/// returns how many.
+pub async fn purge_expired(executor: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<u64> {
+    let result = sqlx::query(
+        "DELETE FROM idempotency_keys WHERE (tenant_id, key) IN (
+             SELECT tenant_id, key FROM idempotency_keys
+              WHERE created_at < now() - interval '24 hours'
+              ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(limit)
+    .execute(executor)
+    .await?;
     Ok(result.rows_affected())
 }

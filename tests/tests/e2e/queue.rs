@@ -223,3 +223,27 @@ async fn workers_on_one_host_with_the_same_configuration_all_run_and_a_taken_set
         "{output}"
     );
 }
+
+#[tokio::test]
+async fn a_worker_purges_idempotency_keys_past_their_24_hours_and_keeps_the_others() {
+    let stack = Stack::start().await;
+    let pool = &stack.db.pool;
+    sqlx::raw_sql(
+        "INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, response, created_at)
+         VALUES ('acme', 'old', 'h', 202, '{}', now() - interval '25 hours'),
+                ('acme', 'fresh', 'h', 202, '{}', now() - interval '23 hours')",
+    )
+    .execute(pool)
+    .await
+    .expect("insert keys");
+    let _worker = stack.worker(&[]).await;
+    let left: Vec<String> = poll_until("the expired key to go", TIMEOUT, || async {
+        let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency_keys ORDER BY key")
+            .fetch_all(pool)
+            .await
+            .ok()?;
+        (!keys.contains(&"old".to_owned())).then_some(keys)
+    })
+    .await;
+    assert_eq!(left, ["fresh"], "a key within its 24 hours stays");
+}
