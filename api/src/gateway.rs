@@ -14,7 +14,12 @@
 //! entry that vanishes under a session's backlog read or the live feed (trimmed, deleted, lost
 //! in a failover) ends the session with `stream_reset`; and a stream that has gone quiet while
 //! its run is terminal in Postgres (its `done` was lost with Redis) ends with
-//! `message_not_streaming`.
+//! `message_not_streaming`. A run that paused while its pause event was lost (Redis down past
+//! the publisher's last flush, a worker killed between the commit and the publish) would leave
+//! its followers waiting on nothing: when the stream goes quiet on a paused run and the last
+//! event sent was not its pause event, the session sends that event, rebuilt from the run's
+//! `pending_action` in Postgres (without an `id`, so the client's cursor stays on a real
+//! entry; a client may therefore see the same pause twice, if the original turns up late).
 
 pub mod hub;
 
@@ -36,8 +41,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::db::{messages, runs, threads};
-use spool_shared::event::EventType;
-use spool_shared::status::MessageStatus;
+use spool_shared::event::{self as envelope, Event, EventType};
+use spool_shared::status::{MessageStatus, RunStatus};
 use spool_shared::stream::{
     self as events, EntryId, FLUSH_WINDOW, Gap, ReadError, RedisConn, StoredEvent,
 };
@@ -166,6 +171,8 @@ async fn stream_thread(
         caught_up: false,
         until: start.until,
         watch: start.watch,
+        thread_id,
+        pause_shown: false,
         linger: start.linger,
         shutdown: state.shutdown.clone(),
         finished: false,
@@ -354,6 +361,10 @@ struct Session {
     /// The run whose status is checked when the stream goes quiet; `None` when no run was
     /// active (the backlog is replayed, then the stream ends).
     watch: Option<WorkflowId>,
+    /// The thread (for an event rebuilt from Postgres).
+    thread_id: ThreadId,
+    /// Whether the last event sent told the client what a paused run waits for.
+    pause_shown: bool,
     /// With no run active: until when to wait for the `done` of a run that has just finished
     /// (see [`flushing`]).
     linger: Option<tokio::time::Instant>,
@@ -436,10 +447,8 @@ impl Session {
                 () = tokio::time::sleep_until(linger.unwrap_or_else(tokio::time::Instant::now)),
                     if linger.is_some() => return None,
                 () = tokio::time::sleep(SILENCE), if linger.is_none() => {
-                    if self.run_is_over().await {
-                        self.finished = true;
-                        let data = json!({"workflow_id": self.watch});
-                        return Some(SseEvent::default().event("message_not_streaming").data(data.to_string()));
+                    if let Some(event) = self.quiet().await {
+                        return Some(event);
                     }
                 }
                 () = self.shutdown.cancelled() => return None,
@@ -481,6 +490,9 @@ impl Session {
         if entry.is_marker() {
             return None;
         }
+        self.pause_shown = [EventType::RequiresAction, EventType::ApprovalRequested]
+            .iter()
+            .any(|kind| entry.kind == kind.as_str());
         if entry.kind == EventType::Done.as_str() {
             self.finished = match &self.until {
                 Until::AnyDone => true,
@@ -495,8 +507,47 @@ impl Session {
         )
     }
 
-    async fn run_is_over(&self) -> bool {
-        let Some(run) = self.watch else { return false };
-        matches!(runs::status_of(&self.db, run).await, Ok(Some(status)) if status.is_terminal())
+    /// The stream has gone quiet: if the watched run is over, `message_not_streaming` (its
+    /// `done` was lost); if it is paused and the client was not told, its pause event.
+    async fn quiet(&mut self) -> Option<SseEvent> {
+        let run = self.watch?;
+        let standing = match runs::standing(&self.db, run).await {
+            Ok(standing) => standing?,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading a quiet run failed");
+                return None;
+            }
+        };
+        if standing.status.is_terminal() {
+            self.finished = true;
+            let data = json!({"workflow_id": run});
+            return Some(
+                SseEvent::default()
+                    .event("message_not_streaming")
+                    .data(data.to_string()),
+            );
+        }
+        let paused = matches!(
+            standing.status,
+            RunStatus::RequiresAction | RunStatus::AwaitingApproval
+        );
+        let action = standing
+            .pending_action
+            .filter(|_| paused && !self.pause_shown)?;
+        let (kind, data) = action.0.event();
+        let event = Event {
+            v: envelope::VERSION,
+            kind,
+            thread_id: self.thread_id,
+            workflow_id: run,
+            message_id: standing.assistant_message_id,
+            attempt: standing.attempt,
+            data,
+        };
+        self.pause_shown = true;
+        metrics::counter!("spool_sse_pauses_recovered_total").increment(1);
+        tracing::info!(workflow.id = %run, "a paused run's event was missing; sent from Postgres");
+        let json = serde_json::to_string(&event).ok()?;
+        Some(SseEvent::default().event(kind.as_str()).data(json))
     }
 }

@@ -7,7 +7,9 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
+
+use crate::event::EventType;
 
 /// Token usage of one or more model calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -141,6 +143,43 @@ pub enum PendingAction {
         #[serde(default)]
         expires_at: Option<DateTime<Utc>>,
     },
+}
+
+impl PendingAction {
+    /// The same action, waiting until `deadline`.
+    #[must_use]
+    pub fn until(mut self, deadline: DateTime<Utc>) -> Self {
+        match &mut self {
+            Self::SubmitToolOutputs { expires_at, .. } | Self::Approval { expires_at, .. } => {
+                *expires_at = Some(deadline);
+            }
+        }
+        self
+    }
+
+    /// The stream event that tells a client what the run waits for, and until when: what the
+    /// worker publishes when the run pauses, and what the gateway sends if that was lost.
+    pub fn event(&self) -> (EventType, Value) {
+        match self {
+            Self::Approval {
+                tool_call_id,
+                tool_name,
+                arguments,
+                expires_at,
+            } => (
+                EventType::ApprovalRequested,
+                json!({"tool_call_id": tool_call_id, "tool_name": tool_name,
+                    "arguments": arguments, "expires_at": expires_at}),
+            ),
+            Self::SubmitToolOutputs {
+                tool_calls,
+                expires_at,
+            } => (
+                EventType::RequiresAction,
+                json!({"tool_calls": tool_calls, "expires_at": expires_at}),
+            ),
+        }
+    }
 }
 
 /// A source an answer cites, as a tool result gave it (`{"citations": [{title, url,

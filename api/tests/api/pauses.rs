@@ -708,3 +708,71 @@ async fn a_client_output_over_the_result_limit_is_cut_like_any_tool_result() {
     assert_eq!(seen.chars().filter(|c| *c == 'y').count(), 49_960);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_follower_of_a_run_whose_pause_event_was_lost_is_told_from_postgres() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("call_f", "read_local_file", r#"{"path": "a.txt"}"#)]),
+        _ => fake_llm::text("ok", 1),
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "files", "model": "gpt-4o-mini", "tools": [client_tool()]}),
+        )
+        .await;
+    let (thread, accepted) = ask(&app, &agent, "read a.txt").await;
+    let paused = app.wait_run(&accepted, |s| s == "requires_action").await;
+    // Lose the pause event, as a Redis outage past the publisher's last flush would.
+    let pause = poll_until(
+        "the pause event to be stored",
+        Duration::from_secs(10),
+        || async {
+            let stored = app.stored(thread).await;
+            stored
+                .into_iter()
+                .find(|(_, kind)| kind == "requires_action")
+        },
+    )
+    .await;
+    let key = app.keys.events(spool_shared::ThreadId(thread));
+    let _: i64 = redis::cmd("XDEL")
+        .arg(&key)
+        .arg(&pause.0)
+        .query_async(&mut app.streams.conn())
+        .await
+        .expect("xdel");
+
+    let alice = token("alice", "acme");
+    let mut reader = app.stream(&alice, thread, "", None).await;
+    let mut seen = Vec::new();
+    let told = loop {
+        // The gateway looks at Postgres once the stream has been quiet for 15 s.
+        let frame = reader
+            .next(Duration::from_secs(25))
+            .await
+            .unwrap_or_else(|| panic!("the stream went quiet after {seen:?}"));
+        if frame.event == "requires_action" {
+            break frame;
+        }
+        seen.push(frame.event);
+    };
+    assert!(seen.contains(&"step".to_owned()), "{seen:?}");
+    assert_eq!(told.id, None, "a rebuilt event moves no cursor");
+    let event = told.json();
+    assert_eq!(event["type"], "requires_action");
+    assert_eq!(event["workflow_id"], accepted["workflow_id"]);
+    assert_eq!(event["message_id"], accepted["message_id"]);
+    assert_eq!(event["data"]["tool_calls"][0]["tool_call_id"], "call_f");
+    assert_eq!(
+        event["data"]["expires_at"], paused["pending_action"]["expires_at"],
+        "the deadline Postgres holds"
+    );
+    assert!(
+        reader.next(Duration::from_millis(500)).await.is_none() && !reader.closed,
+        "the stream stays open for the rest of the run"
+    );
+    app.stop().await;
+}

@@ -219,16 +219,31 @@ pub async fn find_active(
     .await
 }
 
-/// The status of a run, if it exists.
-pub async fn status_of(
+/// Where a run stands, as a stream follower needs it: its status and, while paused, what it
+/// waits for (with the deadline filled in).
+#[derive(Debug, sqlx::FromRow)]
+pub struct Standing {
+    /// The status.
+    pub status: RunStatus,
+    /// The attempt.
+    pub attempt: i32,
+    /// The assistant message.
+    pub assistant_message_id: MessageId,
+    /// What a paused run waits for.
+    pub pending_action: Option<Json<PendingAction>>,
+}
+
+/// Where a run stands, if it exists.
+pub async fn standing(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
-) -> sqlx::Result<Option<RunStatus>> {
-    let row: Option<(RunStatus,)> = sqlx::query_as("SELECT status FROM runs WHERE id = $1")
-        .bind(id)
-        .fetch_optional(executor)
-        .await?;
-    Ok(row.map(|(status,)| status))
+) -> sqlx::Result<Option<Standing>> {
+    sqlx::query_as(
+        "SELECT status, attempt, assistant_message_id, pending_action FROM runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(executor)
+    .await
 }
 
 /// Seconds since a run of `thread` last changed (by the database clock), if it exists.

@@ -10,7 +10,6 @@
 //!   conversation, and checked against the agent's stop conditions.
 //! - [`Recent`]: the same call three times in a row is a doom loop and fails the run.
 
-use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use spool_shared::agent::StopCondition;
@@ -309,7 +308,7 @@ impl Loop<'_> {
             Ok(Pause::CancelRequested) => self.halted(Halt::Cancelled),
             Ok(Pause::Lost) => LoopEnd::LeaseLost.into(),
             Ok(Pause::Paused(deadline)) => {
-                let (event, data) = pause_event(action, deadline);
+                let (event, data) = action.until(deadline).event();
                 a.events.send(event, data);
                 LoopEnd::Paused.into()
             }
@@ -326,26 +325,6 @@ fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
             "tool_call_id": call.id, "tool_name": call.name,
             "arguments": call.parsed_arguments()}),
         );
-    }
-}
-
-/// The event that tells the client what the run waits for, and until when.
-fn pause_event(action: PendingAction, deadline: DateTime<Utc>) -> (EventType, Value) {
-    match action {
-        PendingAction::Approval {
-            tool_call_id,
-            tool_name,
-            arguments,
-            ..
-        } => (
-            EventType::ApprovalRequested,
-            json!({"tool_call_id": tool_call_id, "tool_name": tool_name,
-                "arguments": arguments, "expires_at": deadline}),
-        ),
-        PendingAction::SubmitToolOutputs { tool_calls, .. } => (
-            EventType::RequiresAction,
-            json!({"tool_calls": tool_calls, "expires_at": deadline}),
-        ),
     }
 }
 
