@@ -287,7 +287,8 @@ async fn mcp_tools(engine: &Engine, mcp: &McpToolSpec) -> Vec<Tool> {
         match McpSession::connect(&server, &engine.http, engine.tool_timeout).await {
             Ok(connected) => connected,
             Err(err) => {
-                tracing::warn!(mcp.server = %mcp.name, error = format!("{err:#}"),
+                let error = without_urls(&format!("{err:#}"), &mcp.url);
+                tracing::warn!(mcp.server = %mcp.name, error,
                     "MCP server unavailable; running without its tools");
                 return Vec::new();
             }
@@ -315,4 +316,37 @@ async fn mcp_tools(engine: &Engine, mcp: &McpToolSpec) -> Vec<Tool> {
 fn truncate(mut output: ToolOutput) -> ToolOutput {
     output.content = steps::truncate(output.content);
     output
+}
+
+/// `text` without `url` and without reqwest's `for url (...)` notes: a configured URL may
+/// carry a credential, and logs are read by more people than agent specs.
+fn without_urls(text: &str, url: &str) -> String {
+    let mut text = text.replace(url, "<url>");
+    while let Some(start) = text.find(" for url (") {
+        let end = text[start..]
+            .find(')')
+            .map_or(text.len(), |end| start + end + 1);
+        text.replace_range(start..end, "");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_urls;
+
+    #[test]
+    fn logged_errors_lose_their_urls() {
+        let url = "https://mcp.example/mcp?token=s3cret";
+        let chain = format!(
+            "MCP server gh: initialize failed: error sending request for url ({url}): \
+             connection refused; also {url}"
+        );
+        let clean = without_urls(&chain, url);
+        assert!(!clean.contains("s3cret"), "{clean}");
+        assert_eq!(
+            clean,
+            "MCP server gh: initialize failed: error sending request: connection refused; also <url>"
+        );
+    }
 }

@@ -229,6 +229,27 @@ async fn a_429_with_retry_after_is_retried_after_the_wait_and_succeeds() {
 }
 
 #[tokio::test]
+async fn a_provider_that_cannot_be_reached_fails_the_run_without_showing_its_address() {
+    // Nothing listens there; the address (with what an operator may have put in its path)
+    // must not reach the run's error, which end users read.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let app = Harness::start_at(&format!("http://{dead}/secret-route/v1")).await;
+    let agent = app
+        .create_agent(&json!({"name": "unreachable", "model": "gpt-4o-mini"}))
+        .await;
+    let (_, accepted) = app.ask(&agent, "hi").await;
+    let run = app.finished(&accepted).await;
+    assert_eq!(run["error"]["code"], "model_unavailable");
+    let message = run["error"]["message"].as_str().expect("message");
+    assert!(
+        !message.contains("secret-route") && !message.contains(&dead.port().to_string()),
+        "{message}"
+    );
+}
+
+#[tokio::test]
 async fn a_provider_that_keeps_failing_fails_the_run_with_its_message_after_three_retries() {
     let fake = FakeLlm::start(|_, _| Reply::Status(500, "upstream exploded".into(), None)).await;
     let app = Harness::start(&fake).await;

@@ -44,6 +44,11 @@ impl Harness {
     /// A worker whose provider is `fake`, allowed to reach tools on loopback, with a 5 s lease
     /// renewed every second.
     pub(crate) async fn start(fake: &FakeLlm) -> Self {
+        Self::start_at(&fake.base_url).await
+    }
+
+    /// The same, with the provider at `llm_base_url`.
+    pub(crate) async fn start_at(llm_base_url: &str) -> Self {
         #[derive(clap::Parser)]
         struct Command {
             #[command(flatten)]
@@ -52,7 +57,7 @@ impl Harness {
         let args = <Command as clap::Parser>::parse_from([
             "worker",
             "--llm-base-url",
-            &fake.base_url,
+            llm_base_url,
             "--tools-allow-networks",
             "127.0.0.1/32",
             "--demo-tokens",

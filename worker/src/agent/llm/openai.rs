@@ -59,7 +59,8 @@ impl ChatModel for OpenAiClient {
             let response = call
                 .send()
                 .await
-                .map_err(|e| LlmError::Transport(e.to_string()))?;
+                // Never the URL: the message reaches the run's error, which end users read.
+                .map_err(|e| LlmError::Transport(e.without_url().to_string()))?;
             let status = response.status();
             if !status.is_success() {
                 let retry_after = retry_after(response.headers());
@@ -70,7 +71,10 @@ impl ChatModel for OpenAiClient {
                     retry_after,
                 });
             }
-            let events = SseStream::from_bytes_stream(response.bytes_stream());
+            let body = response
+                .bytes_stream()
+                .map(|chunk| chunk.map_err(reqwest::Error::without_url));
+            let events = SseStream::from_bytes_stream(body);
             let state = (events, Assembler::default(), VecDeque::new());
             let stream =
                 futures::stream::unfold(state, |(mut events, mut asm, mut queue)| async move {
@@ -170,14 +174,24 @@ fn wire_message(message: &ChatMessage) -> Value {
     }
 }
 
+/// The longest wait a provider's `Retry-After` may ask for: the attempt holds its lease and a
+/// worker slot meanwhile.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The wait a provider asks for (`retry-after-ms`, else `Retry-After` in seconds), at most
+/// [`MAX_RETRY_AFTER`]; a value that is not a number is ignored.
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(ms) = header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
-        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
-    }
-    header(RETRY_AFTER.as_str())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|secs| Duration::from_secs_f64(secs.clamp(0.0, 3600.0)))
+    let number = |name| {
+        header(name)
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|n| !n.is_nan())
+    };
+    let secs = number("retry-after-ms")
+        .map(|ms| ms / 1000.0)
+        .or_else(|| number(RETRY_AFTER.as_str()))?;
+    let secs = secs.clamp(0.0, MAX_RETRY_AFTER.as_secs_f64());
+    Some(Duration::try_from_secs_f64(secs).unwrap_or(MAX_RETRY_AFTER))
 }
 
 fn provider_message(body: &str) -> String {
@@ -386,5 +400,34 @@ data: [DONE]"#;
         assert_eq!(body["tool_choice"]["function"]["name"], "f");
         assert_eq!(body["tools"][0]["type"], "function");
         assert_eq!(body["temperature"], 0.5);
+    }
+
+    #[test]
+    fn retry_after_is_bounded_and_ignores_what_is_not_a_number() {
+        let wait = |name: &str, value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                reqwest::header::HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                value.parse().expect("value"),
+            );
+            retry_after(&headers)
+        };
+        assert_eq!(wait("retry-after", "2"), Some(Duration::from_secs(2)));
+        assert_eq!(
+            wait("retry-after-ms", "1500"),
+            Some(Duration::from_millis(1500))
+        );
+        for huge in ["1e30", "99999999", "inf"] {
+            assert_eq!(wait("retry-after", huge), Some(MAX_RETRY_AFTER), "{huge}");
+            assert_eq!(
+                wait("retry-after-ms", huge),
+                Some(MAX_RETRY_AFTER),
+                "{huge}"
+            );
+        }
+        assert_eq!(wait("retry-after-ms", "-5"), Some(Duration::ZERO));
+        assert_eq!(wait("retry-after", "NaN"), None);
+        assert_eq!(wait("retry-after-ms", "nan"), None);
+        assert_eq!(wait("retry-after", "Wed, 21 Oct 2026 07:28:00 GMT"), None);
     }
 }
