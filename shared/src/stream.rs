@@ -6,9 +6,15 @@
 //! one slot and one script can touch them all:
 //! - `{prefix}:{<thread_id>}:events`: the Redis Stream; one entry per event of every run of the
 //!   thread, fields `t` (event type), `m` (message id), `e` (the JSON envelope).
-//! - `{prefix}:{<thread_id>}:fence`: hash `workflow_id → highest attempt that published`.
+//! - `{prefix}:{<thread_id>}:fence`: hash `workflow_id → highest attempt that published`, with
+//!   `{workflow_id}:batches` (see Fencing) and `{workflow_id}:done → ms of its done`.
 //! - `{prefix}:{<thread_id>}:starts`: hash `message_id → entry id of its message_start`, and
 //!   `:trimmed → the newest entry id removed by trimming`.
+//!
+//! Neither hash grows with a long-lived thread: on `done`, the fields of workflows done before
+//! the retention window and of message_starts just trimmed are deleted. (A worker stopped for
+//! longer than the window and then continued could publish again for such a workflow; its
+//! database writes are fenced as always, and its stray events carry their own message id.)
 //!
 //! In a Redis Cluster (`REDIS_URL` lists the nodes, comma-separated) each thread's keys live in
 //! one slot, so every script and command of a thread goes to one node; PUBLISH reaches every

@@ -369,6 +369,29 @@ async fn a_cursor_older_than_the_retained_window_gets_stream_reset() {
     })
     .await;
     assert!(!retention.retains(early.parse().expect("id")));
+    // The thread's hashes forget the first run, whose events are trimmed.
+    let mut conn = app.streams.conn();
+    let fence: Vec<String> = redis::cmd("HKEYS")
+        .arg(app.keys.fence(ThreadId(thread)))
+        .query_async(&mut conn)
+        .await
+        .expect("hkeys");
+    let (one, two) = (
+        first["workflow_id"].as_str().expect("id"),
+        second["workflow_id"].as_str().expect("id"),
+    );
+    assert!(fence.iter().all(|f| !f.starts_with(one)), "{fence:?}");
+    assert!(fence.iter().any(|f| f == two), "{fence:?}");
+    let starts: Vec<String> = redis::cmd("HKEYS")
+        .arg(app.keys.starts(ThreadId(thread)))
+        .query_async(&mut conn)
+        .await
+        .expect("hkeys");
+    let mut starts: Vec<&str> = starts.iter().map(String::as_str).collect();
+    starts.sort_unstable();
+    let mut expected = vec![":trimmed", second["message_id"].as_str().expect("id")];
+    expected.sort_unstable();
+    assert_eq!(starts, expected);
     let frames = app
         .stream(&alice, thread, "", Some(&early))
         .await

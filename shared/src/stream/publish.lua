@@ -51,7 +51,19 @@ for i = 7, #ARGV, 3 do
     redis.call('PERSIST', starts)
   elseif kind == 'done' then
     local now = redis.call('TIME')
-    local min_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - retention
+    local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    local min_ms = now_ms - retention
+    -- Forget the fences of workflows done before the window (so a long-lived thread's hash
+    -- does not grow with every run): their events are trimmed, and their attempts' leases
+    -- are long gone. This one's fence stays until its own done leaves the window.
+    redis.call('HSET', fence, ARGV[1] .. ':done', now_ms)
+    local fenced = redis.call('HGETALL', fence)
+    for f = 1, #fenced, 2 do
+      local workflow = string.match(fenced[f], '^(.+):done$')
+      if workflow and tonumber(fenced[f + 1]) < min_ms then
+        redis.call('HDEL', fence, workflow, workflow .. ':batches', fenced[f])
+      end
+    end
     local start = redis.call('HGET', starts, message)
     if start then
       local start_ms = tonumber(string.match(start, '^(%d+)'))
@@ -67,6 +79,14 @@ for i = 7, #ARGV, 3 do
       if #newest_trimmed > 0 then
         redis.call('XTRIM', stream, 'MINID', threshold)
         redis.call('HSET', starts, ':trimmed', newest_trimmed[1][1])
+        -- The message_starts just trimmed: their messages are over and gone.
+        local started = redis.call('HGETALL', starts)
+        for f = 1, #started, 2 do
+          local start_ms = tonumber(string.match(started[f + 1], '^(%d+)'))
+          if started[f] ~= ':trimmed' and start_ms and start_ms < min_ms then
+            redis.call('HDEL', starts, started[f])
+          end
+        end
       end
     end
     redis.call('PEXPIRE', stream, retention)

@@ -231,7 +231,9 @@ impl Assembler {
         let data = data.trim();
         if data == "[DONE]" {
             self.done = true;
-            let tool_calls: Vec<ToolCall> = std::mem::take(&mut self.calls).into_values().collect();
+            let mut tool_calls: Vec<ToolCall> =
+                std::mem::take(&mut self.calls).into_values().collect();
+            give_unique_ids(&mut tool_calls);
             let finish_reason = self
                 .finish_reason
                 .take()
@@ -312,6 +314,19 @@ impl Assembler {
             }
         }
         Ok(out)
+    }
+}
+
+/// Gives every call without an id, or with the id of an earlier call, an id of its own.
+/// Some "OpenAI-compatible" servers omit or repeat ids; results are matched to calls, clients
+/// answer them and idempotency keys are made from ids, so two calls must never share one.
+fn give_unique_ids(calls: &mut [ToolCall]) {
+    let mut seen = std::collections::HashSet::new();
+    for call in calls {
+        if call.id.is_empty() || !seen.insert(call.id.clone()) {
+            call.id = format!("call_{}", uuid::Uuid::new_v4().simple());
+            seen.insert(call.id.clone());
+        }
     }
 }
 
@@ -429,5 +444,21 @@ data: [DONE]"#;
         assert_eq!(wait("retry-after", "NaN"), None);
         assert_eq!(wait("retry-after-ms", "nan"), None);
         assert_eq!(wait("retry-after", "Wed, 21 Oct 2026 07:28:00 GMT"), None);
+    }
+
+    #[test]
+    fn calls_without_ids_or_with_repeated_ids_get_their_own() {
+        let transcript = r#"data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"a","arguments":"{}"}}]}}]}
+data: {"choices":[{"delta":{"tool_calls":[{"index":1,"id":"same","function":{"name":"b","arguments":"{}"}}]}}]}
+data: {"choices":[{"delta":{"tool_calls":[{"index":2,"id":"same","function":{"name":"c","arguments":"{}"}}]}}]}
+data: {"choices":[{"delta":{"tool_calls":[{"index":3,"id":"","function":{"name":"d","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}
+data: [DONE]"#;
+        let (_, response) = feed_all(transcript);
+        let ids: Vec<&str> = response.tool_calls.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids.len(), 4);
+        assert_eq!(ids[1], "same", "the first holder keeps its id");
+        assert!(ids.iter().all(|id| !id.is_empty()), "{ids:?}");
+        let unique: std::collections::HashSet<&&str> = ids.iter().collect();
+        assert_eq!(unique.len(), 4, "{ids:?}");
     }
 }
