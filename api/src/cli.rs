@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret as _, SecretString};
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::config::{DbArgs, RedisArgs, StreamArgs};
@@ -107,10 +107,22 @@ pub struct TokenArgs {
     pub jwt_secret: Option<SecretString>,
 }
 
-fn secret_or_dev(secret: Option<SecretString>) -> (SecretString, bool) {
+/// The shortest `SPOOL_JWT_SECRET`: HS256 wants a key of at least 256 bits (RFC 7518, 3.2).
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// The configured secret (if long enough), else the development one (`true`).
+fn secret_or_dev(secret: Option<SecretString>) -> anyhow::Result<(SecretString, bool)> {
     match secret {
-        Some(secret) => (secret, false),
-        None => (SecretString::from(DEV_SECRET.to_owned()), true),
+        Some(secret) => {
+            let len = secret.expose_secret().len();
+            anyhow::ensure!(
+                len >= MIN_SECRET_BYTES,
+                "SPOOL_JWT_SECRET is {len} bytes; HS256 needs at least {MIN_SECRET_BYTES} \
+                 (generate one with `openssl rand -hex 32`)"
+            );
+            Ok((secret, false))
+        }
+        None => Ok((SecretString::from(DEV_SECRET.to_owned()), true)),
     }
 }
 
@@ -129,7 +141,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cli::Token(args) => {
-            let (secret, _) = secret_or_dev(args.jwt_secret);
+            let (secret, _) = secret_or_dev(args.jwt_secret)?;
             let exp = u64::try_from(chrono::Utc::now().timestamp())? + args.ttl;
             let claims = Claims {
                 sub: args.sub,
@@ -148,7 +160,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _telemetry = telemetry::init(args.log_format, "spool-api");
     spool_shared::metrics::install();
     args.worker.validate()?;
-    let (secret, dev_secret) = secret_or_dev(args.jwt_secret);
+    let (secret, dev_secret) = secret_or_dev(args.jwt_secret)?;
     if dev_secret {
         anyhow::ensure!(
             args.addr.ip().is_loopback(),
@@ -214,4 +226,24 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Let in-flight log lines out before the runtime goes away.
     tokio::time::sleep(Duration::from_millis(10)).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jwt_secret_shorter_than_32_bytes_is_refused_with_the_variable_named() {
+        let short = secret_or_dev(Some(SecretString::from("too-short".to_owned())));
+        let err = short.expect_err("refused").to_string();
+        assert!(
+            err.contains("SPOOL_JWT_SECRET") && err.contains("9 bytes"),
+            "{err}"
+        );
+        let long = "k".repeat(MIN_SECRET_BYTES);
+        let (_, dev) = secret_or_dev(Some(SecretString::from(long))).expect("accepted");
+        assert!(!dev);
+        let (secret, dev) = secret_or_dev(None).expect("development secret");
+        assert!(dev && secret.expose_secret().len() >= MIN_SECRET_BYTES);
+    }
 }

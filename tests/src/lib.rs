@@ -25,7 +25,7 @@ use tokio::sync::OnceCell;
 pub use process::Process;
 
 /// The secret the tests sign tokens with and start servers with.
-pub const JWT_SECRET: &str = "spool-test-secret";
+pub const JWT_SECRET: &str = "spool-test-secret-of-at-least-32-bytes";
 
 /// The Postgres server the tests use (any database on it; tests create their own).
 pub fn postgres_base_url() -> String {

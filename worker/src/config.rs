@@ -93,6 +93,10 @@ impl WorkerArgs {
             "SPOOL_SHUTDOWN_GRACE_SECS must be zero or more"
         );
         anyhow::ensure!(
+            self.tool_timeout_secs.is_finite() && self.tool_timeout_secs > 0.0,
+            "SPOOL_TOOL_TIMEOUT_SECS must be a number of seconds above zero"
+        );
+        anyhow::ensure!(
             self.max_reclaims >= 0,
             "SPOOL_MAX_RECLAIMS must be zero or more"
         );
@@ -116,5 +120,33 @@ impl WorkerArgs {
     /// The SIGTERM grace period.
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs_f64(self.shutdown_grace_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(extra: &[&str]) -> WorkerArgs {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            worker: WorkerArgs,
+        }
+        let args = [&["worker"], extra].concat();
+        <Command as clap::Parser>::parse_from(args).worker
+    }
+
+    #[test]
+    fn a_tool_timeout_that_is_not_a_positive_number_is_refused_at_start() {
+        assert!(parsed(&[]).validate().is_ok());
+        for bad in ["0", "-1", "NaN", "inf"] {
+            let flag = format!("--tool-timeout-secs={bad}");
+            let err = parsed(&[&flag])
+                .validate()
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("SPOOL_TOOL_TIMEOUT_SECS"), "{bad}: {err}");
+        }
     }
 }
