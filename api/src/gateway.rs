@@ -490,6 +490,13 @@ impl Session {
         if entry.is_marker() {
             return None;
         }
+        // Following one message: the previous run's last events (written after the tail
+        // this session started from) are not part of it.
+        if let Until::DoneOf(message) = &self.until
+            && entry.message_id != *message
+        {
+            return None;
+        }
         self.pause_shown = [EventType::RequiresAction, EventType::ApprovalRequested]
             .iter()
             .any(|kind| entry.kind == kind.as_str());

@@ -142,10 +142,7 @@ mod tests {
         assert!(parsed(&[]).validate().is_ok());
         for bad in ["0", "-1", "NaN", "inf"] {
             let flag = format!("--tool-timeout-secs={bad}");
-            let err = parsed(&[&flag])
-                .validate()
-                .expect_err(bad)
-                .to_string();
+            let err = parsed(&[&flag]).validate().expect_err(bad).to_string();
             assert!(err.contains("SPOOL_TOOL_TIMEOUT_SECS"), "{bad}: {err}");
         }
     }

@@ -870,3 +870,56 @@ async fn an_entry_lost_under_a_live_stream_ends_it_with_stream_reset() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_client_following_a_message_sees_none_of_the_previous_run_s_late_events() {
+    let app = TestApp::start(1, worker_args(40, 50)).await;
+    let alice = token("alice", "acme");
+    let thread = Uuid::new_v4();
+    let (_, first) = app.send_message(&alice, thread, "first").await;
+    let first_workflow = first["workflow_id"].as_str().expect("workflow");
+    app.wait_for_status(&alice, first_workflow, "completed")
+        .await;
+    // The first run is over in Postgres, its last two events not yet in Redis.
+    let stored = app.stored(thread).await;
+    let (end, done) = (&stored[stored.len() - 2], &stored[stored.len() - 1]);
+    assert_eq!((end.1.as_str(), done.1.as_str()), ("message_end", "done"));
+    let _: i64 = redis::cmd("XDEL")
+        .arg(app.keys.events(ThreadId(thread)))
+        .arg(&end.0)
+        .arg(&done.0)
+        .query_async(&mut app.streams.conn())
+        .await
+        .expect("xdel");
+
+    let (_, second) = app.send_message(&alice, thread, "second").await;
+    let mut reader = app.stream(&alice, thread, "", None).await;
+    // Now the first run's worker publishes its end, after the tail the session started from.
+    let origin = spool_shared::event::Origin {
+        thread_id: ThreadId(thread),
+        workflow_id: first_workflow.parse().expect("workflow id"),
+        message_id: first["message_id"]
+            .as_str()
+            .and_then(|m| m.parse().ok())
+            .expect("message id"),
+        attempt: 1,
+    };
+    let late: Vec<_> = [
+        spool_shared::event::EventType::MessageEnd,
+        spool_shared::event::EventType::Done,
+    ]
+    .into_iter()
+    .map(|kind| origin.event(kind, serde_json::json!({"status": "completed"})))
+    .collect();
+    app.publish_as(&origin, &late).await;
+    let frames = reader.collect(READ).await;
+    assert!(reader.closed, "the stream ends with the second run's done");
+    assert_eq!(kinds(&frames).first(), Some(&"message_start"));
+    assert_eq!(kinds(&frames).last(), Some(&"done"));
+    let foreign: Vec<&Frame> = frames
+        .iter()
+        .filter(|f| f.json()["message_id"] != second["message_id"])
+        .collect();
+    assert!(foreign.is_empty(), "{foreign:?}");
+    app.stop().await;
+}
