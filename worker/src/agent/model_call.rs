@@ -219,9 +219,30 @@ async fn streamed_once(
     }
 }
 
+/// The most distinct `model` label values a worker reports; later ones are `other`.
+const MODEL_LABELS: usize = 32;
+
+/// The `model` label for `model`: itself while fewer than [`MODEL_LABELS`] distinct models have
+/// been seen, else `other`. Model names come from tenants' agent specs: unbounded, they would
+/// grow every scrape without limit.
+fn model_label(model: &str) -> String {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if seen.iter().any(|m| m == model) {
+        return model.to_owned();
+    }
+    if seen.len() < MODEL_LABELS {
+        seen.push(model.to_owned());
+        return model.to_owned();
+    }
+    "other".to_owned()
+}
+
 /// Counts a model response's tokens and times it, by model.
 fn record(model: &str, usage: Usage, took: Duration) {
-    let model = model.to_owned();
+    let model = model_label(model);
     metrics::counter!("spool_model_tokens_total", "model" => model.clone(), "direction" => "input")
         .increment(usage.input_tokens);
     metrics::counter!("spool_model_tokens_total", "model" => model.clone(), "direction" => "output")
@@ -270,5 +291,19 @@ impl Streamed<'_, '_> {
                 .events
                 .send(EventType::TextEnd, json!({"block_id": self.block}));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_label_stops_growing_after_a_bound() {
+        for i in 0..MODEL_LABELS * 2 {
+            let label = model_label(&format!("tenant-model-{i}"));
+            assert!(label == format!("tenant-model-{i}") || label == "other");
+        }
+        assert_eq!(model_label("one-more-model"), "other");
     }
 }
