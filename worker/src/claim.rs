@@ -188,9 +188,10 @@ fn record_claim(claimed: &Claimed) {
     };
     metrics::counter!("spool_claims_total", "kind" => kind).increment(1);
     if matches!(kind, "new" | "resume") {
-        let waited = (chrono::Utc::now() - claimed.run().queued_at)
-            .to_std()
-            .unwrap_or_default();
+        // Both ends from the database clock: the claim set `heartbeat_at` to its now().
+        let run = claimed.run();
+        let claimed_at = run.heartbeat_at.unwrap_or_else(chrono::Utc::now);
+        let waited = (claimed_at - run.queued_at).to_std().unwrap_or_default();
         metrics::histogram!("spool_claim_latency_seconds").record(waited.as_secs_f64());
     }
 }
