@@ -264,6 +264,26 @@ pub fn token_with(sub: &str, tenant: &str, admin: bool, ttl: i64, secret: &str) 
     .unwrap_or_default()
 }
 
+/// The `SPOOL_TOOL_IDENTITY_SECRET` of the tests that check tool identity.
+pub const TOOL_IDENTITY_SECRET: &str = "spool-test-tool-identity-secret-32b";
+
+/// Verifies an `X-Spool-Identity` token as a tool at `origin` would (HS256 with
+/// [`TOOL_IDENTITY_SECRET`], `iss` = `spool`, `aud` = `origin`, not expired); its claims, or
+/// why it was refused.
+pub fn verify_identity(token: &str, origin: &str) -> Result<serde_json::Value, String> {
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
+    validation.set_audience(&[origin]);
+    validation.set_issuer(&["spool"]);
+    validation.set_required_spec_claims(&["exp", "aud", "iss", "sub"]);
+    jsonwebtoken::decode::<serde_json::Value>(
+        token,
+        &jsonwebtoken::DecodingKey::from_secret(TOOL_IDENTITY_SECRET.as_bytes()),
+        &validation,
+    )
+    .map(|data| data.claims)
+    .map_err(|err| err.to_string())
+}
+
 /// A run's row, read directly from Postgres.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RunRow {

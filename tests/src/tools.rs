@@ -1,5 +1,5 @@
 //! A real local HTTP tool server for agent tests: it records every call (path, idempotency
-//! key, JSON body) and answers by path: `weather` (a forecast with citations), `big` (60,000
+//! key, JSON body, identity headers) and answers by path: `weather` (a forecast with citations), `big` (60,000
 //! characters), `nul` (text with a NUL character), `finish`, `create`, `list` (`ok`), `hang`
 //! (never answers).
 
@@ -15,6 +15,35 @@ use serde_json::{Value, json};
 #[derive(Clone, Default)]
 pub struct Tools {
     calls: Arc<Mutex<Vec<(String, String, Value)>>>,
+    identities: Arc<Mutex<Vec<Identity>>>,
+}
+
+/// The identity headers of one call: `X-Spool-Tenant`, `X-Spool-User`, `X-Spool-Identity`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// `X-Spool-Tenant`.
+    pub tenant: Option<String>,
+    /// `X-Spool-User`.
+    pub user: Option<String>,
+    /// `X-Spool-Identity`.
+    pub token: Option<String>,
+}
+
+impl Identity {
+    /// The identity headers of a request.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        Self {
+            tenant: header("x-spool-tenant"),
+            user: header("x-spool-user"),
+            token: header("x-spool-identity"),
+        }
+    }
 }
 
 impl Tools {
@@ -28,11 +57,16 @@ impl Tools {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("")
                     .to_owned();
-                tools
-                    .calls
-                    .lock()
-                    .expect("lock")
-                    .push((path.to_owned(), key, body.clone()));
+                {
+                    // Both under the calls' lock, so their orders match.
+                    let mut calls = tools.calls.lock().expect("lock");
+                    calls.push((path.to_owned(), key, body.clone()));
+                    tools
+                        .identities
+                        .lock()
+                        .expect("lock")
+                        .push(Identity::of(&headers));
+                }
                 match path {
                     "weather" => json!({"forecast": format!("sunny in {}", body["city"].as_str().unwrap_or("?")),
                         "citations": [{"title": "Weather service", "url": "https://weather.example/paris", "snippet": "Sunny"}]}).to_string(),
@@ -62,6 +96,11 @@ impl Tools {
     /// Every call so far: (path, idempotency key, body).
     pub fn calls(&self) -> Vec<(String, String, Value)> {
         self.calls.lock().expect("lock").clone()
+    }
+
+    /// The identity headers of every call so far, in the order of [`Tools::calls`].
+    pub fn identities(&self) -> Vec<Identity> {
+        self.identities.lock().expect("lock").clone()
     }
 }
 

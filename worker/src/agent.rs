@@ -162,7 +162,7 @@ impl<'a> Loop<'a> {
             let failure = RunFailure::new(FailureCode::BlockedByHook, reason);
             return Err(LoopEnd::Failed(failure, answer).into());
         }
-        let tools = ToolSet::build(a.engine, &spec).await;
+        let tools = ToolSet::build(a.engine, &spec, a.engine.identity(a.claimed.run())).await;
         let state = Self {
             buffer: hooks.has(HookEvent::PreResponse),
             approval_expired: a.claimed.previous_status() == RunStatus::AwaitingApproval,

@@ -46,6 +46,11 @@ pub struct WorkerArgs {
     #[arg(long, env = "SPOOL_LLM_API_KEY", hide_env_values = true)]
     pub llm_api_key: Option<String>,
 
+    /// HS256 secret (at least 32 bytes) that signs the `X-Spool-Identity` token every tool,
+    /// MCP and hook call carries. Unset: calls carry `X-Spool-Tenant` and `X-Spool-User` only.
+    #[arg(long, env = "SPOOL_TOOL_IDENTITY_SECRET", hide_env_values = true)]
+    pub tool_identity_secret: Option<secrecy::SecretString>,
+
     /// The default agent's model (with a provider; otherwise `demo`).
     #[arg(long, env = "SPOOL_LLM_MODEL", default_value = "gpt-4o-mini")]
     pub llm_model: String,

@@ -4,11 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use secrecy::ExposeSecret as _;
 use spool_shared::agent::AgentSpec;
+use spool_shared::db::runs::Run;
 
 use super::llm::demo::DemoModel;
 use super::llm::openai::OpenAiClient;
 use super::llm::{ChatModel, LlmError};
+use super::tools::identity::{Identity, IdentitySigner};
 use super::tools::ssrf::{GuardedClients, NetworkPolicy};
 use crate::config::WorkerArgs;
 
@@ -22,6 +25,8 @@ pub struct Engine {
     pub http: GuardedClients,
     /// How long one tool call may take.
     pub tool_timeout: Duration,
+    /// Signs the identity token of outbound calls, if a secret is configured.
+    identity: Option<Arc<IdentitySigner>>,
 }
 
 impl Engine {
@@ -49,6 +54,19 @@ impl Engine {
         };
         let policy = Arc::new(NetworkPolicy::parse(&args.tools_allow_networks)?);
         let http = GuardedClients::new(&policy, args.tool_timeout())?;
+        // An empty variable means unset, as for the provider.
+        let identity = match &args.tool_identity_secret {
+            Some(secret) if !secret.expose_secret().is_empty() => {
+                Some(Arc::new(IdentitySigner::new(secret)?))
+            }
+            _ => {
+                tracing::info!(
+                    "SPOOL_TOOL_IDENTITY_SECRET is not set: tool, MCP and hook calls carry \
+                     X-Spool-Tenant and X-Spool-User but no signed X-Spool-Identity"
+                );
+                None
+            }
+        };
         Ok(Self {
             demo: Arc::new(DemoModel {
                 tokens: args.demo_tokens,
@@ -58,7 +76,18 @@ impl Engine {
             default_agent: AgentSpec::default_agent(model, &args.default_instructions),
             http,
             tool_timeout: args.tool_timeout(),
+            identity,
         })
+    }
+
+    /// The identity `run` acts with on every outbound call.
+    pub fn identity(&self, run: &Run) -> Identity {
+        Identity::new(
+            &run.tenant_id,
+            &run.owner_id,
+            &run.id.to_string(),
+            self.identity.clone(),
+        )
     }
 
     /// The model that serves `name`: `demo` is built in; anything else needs a provider.

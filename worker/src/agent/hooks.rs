@@ -25,6 +25,7 @@ use spool_shared::db::runs::Run;
 use super::engine::Engine;
 use super::llm::ToolCall;
 use super::tools::http::{self, HttpTool};
+use super::tools::identity::Identity;
 use super::tools::ssrf::GuardedClients;
 
 /// What `pre_tool_use` hooks decided for one call.
@@ -45,6 +46,8 @@ pub(crate) struct Hooks<'a> {
     context: Value,
     /// The run's workflow id, the start of every idempotency key.
     workflow: String,
+    /// Who the calls act for.
+    identity: Identity,
 }
 
 impl<'a> Hooks<'a> {
@@ -57,6 +60,7 @@ impl<'a> Hooks<'a> {
             context: json!({"workflow_id": run.id, "thread_id": run.thread_id,
                 "agent": spec.name}),
             workflow: run.id.to_string(),
+            identity: engine.identity(run),
         }
     }
 
@@ -196,13 +200,14 @@ impl<'a> Hooks<'a> {
             body["status"] = json!(status);
             body["content"] = json!(content);
             let key = format!("{}:on_run_complete:{i}", self.workflow);
+            let identity = self.identity.clone();
             tokio::spawn(async move {
                 let tool = HttpTool {
                     url: &url,
                     method: "POST",
                     headers: &headers,
                 };
-                let call = http::call(&clients, &tool, &body, &key);
+                let call = http::call(&clients, &identity, &tool, &body, &key);
                 let _ = tokio::time::timeout(Duration::from_secs(u64::from(timeout)), call).await;
             });
         }
@@ -240,7 +245,7 @@ impl<'a> Hooks<'a> {
             method: "POST",
             headers,
         };
-        let call = http::call(self.clients, &tool, &body, &key);
+        let call = http::call(self.clients, &self.identity, &tool, &body, &key);
         match tokio::time::timeout(Duration::from_secs(u64::from(*timeout_secs)), call).await {
             Ok(output) if !output.is_error => {
                 match serde_json::from_str::<Value>(&output.content) {

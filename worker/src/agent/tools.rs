@@ -11,6 +11,7 @@
 //! so a call repeated by a new attempt after a crash can be de-duplicated by the tool.
 
 pub mod http;
+pub mod identity;
 pub mod mcp;
 pub mod ssrf;
 
@@ -27,6 +28,7 @@ use spool_shared::db::steps;
 use super::context::Attempt;
 use super::engine::Engine;
 use super::llm::{Choice, ToolCall, ToolDef};
+use identity::Identity;
 use mcp::{McpServer, McpSession};
 
 pub use spool_shared::db::steps::MAX_RESULT_CHARS;
@@ -66,6 +68,8 @@ pub fn idempotency_key(workflow: WorkflowId, step: u32, tool_call_id: &str) -> S
 /// The tools of one attempt.
 pub(crate) struct ToolSet {
     tools: Vec<Tool>,
+    /// Who the calls act for.
+    identity: Identity,
 }
 
 pub(crate) struct Tool {
@@ -88,7 +92,7 @@ pub(crate) enum Kind {
 impl ToolSet {
     /// The agent's HTTP tools, and the tools of its MCP servers (a server that cannot be
     /// reached only removes its own tools).
-    pub(crate) async fn build(engine: &Engine, spec: &AgentSpec) -> Self {
+    pub(crate) async fn build(engine: &Engine, spec: &AgentSpec, identity: Identity) -> Self {
         let mut tools = Vec::new();
         for tool in &spec.tools {
             match tool {
@@ -102,7 +106,7 @@ impl ToolSet {
                     requires_approval: http.requires_approval,
                     kind: Kind::Http(http.clone()),
                 }),
-                ToolSpec::Mcp(mcp) => tools.extend(mcp_tools(engine, mcp).await),
+                ToolSpec::Mcp(mcp) => tools.extend(mcp_tools(engine, mcp, &identity).await),
                 ToolSpec::Client(client) => tools.push(Tool {
                     def: ToolDef {
                         name: client.name.clone(),
@@ -115,7 +119,7 @@ impl ToolSet {
                 }),
             }
         }
-        Self { tools }
+        Self { tools, identity }
     }
 
     /// The tools offered at `step` and the tool choice, as the step's rules resolve
@@ -255,7 +259,7 @@ impl ToolSet {
                         method: &http.method,
                         headers: &http.headers,
                     };
-                    http::call(&engine.http, &target, &arguments, &key).await
+                    http::call(&engine.http, &self.identity, &target, &arguments, &key).await
                 }
                 Kind::Client => ToolOutput::error("client tools are executed by the client"),
                 Kind::Mcp { session, remote } => {
@@ -277,14 +281,14 @@ impl ToolSet {
 
 /// The tools an MCP server offers, discovered now; none if it cannot be reached, answers
 /// wrongly or is refused by the network policy (logged: a dead server only removes its tools).
-async fn mcp_tools(engine: &Engine, mcp: &McpToolSpec) -> Vec<Tool> {
+async fn mcp_tools(engine: &Engine, mcp: &McpToolSpec, identity: &Identity) -> Vec<Tool> {
     let server = McpServer {
         prefix: &mcp.name,
         url: &mcp.url,
         headers: &mcp.headers,
     };
     let (session, discovered) =
-        match McpSession::connect(&server, &engine.http, engine.tool_timeout).await {
+        match McpSession::connect(&server, &engine.http, identity, engine.tool_timeout).await {
             Ok(connected) => connected,
             Err(err) => {
                 let error = without_urls(&format!("{err:#}"), &mcp.url);

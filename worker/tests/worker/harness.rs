@@ -49,26 +49,37 @@ impl Harness {
 
     /// The same, with the provider at `llm_base_url`.
     pub(crate) async fn start_at(llm_base_url: &str) -> Self {
+        Self::start_with(llm_base_url, &[]).await
+    }
+
+    /// The same, with these flags on top.
+    pub(crate) async fn start_with(llm_base_url: &str, extra: &[&str]) -> Self {
         #[derive(clap::Parser)]
         struct Command {
             #[command(flatten)]
             worker: WorkerArgs,
         }
-        let args = <Command as clap::Parser>::parse_from([
-            "worker",
-            "--llm-base-url",
-            llm_base_url,
-            "--tools-allow-networks",
-            "127.0.0.1/32",
-            "--demo-tokens",
-            "1",
-            "--demo-delay-ms",
-            "0",
-            "--lease-secs",
-            "5",
-            "--heartbeat-secs",
-            "1",
-        ])
+        let args = <Command as clap::Parser>::parse_from(
+            [
+                &[
+                    "worker",
+                    "--llm-base-url",
+                    llm_base_url,
+                    "--tools-allow-networks",
+                    "127.0.0.1/32",
+                    "--demo-tokens",
+                    "1",
+                    "--demo-delay-ms",
+                    "0",
+                    "--lease-secs",
+                    "5",
+                    "--heartbeat-secs",
+                    "1",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        )
         .worker;
         let db = TestDb::new().await.expect("test database");
         let keys = StreamKeys::new(spool_tests::redis_prefix());

@@ -5,6 +5,7 @@
 mod agent_loop;
 mod harness;
 mod hooks;
+mod identity;
 mod mcp;
 mod provider;
 mod ssrf;

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use spool_worker::agent::tools::ToolOutput;
+use spool_worker::agent::tools::identity::{Identity, IdentitySigner};
 use spool_worker::agent::tools::mcp::{McpServer, McpSession, McpTool};
 use spool_worker::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
 
@@ -133,9 +134,8 @@ impl ServerHandler for Calculator {
     }
 }
 
-/// The `X-Api-Key` header of every request the server saw, with the request's method.
-/// Each request's method, `X-Api-Key` and `Idempotency-Key`.
-type Seen = Arc<Mutex<Vec<(String, Option<String>, Option<String>)>>>;
+/// Each request's method, `X-Api-Key`, `Idempotency-Key` and `X-Spool-Identity`.
+type Seen = Arc<Mutex<Vec<(String, Option<String>, Option<String>, Option<String>)>>>;
 
 /// Serves `router` on 127.0.0.1 and returns its base URL.
 async fn serve(router: Router) -> String {
@@ -172,7 +172,7 @@ async fn start_calculator() -> (String, Seen) {
 }
 
 /// What [`Seen`] records of a request.
-fn logged(request: &Request) -> (String, Option<String>, Option<String>) {
+fn logged(request: &Request) -> (String, Option<String>, Option<String>, Option<String>) {
     let header = |name: &str| {
         request
             .headers()
@@ -183,6 +183,7 @@ fn logged(request: &Request) -> (String, Option<String>, Option<String>) {
         request.method().to_string(),
         header("x-api-key"),
         header("idempotency-key"),
+        header("x-spool-identity"),
     )
 }
 
@@ -200,7 +201,14 @@ async fn connect(url: &str, timeout: Duration) -> anyhow::Result<(McpSession, Ve
     // Through the guarded clients, allowed to reach the loopback servers of these tests.
     let policy = Arc::new(NetworkPolicy::parse("127.0.0.1/32").expect("allow list parses"));
     let clients = GuardedClients::new(&policy, timeout).expect("clients build");
-    McpSession::connect(&server, &clients, timeout).await
+    McpSession::connect(&server, &clients, &identity(), timeout).await
+}
+
+/// Alice of acme in run `wf`, signed with the tests' identity secret.
+fn identity() -> Identity {
+    let secret = secrecy::SecretString::from(spool_tests::TOOL_IDENTITY_SECRET.to_owned());
+    let signer = IdentitySigner::new(&secret).expect("signer");
+    Identity::new("acme", "alice", "wf", Some(Arc::new(signer)))
 }
 
 #[tokio::test]
@@ -244,15 +252,28 @@ async fn discovery_lists_namespaced_tools_with_their_schemas_and_read_only_flags
     // The call, and only the call, carries its idempotency key.
     let keyed: Vec<&Option<String>> = seen
         .iter()
-        .map(|(.., key)| key)
+        .map(|(_, _, key, _)| key)
         .filter(|k| k.is_some())
         .collect();
     assert_eq!(keyed, [&Some("wf:3:call_add".to_owned())], "{seen:?}");
-    for (method, key, _) in &seen {
+    // Every request carries the configured header and a token minted for this server.
+    let origin = reqwest::Url::parse(&url)
+        .expect("url")
+        .origin()
+        .ascii_serialization();
+    for (method, key, _, token) in &seen {
         assert_eq!(
             key.as_deref(),
             Some("sesame"),
             "{method} without the header: {seen:?}"
+        );
+        let token = token
+            .as_deref()
+            .unwrap_or_else(|| panic!("{method} without a token"));
+        let claims = spool_tests::verify_identity(token, &origin).expect("a valid token");
+        assert_eq!(
+            (claims["sub"].as_str(), claims["tenant"].as_str()),
+            (Some("alice"), Some("acme"))
         );
     }
 }
@@ -437,7 +458,7 @@ async fn an_mcp_server_the_network_policy_refuses_is_never_connected_to() {
             url: refused,
             headers: &headers,
         };
-        let err = McpSession::connect(&server, &clients, Duration::from_secs(2))
+        let err = McpSession::connect(&server, &clients, &identity(), Duration::from_secs(2))
             .await
             .err()
             .unwrap_or_else(|| panic!("{refused} was connected to"));

@@ -22,6 +22,7 @@ use tokio::net::TcpListener;
 
 use spool_worker::agent::tools::ToolOutput;
 use spool_worker::agent::tools::http::{self, HttpTool};
+use spool_worker::agent::tools::identity::Identity;
 use spool_worker::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
 
 /// A listener that only counts the connections it accepts.
@@ -106,7 +107,8 @@ async fn call_with(
         method,
         headers,
     };
-    http::call(clients, &tool, arguments, "key-1").await
+    let identity = Identity::new("acme", "alice", "wf", None);
+    http::call(clients, &identity, &tool, arguments, "key-1").await
 }
 
 async fn post(clients: &GuardedClients, url: &str) -> ToolOutput {

@@ -18,6 +18,7 @@ use reqwest::{Method, Url};
 use serde_json::Value;
 
 use super::ToolOutput;
+use super::identity::Identity;
 use super::ssrf::{GuardedClients, Refused};
 
 /// The most response body read from a tool; the rest is dropped and the text marked truncated.
@@ -38,8 +39,8 @@ pub struct HttpTool<'a> {
     pub headers: &'a BTreeMap<String, String>,
 }
 
-/// Calls the tool: sends `arguments` as a JSON body with `Content-Type: application/json` and
-/// `Idempotency-Key: {idempotency_key}` plus the tool's headers; the response text (any content
+/// Calls the tool: sends `arguments` as a JSON body with `Content-Type: application/json`,
+/// `Idempotency-Key: {idempotency_key}` and `identity`'s headers, plus the tool's headers; the response text (any content
 /// type) becomes the result; a non-2xx status becomes `ToolOutput::error("HTTP {status}:
 /// {body}")`; a refused address, a bad URL, a timeout or a connection error becomes a
 /// `ToolOutput::error` with a clear reason (never a panic, never an Err).
@@ -48,11 +49,12 @@ pub struct HttpTool<'a> {
 /// sends them as query parameters instead of a body.
 pub async fn call(
     clients: &GuardedClients,
+    identity: &Identity,
     tool: &HttpTool<'_>,
     arguments: &Value,
     idempotency_key: &str,
 ) -> ToolOutput {
-    let (request, host) = match request(clients, tool, arguments, idempotency_key) {
+    let (request, host) = match request(clients, identity, tool, arguments, idempotency_key) {
         Ok(request) => request,
         Err(refused) => return refused,
     };
@@ -98,6 +100,7 @@ pub async fn call(
 /// the tool's method or headers are not valid.
 fn request(
     clients: &GuardedClients,
+    identity: &Identity,
     tool: &HttpTool<'_>,
     arguments: &Value,
     idempotency_key: &str,
@@ -105,7 +108,7 @@ fn request(
     let mut url = Url::parse(tool.url)
         .map_err(|err| ToolOutput::error(format!("invalid tool URL: {err}")))?;
     let client = clients
-        .for_url(&url, tool.headers)
+        .for_url(&url, !tool.headers.is_empty() || identity.signs())
         .map_err(|refused| ToolOutput::error(refused.to_string()))?;
     let host = url.host_str().unwrap_or_default().to_owned();
     let method = match tool.method.trim() {
@@ -122,6 +125,8 @@ fn request(
             .map_err(|_| ToolOutput::error(format!("invalid value for tool header `{name}`")))?;
         headers.insert(name, value);
     }
+    // Last, so no configured header can stand in for the run's identity.
+    headers.extend(identity.headers(&url));
     let key = HeaderValue::from_str(idempotency_key)
         .map_err(|_| ToolOutput::error("invalid idempotency key for an HTTP header"))?;
     headers.insert(IDEMPOTENCY_KEY, key);

@@ -8,7 +8,8 @@
 //! What must stay true:
 //! - every HTTP request of a session (initialize, tool calls, the event stream, the final
 //!   `DELETE`) goes through the caller's `reqwest::Client`, so its network policy applies, and
-//!   carries the server's configured headers;
+//!   carries the server's configured headers and the run's identity
+//!   ([`super::identity`], a token minted per request);
 //! - every `tools/call` carries `Idempotency-Key: {workflow_id}:{step}:{tool_call_id}`, as an
 //!   HTTP tool's request does, so a server can recognise a call repeated after a crash. MCP has
 //!   no per-request header, so the key travels in the call's `_meta` (under
@@ -42,6 +43,7 @@ use sse_stream::Sse;
 use std::sync::Arc;
 
 use super::ToolOutput;
+use super::identity::Identity;
 use super::ssrf::GuardedClients;
 
 /// The `_meta` key of a tool call that carries its idempotency key.
@@ -92,13 +94,14 @@ impl McpSession {
     pub async fn connect(
         server: &McpServer<'_>,
         clients: &GuardedClients,
+        identity: &Identity,
         timeout: Duration,
     ) -> anyhow::Result<(Self, Vec<McpTool>)> {
         let prefix = server.prefix;
         let url = reqwest::Url::parse(server.url)
             .with_context(|| format!("MCP server {prefix}: invalid URL"))?;
         let http = clients
-            .for_url(&url, server.headers)
+            .for_url(&url, !server.headers.is_empty() || identity.signs())
             .with_context(|| format!("MCP server {prefix}"))?
             .clone();
         let started = tokio::time::Instant::now();
@@ -106,7 +109,11 @@ impl McpSession {
             header_map(server.headers)
                 .with_context(|| format!("MCP server {prefix}: invalid configured header"))?,
         );
-        let transport = StreamableHttpClientTransport::with_client(Keyed(http), config);
+        let keyed = Keyed {
+            http,
+            identity: identity.clone(),
+        };
+        let transport = StreamableHttpClientTransport::with_client(keyed, config);
         let client = ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("spool", env!("CARGO_PKG_VERSION")),
@@ -181,16 +188,33 @@ impl McpSession {
     }
 }
 
-/// The session's HTTP client: reqwest's, plus the `Idempotency-Key` header on a `tools/call`
-/// POST whose `_meta` carries one. Everything else is passed through unchanged.
+/// The session's HTTP client: reqwest's, plus the run's identity headers on every request (a
+/// token minted for each) and the `Idempotency-Key` header on a `tools/call` POST whose
+/// `_meta` carries one. Everything else is passed through unchanged.
 #[derive(Clone)]
-struct Keyed(reqwest::Client);
+struct Keyed {
+    http: reqwest::Client,
+    identity: Identity,
+}
 
 impl Keyed {
-    fn with_key(
-        message: &ClientJsonRpcMessage,
+    /// `headers` with the identity's for `uri` (replacing any configured header of their names).
+    fn identified(
+        &self,
+        uri: &str,
         mut headers: HashMap<HeaderName, HeaderValue>,
     ) -> HashMap<HeaderName, HeaderValue> {
+        headers.extend(self.identity.header_pairs(uri));
+        headers
+    }
+
+    fn with_key(
+        &self,
+        uri: &str,
+        message: &ClientJsonRpcMessage,
+        headers: HashMap<HeaderName, HeaderValue>,
+    ) -> HashMap<HeaderName, HeaderValue> {
+        let mut headers = self.identified(uri, headers);
         if let JsonRpcMessage::Request(request) = message
             && let ClientRequest::CallToolRequest(call) = &request.request
             && let Some(key) = call
@@ -222,8 +246,8 @@ impl StreamableHttpClient for Keyed {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> PostResult {
-        let headers = Self::with_key(&message, custom_headers);
-        (self.0)
+        let headers = self.with_key(&uri, &message, custom_headers);
+        (self.http)
             .post_message(uri, message, session_id, auth_header, headers)
             .await
     }
@@ -237,8 +261,8 @@ impl StreamableHttpClient for Keyed {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> PostResult {
-        let headers = Self::with_key(&message, custom_headers);
-        (self.0)
+        let headers = self.with_key(&uri, &message, custom_headers);
+        (self.http)
             .post_message_with_max_sse_event_size(
                 uri,
                 message,
@@ -257,8 +281,9 @@ impl StreamableHttpClient for Keyed {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<reqwest::Error>> {
-        (self.0)
-            .delete_session(uri, session_id, auth_header, custom_headers)
+        let headers = self.identified(&uri, custom_headers);
+        (self.http)
+            .delete_session(uri, session_id, auth_header, headers)
             .await
     }
 
@@ -270,8 +295,9 @@ impl StreamableHttpClient for Keyed {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> StreamResult {
-        (self.0)
-            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+        let headers = self.identified(&uri, custom_headers);
+        (self.http)
+            .get_stream(uri, session_id, last_event_id, auth_header, headers)
             .await
     }
 
@@ -284,13 +310,14 @@ impl StreamableHttpClient for Keyed {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> StreamResult {
-        (self.0)
+        let headers = self.identified(&uri, custom_headers);
+        (self.http)
             .get_stream_with_max_sse_event_size(
                 uri,
                 session_id,
                 last_event_id,
                 auth_header,
-                custom_headers,
+                headers,
                 max_sse_event_size,
             )
             .await

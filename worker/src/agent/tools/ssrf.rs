@@ -353,20 +353,16 @@ impl GuardedClients {
         &self.policy
     }
 
-    /// The client for a call to `url` that carries these configured headers, once `url` has
-    /// passed the network policy (an IP-literal host is judged here, since the resolver never
-    /// sees it). With configured headers, redirects stay on the URL's origin, so the headers
-    /// never reach a host nobody named.
-    pub fn for_url<V>(
-        &self,
-        url: &Url,
-        headers: &std::collections::BTreeMap<String, V>,
-    ) -> Result<&reqwest::Client, Refused> {
+    /// The client for a call to `url`, once `url` has passed the network policy (an IP-literal
+    /// host is judged here, since the resolver never sees it). A call that carries
+    /// `credentials` (configured headers, a signed identity) gets a client whose redirects
+    /// stay on the URL's origin, so they never reach a host nobody named.
+    pub fn for_url(&self, url: &Url, credentials: bool) -> Result<&reqwest::Client, Refused> {
         self.policy.check_url(url).map_err(Refused::new)?;
-        Ok(if headers.is_empty() {
-            &self.any_origin
-        } else {
+        Ok(if credentials {
             &self.same_origin
+        } else {
+            &self.any_origin
         })
     }
 }
