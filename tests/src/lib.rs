@@ -12,6 +12,7 @@
 
 pub mod fake_llm;
 pub mod process;
+pub mod servers;
 pub mod sse;
 pub mod tools;
 

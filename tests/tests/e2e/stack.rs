@@ -237,8 +237,6 @@ impl Stack {
     }
 }
 
-pub(crate) use spool_tests::process::connections_to_port;
-
 pub(crate) fn workflow_id(accepted: &Value) -> uuid::Uuid {
     accepted["workflow_id"]
         .as_str()

@@ -8,10 +8,11 @@ use spool_shared::event::{EventType, Origin};
 use spool_shared::stream::{self, PublishError, StreamKeys};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
+use spool_tests::servers::{OwnRedis, free_port};
 use spool_tests::sse::{Frame, SseReader};
 use spool_tests::{poll_until, token};
 
-use crate::stack::{Stack, TIMEOUT, connections_to_port, demo_reply, workflow_id};
+use crate::stack::{Stack, TIMEOUT, demo_reply, workflow_id};
 
 const READ: Duration = Duration::from_secs(15);
 
@@ -252,168 +253,10 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
 }
 
 #[tokio::test]
-async fn five_hundred_clients_resuming_at_random_each_get_every_event_once_in_order() {
-    let stack = Stack::start().await;
-    let alice = token("alice", "acme");
-    let mut runs = Vec::new();
-    for i in 0..20 {
-        runs.push(stack.enqueue(&alice, &format!("thread {i}")).await);
-    }
-    // The worker starts once every client is connected, so each sees its run from the start.
-    let connected = std::sync::atomic::AtomicUsize::new(0);
-    let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let sampler = {
-        let peak = peak.clone();
-        let pid = stack.api_pid;
-        tokio::spawn(async move {
-            loop {
-                let now = connections_to_port(pid, 6379);
-                peak.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
-    let clients = (0..500).map(|i| {
-        let thread = runs[i % 20]["thread_id"].clone();
-        let stack = &stack;
-        let alice = alice.clone();
-        let connected = &connected;
-        async move {
-            // A small LCG: each client disconnects after its own pseudo-random counts.
-            let mut seed = (i as u64)
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let mut next = move || {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-                (seed >> 33) % 12 + 1
-            };
-            let mut got: Vec<Frame> = Vec::new();
-            let mut reconnects = 0;
-            loop {
-                let cursor = got.last().and_then(|f| f.id.clone());
-                let response = stack.stream(&alice, &thread, cursor.as_deref()).await;
-                assert_eq!(response.status(), reqwest::StatusCode::OK);
-                if reconnects == 0 {
-                    connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                let mut reader = SseReader::new(response);
-                let budget = next();
-                let mut read = 0;
-                while let Some(frame) = reader.next(READ).await {
-                    got.push(frame);
-                    read += 1;
-                    if got.last().is_some_and(|f| f.event == "done")
-                        || (reconnects < 6 && read == budget)
-                    {
-                        break;
-                    }
-                }
-                if got.last().is_some_and(|f| f.event == "done") {
-                    return (thread, got, reconnects);
-                }
-                reconnects += 1;
-                assert!(reconnects < 200, "client {i} never finished");
-            }
-        }
-    });
-    let (results, _worker) = tokio::join!(futures::future::join_all(clients), async {
-        poll_until("500 clients to connect", TIMEOUT, || async {
-            (connected.load(std::sync::atomic::Ordering::Relaxed) == 500).then_some(())
-        })
-        .await;
-        stack
-            .worker(&[
-                ("SPOOL_DEMO_TOKENS", "60"),
-                ("SPOOL_DEMO_DELAY_MS", "25"),
-                ("SPOOL_WORKER_CONCURRENCY", "20"),
-            ])
-            .await
-    });
-    sampler.abort();
-    let mut total_reconnects = 0;
-    for (thread, frames, reconnects) in &results {
-        total_reconnects += reconnects;
-        let stored = stack.stored(thread).await;
-        let start = stored
-            .iter()
-            .position(|(_, e)| e["type"] == "message_start")
-            .expect("start");
-        let expected: Vec<&String> = stored[start..].iter().map(|(id, _)| id).collect();
-        let received: Vec<&String> = frames.iter().filter_map(|f| f.id.as_ref()).collect();
-        assert_eq!(received, expected, "every event exactly once, in order");
-    }
-    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
-    println!(
-        "500 clients, {total_reconnects} reconnects; the API held at most {peak} Redis connections"
-    );
-    assert!(total_reconnects > 500, "the clients did resume");
-    assert!(
-        peak <= 4,
-        "Redis connections must not grow with clients: {peak}"
-    );
-}
-
-/// A Redis server of its own, which the test may kill and restart on the same port.
-struct OwnRedis {
-    port: u16,
-    child: Option<std::process::Child>,
-}
-
-impl OwnRedis {
-    fn start(port: u16) -> Self {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server");
-        Self {
-            port,
-            child: Some(child),
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-#[tokio::test]
 async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recovers() {
-    // Below the kernel's ephemeral range (32768 and up), so no client socket of a test running
-    // alongside can take the port between this check and redis-server binding it.
-    let start = 20_000 + u16::try_from(std::process::id() % 5_000).unwrap_or(0);
-    let port = (start..start + 2_000)
-        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
-        .expect("a free port below the ephemeral range");
-    let mut redis = OwnRedis::start(port);
-    let url = format!("redis://127.0.0.1:{port}");
-    poll_until("the private Redis to answer", TIMEOUT, || async {
-        let client = redis::Client::open(url.as_str()).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .ok()
-    })
-    .await;
+    let mut redis = OwnRedis::start(free_port());
+    let url = redis.url();
+    redis.ready(TIMEOUT).await;
     let stack = Stack::start_with_redis(&url).await;
     // Runs of about a second: long enough for a client to connect while one streams.
     let _worker = stack
@@ -450,7 +293,7 @@ async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recover
         started.elapsed().as_secs_f64()
     );
 
-    let _redis = OwnRedis::start(redis.port);
+    redis.restart();
     poll_until("the gateway to recover", TIMEOUT, || async {
         let response = stack.stream(&alice, &accepted["thread_id"], None).await;
         (response.status() == reqwest::StatusCode::OK).then_some(())
@@ -467,4 +310,9 @@ async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recover
     );
     assert_eq!(frames.last().map(|f| f.event.as_str()), Some("done"));
     assert_eq!(shown_text(&frames), demo_reply("after the outage", 40));
+    let held = spool_tests::process::connections_to_port(stack.api_pid, redis.port);
+    assert!(
+        (1..=4).contains(&held),
+        "the API reconnected without piling up connections: {held}"
+    );
 }

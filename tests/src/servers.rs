@@ -1,0 +1,219 @@
+//! Private Redis and Postgres servers for tests that stop and restart them: never the shared
+//! ones on 6379 and 5432, which every other test uses.
+//!
+//! Ports come from below the kernel's ephemeral range (32768 and up), so no client socket of a
+//! test running alongside can take one between the check that it is free and the server
+//! binding it.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// A port below the ephemeral range that nothing listens on now, spread by process id so
+/// concurrent test processes rarely try the same one.
+pub fn free_port() -> u16 {
+    let start = 20_000 + u16::try_from(std::process::id() % 5_000).unwrap_or(0);
+    (start..start + 2_000)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .unwrap_or(0)
+}
+
+/// A Redis server of its own (nothing kept on disk), which a test may kill and restart on the
+/// same port.
+pub struct OwnRedis {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    /// Starts `redis-server` on `port` (use [`free_port`]).
+    pub fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        Self {
+            port,
+            child: Some(child),
+        }
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Waits until it answers `PING`.
+    pub async fn ready(&self, timeout: Duration) {
+        let url = self.url();
+        crate::poll_until("the private Redis to answer", timeout, || async {
+            let client = redis::Client::open(url.as_str()).ok()?;
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .ok()
+        })
+        .await;
+    }
+
+    /// Kills it (SIGKILL; with nothing on disk, everything it held is lost).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        *self = Self::start(self.port);
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A PostgreSQL cluster of its own in a temporary directory (`initdb`, trust authentication,
+/// superuser `root`), which a test may crash (`pg_ctl stop -m immediate`) and start again.
+/// As root, the server runs as the `postgres` user (Postgres refuses to run as root).
+pub struct OwnPostgres {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    dir: PathBuf,
+    bin: PathBuf,
+    as_postgres: bool,
+}
+
+impl OwnPostgres {
+    /// Creates and starts a cluster on `port` (use [`free_port`]).
+    pub fn start(port: u16) -> anyhow::Result<Self> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .context("PostgreSQL binaries in /usr/lib/postgresql")?
+            .flatten()
+            .map(|entry| entry.path().join("bin"))
+            .find(|bin| bin.join("initdb").exists())
+            .context("no initdb under /usr/lib/postgresql")?;
+        let dir = std::env::temp_dir().join(format!("spool-pg-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let as_postgres = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|out| out.stdout.starts_with(b"0\n"));
+        let cluster = Self {
+            port,
+            dir,
+            bin,
+            as_postgres,
+        };
+        if as_postgres {
+            let status = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&cluster.dir)
+                .status()?;
+            anyhow::ensure!(status.success(), "chown of the cluster directory failed");
+        }
+        let data = cluster.dir.join("data");
+        cluster.run(
+            "initdb",
+            &[
+                "-D",
+                &data.to_string_lossy(),
+                "--auth=trust",
+                "-U",
+                "root",
+                "--no-sync",
+            ],
+        )?;
+        cluster.start_server()?;
+        Ok(cluster)
+    }
+
+    /// The URL of database `name` on it (the API creates a missing database at start).
+    pub fn url(&self, name: &str) -> String {
+        format!("postgres://root@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub fn start_server(&self) -> anyhow::Result<()> {
+        let data = self.dir.join("data");
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
+            self.port,
+            self.dir.display()
+        );
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &data.to_string_lossy(),
+                "-o",
+                &options,
+                "-l",
+                &self.dir.join("log").to_string_lossy(),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )
+    }
+
+    /// Stops it as a crash would (`-m immediate`: no shutdown checkpoint; committed work is
+    /// recovered from the WAL at the next start).
+    pub fn crash(&self) -> anyhow::Result<()> {
+        let data = self.dir.join("data");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &data.to_string_lossy(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        )
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<()> {
+        let path = self.bin.join(program);
+        let mut command = if self.as_postgres {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(&path);
+            command
+        } else {
+            Command::new(&path)
+        };
+        let output = command
+            .args(args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {program}"))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "{program} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let _ = self.crash();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
