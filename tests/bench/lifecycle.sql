@@ -122,10 +122,11 @@ COMMIT;
 WITH candidate AS (
      SELECT id, status AS previous_status
        FROM runs
-      WHERE status IN ('queued', 'running', 'awaiting_approval')
+      WHERE status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
         AND (status = 'queued'
              OR (status = 'running' AND lease_expires_at < now())
-             OR (status = 'awaiting_approval' AND approval_expires_at < now()))
+             OR (status IN ('awaiting_approval', 'requires_action')
+                 AND pause_expires_at < now()))
       ORDER BY queued_at
       LIMIT 1
         FOR UPDATE SKIP LOCKED)
@@ -133,9 +134,13 @@ WITH candidate AS (
     SET status = 'running',
         attempt = r.attempt + 1,
         reclaims = r.reclaims + (candidate.previous_status = 'running')::int,
-        resumed = r.resumed OR candidate.previous_status = 'awaiting_approval',
+        resumed = CASE candidate.previous_status
+                      WHEN 'running' THEN false
+                      WHEN 'awaiting_approval' THEN true
+                      WHEN 'requires_action' THEN true
+                      ELSE r.resumed END,
         pending_action = NULL,
-        approval_expires_at = NULL,
+        pause_expires_at = NULL,
         lease_owner = 'pgbench',
         lease_expires_at = now() + interval '30 seconds',
         heartbeat_at = now(),
@@ -147,8 +152,8 @@ RETURNING r.id, r.thread_id, r.tenant_id, r.owner_id, r.agent_id, r.user_message
           r.assistant_message_id, r.status, r.attempt, r.reclaims, r.lease_owner,
           r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage,
           r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at,
-          r.pending_action, r.approval_expires_at, r.resumed, r.overrides, r.cancel_reason,
-          r.cancelled_by, r.queued_at, candidate.previous_status
+          r.pending_action, r.pause_expires_at, r.resumed, r.overrides, r.cancel_reason,
+          r.cancelled_by, r.queued_at, r.agent_spec, candidate.previous_status
 \aset c_
 
 \if :c_attempt > 0
