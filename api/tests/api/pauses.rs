@@ -672,22 +672,34 @@ async fn client_tool_outputs_that_never_come_fail_the_run_and_free_the_thread() 
     app.stop().await;
 }
 
-#[tokio::test]
-async fn a_client_output_over_the_result_limit_is_cut_like_any_tool_result() {
-    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
-        0 => fake_llm::tool_calls(&[("call_f", "read_local_file", r#"{"path": "big.txt"}"#)]),
-        _ => fake_llm::text("read it", 1),
+/// A model that asks the client to read a file (`call_f`), then answers "done".
+async fn file_reader() -> FakeLlm {
+    FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("call_f", "read_local_file", r#"{"path": "a.txt"}"#)]),
+        _ => fake_llm::text("done", 1),
     })
-    .await;
-    let app = app_with(&fake).await;
+    .await
+}
+
+/// An app whose `files` agent has the client tool, and alice's run of it paused for `call_f`:
+/// the app, the thread, the 202 body and the paused run.
+async fn paused_on_the_client(fake: &FakeLlm) -> (TestApp, uuid::Uuid, Value, Value) {
+    let app = app_with(fake).await;
     let agent = app
         .create_agent(
             "acme",
             &json!({"name": "files", "model": "gpt-4o-mini", "tools": [client_tool()]}),
         )
         .await;
-    let (_, accepted) = ask(&app, &agent, "read big.txt").await;
-    app.wait_run(&accepted, |s| s == "requires_action").await;
+    let (thread, accepted) = ask(&app, &agent, "read a.txt").await;
+    let paused = app.wait_run(&accepted, |s| s == "requires_action").await;
+    (app, thread, accepted, paused)
+}
+
+#[tokio::test]
+async fn a_client_output_over_the_result_limit_is_cut_like_any_tool_result() {
+    let fake = file_reader().await;
+    let (app, _, accepted, _) = paused_on_the_client(&fake).await;
     let workflow = accepted["workflow_id"].as_str().expect("id");
     let (status, body) = app
         .post(
@@ -711,20 +723,8 @@ async fn a_client_output_over_the_result_limit_is_cut_like_any_tool_result() {
 
 #[tokio::test]
 async fn a_follower_of_a_run_whose_pause_event_was_lost_is_told_from_postgres() {
-    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
-        0 => fake_llm::tool_calls(&[("call_f", "read_local_file", r#"{"path": "a.txt"}"#)]),
-        _ => fake_llm::text("ok", 1),
-    })
-    .await;
-    let app = app_with(&fake).await;
-    let agent = app
-        .create_agent(
-            "acme",
-            &json!({"name": "files", "model": "gpt-4o-mini", "tools": [client_tool()]}),
-        )
-        .await;
-    let (thread, accepted) = ask(&app, &agent, "read a.txt").await;
-    let paused = app.wait_run(&accepted, |s| s == "requires_action").await;
+    let fake = file_reader().await;
+    let (app, thread, accepted, paused) = paused_on_the_client(&fake).await;
     // Lose the pause event, as a Redis outage past the publisher's last flush would.
     let pause = poll_until(
         "the pause event to be stored",

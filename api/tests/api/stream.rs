@@ -82,6 +82,22 @@ impl TestApp {
         .expect("publish");
     }
 
+    /// Deletes the thread's last two events (`message_end`, `done`) from Redis, as if the
+    /// worker had not published them yet; returns the events as they were before.
+    pub(crate) async fn unpublish_the_end(&self, thread: Uuid) -> Vec<(String, String)> {
+        let stored = self.stored(thread).await;
+        let (end, done) = (&stored[stored.len() - 2], &stored[stored.len() - 1]);
+        assert_eq!((end.1.as_str(), done.1.as_str()), ("message_end", "done"));
+        let _: i64 = redis::cmd("XDEL")
+            .arg(self.keys.events(ThreadId(thread)))
+            .arg(&end.0)
+            .arg(&done.0)
+            .query_async(&mut self.streams.conn())
+            .await
+            .expect("xdel");
+        stored
+    }
+
     /// Every stored event of the thread, straight from Redis (the marker excluded).
     pub(crate) async fn stored(&self, thread: Uuid) -> Vec<(String, String)> {
         let key = self.keys.events(ThreadId(thread));
@@ -697,17 +713,7 @@ async fn a_client_resuming_after_the_run_ended_but_before_its_done_was_published
     app.wait_for_status(&alice, workflow, "completed").await;
     // Rewind Redis to the moment after the worker's fenced write to Postgres and before it
     // published the end of the message: the last two events are not there yet.
-    let stored = app.stored(thread).await;
-    let (end, done) = (&stored[stored.len() - 2], &stored[stored.len() - 1]);
-    assert_eq!((end.1.as_str(), done.1.as_str()), ("message_end", "done"));
-    let key = app.keys.events(ThreadId(thread));
-    let _: i64 = redis::cmd("XDEL")
-        .arg(&key)
-        .arg(&end.0)
-        .arg(&done.0)
-        .query_async(&mut app.streams.conn())
-        .await
-        .expect("xdel");
+    let stored = app.unpublish_the_end(thread).await;
 
     let mut reader = app.stream(&alice, thread, "", Some(&stored[0].0)).await;
     let mut frames = Vec::new();
@@ -881,16 +887,7 @@ async fn a_client_following_a_message_sees_none_of_the_previous_run_s_late_event
     app.wait_for_status(&alice, first_workflow, "completed")
         .await;
     // The first run is over in Postgres, its last two events not yet in Redis.
-    let stored = app.stored(thread).await;
-    let (end, done) = (&stored[stored.len() - 2], &stored[stored.len() - 1]);
-    assert_eq!((end.1.as_str(), done.1.as_str()), ("message_end", "done"));
-    let _: i64 = redis::cmd("XDEL")
-        .arg(app.keys.events(ThreadId(thread)))
-        .arg(&end.0)
-        .arg(&done.0)
-        .query_async(&mut app.streams.conn())
-        .await
-        .expect("xdel");
+    app.unpublish_the_end(thread).await;
 
     let (_, second) = app.send_message(&alice, thread, "second").await;
     let mut reader = app.stream(&alice, thread, "", None).await;

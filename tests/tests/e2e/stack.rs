@@ -248,3 +248,58 @@ pub(crate) fn workflow_id(accepted: &Value) -> uuid::Uuid {
 pub(crate) fn demo_reply(input: &str, tokens: usize) -> String {
     spool_worker::demo::reply(input, tokens).concat()
 }
+
+/// A model that asks the client for a file (call `c1`), then answers slowly: 40 deltas, 100 ms
+/// apart (`"word "` 40 times).
+pub(crate) async fn slow_reader() -> spool_tests::fake_llm::FakeLlm {
+    use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
+    FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("c1", "read_file", r#"{"path": "/notes"}"#)]),
+        _ => fake_llm::paced_text(&"word ".repeat(40), 40, Duration::from_millis(100)),
+    })
+    .await
+}
+
+impl Stack {
+    /// Alice's run of a `reader` agent (the client tool `read_file`), paused for call `c1` and
+    /// answered, so that a worker resumes it; returns the 202 body.
+    pub(crate) async fn answered_client_tool(&self) -> Value {
+        let agent = self
+            .create_agent(&json!({"name": "reader", "model": "gpt-4o-mini",
+                "tools": [{"type": "client", "name": "read_file"}]}))
+            .await;
+        let alice = spool_tests::token("alice", "acme");
+        let thread = uuid::Uuid::new_v4();
+        let (_, accepted) = self
+            .post(
+                &alice,
+                &format!("/v1/threads/{thread}/user_message"),
+                &json!({"input_text": "read my notes", "agent_id": agent}),
+            )
+            .await;
+        self.wait_run(&accepted, "requires_action").await;
+        let workflow = workflow_id(&accepted);
+        let (status, _) = self
+            .post(
+                &alice,
+                &format!("/v1/workflows/{workflow}/tool_outputs"),
+                &json!({"tool_outputs": [{"tool_call_id": "c1", "output": "the notes"}]}),
+            )
+            .await;
+        assert_eq!(status, reqwest::StatusCode::ACCEPTED);
+        accepted
+    }
+}
+
+/// Reads `reader` until `deltas` text deltas have arrived; returns every frame read.
+pub(crate) async fn read_deltas(
+    reader: &mut spool_tests::sse::SseReader,
+    deltas: usize,
+) -> Vec<spool_tests::sse::Frame> {
+    let mut frames: Vec<spool_tests::sse::Frame> = Vec::new();
+    while frames.iter().filter(|f| f.event == "text_delta").count() < deltas {
+        let frame = reader.next(Duration::from_secs(15)).await;
+        frames.push(frame.expect("another event"));
+    }
+    frames
+}

@@ -7,12 +7,11 @@ use serde_json::{Value, json};
 use spool_shared::event::{EventType, Origin};
 use spool_shared::stream::{self, PublishError, StreamKeys};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
-use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
 use spool_tests::servers::{OwnRedis, free_port};
 use spool_tests::sse::{Frame, SseReader};
 use spool_tests::{poll_until, token};
 
-use crate::stack::{Stack, TIMEOUT, demo_reply, workflow_id};
+use crate::stack::{Stack, TIMEOUT, demo_reply, read_deltas, slow_reader};
 
 const READ: Duration = Duration::from_secs(15);
 
@@ -37,15 +36,7 @@ async fn a_client_sees_attempt_restarted_then_the_whole_message_when_its_worker_
     let alice = token("alice", "acme");
     let accepted = stack.enqueue(&alice, "crash mid-stream").await;
     let mut reader = SseReader::new(stack.stream(&alice, &accepted["thread_id"], None).await);
-    let mut frames = Vec::new();
-    while frames
-        .iter()
-        .filter(|f: &&Frame| f.event == "text_delta")
-        .count()
-        < 5
-    {
-        frames.push(reader.next(READ).await.expect("an event before the crash"));
-    }
+    let mut frames = read_deltas(&mut reader, 5).await;
     a.kill9().await;
     let _b = stack.worker(&slow).await;
     frames.extend(reader.collect(Duration::from_secs(20)).await);
@@ -66,50 +57,16 @@ async fn a_client_sees_attempt_restarted_then_the_whole_message_when_its_worker_
 
 #[tokio::test]
 async fn a_crash_after_an_answered_pause_restarts_the_answer_for_the_client() {
-    // Step 1 asks the client for a file; step 2 answers slowly (40 deltas, 100 ms apart).
-    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
-        0 => fake_llm::tool_calls(&[("c1", "read_file", r#"{"path": "/notes"}"#)]),
-        _ => fake_llm::paced_text(&"word ".repeat(40), 40, Duration::from_millis(100)),
-    })
-    .await;
+    let fake = slow_reader().await;
     let stack = Stack::start().await;
     let llm = [("SPOOL_LLM_BASE_URL", fake.base_url.as_str())];
     let mut a = stack.worker(&llm).await;
-    let agent = stack
-        .create_agent(&json!({"name": "reader", "model": "gpt-4o-mini",
-            "tools": [{"type": "client", "name": "read_file"}]}))
-        .await;
+    let accepted = stack.answered_client_tool().await;
     let alice = token("alice", "acme");
-    let thread = uuid::Uuid::new_v4();
-    let (_, accepted) = stack
-        .post(
-            &alice,
-            &format!("/v1/threads/{thread}/user_message"),
-            &json!({"input_text": "read my notes", "agent_id": agent}),
-        )
-        .await;
-    stack.wait_run(&accepted, "requires_action").await;
-    let workflow = workflow_id(&accepted);
-    let (status, _) = stack
-        .post(
-            &alice,
-            &format!("/v1/workflows/{workflow}/tool_outputs"),
-            &json!({"tool_outputs": [{"tool_call_id": "c1", "output": "the notes"}]}),
-        )
-        .await;
-    assert_eq!(status, reqwest::StatusCode::ACCEPTED);
 
     // The client follows the answer after the pause; the resumed attempt dies mid-answer.
     let mut reader = SseReader::new(stack.stream(&alice, &accepted["thread_id"], None).await);
-    let mut frames = Vec::new();
-    while frames
-        .iter()
-        .filter(|f: &&Frame| f.event == "text_delta")
-        .count()
-        < 5
-    {
-        frames.push(reader.next(READ).await.expect("an event before the crash"));
-    }
+    let mut frames = read_deltas(&mut reader, 5).await;
     a.kill9().await;
     let _b = stack.worker(&llm).await;
     frames.extend(reader.collect(Duration::from_secs(30)).await);
