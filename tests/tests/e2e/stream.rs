@@ -99,11 +99,8 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
         message_id: MessageId(uuid::Uuid::max()),
         attempt,
     };
-    let publish = |attempt: i32| {
-        let event = origin(attempt).event(
-            EventType::TextDelta,
-            json!({"block_id": "b0", "delta": "x"}),
-        );
+    let publish_kind = |attempt: i32, kind: EventType| {
+        let event = origin(attempt).event(kind, json!({"block_id": "b0", "delta": "x"}));
         let keys = keys.clone();
         let mut conn = conn.clone();
         async move {
@@ -119,6 +116,7 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
             stream::publish(&mut conn, &keys, &batch, Duration::from_secs(60)).await
         }
     };
+    let publish = |attempt: i32| publish_kind(attempt, EventType::TextDelta);
     publish(1).await.expect("attempt 1 publishes");
     publish(2).await.expect("attempt 2 takes over");
     match publish(1).await {
@@ -126,6 +124,15 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
         other => panic!("a stale attempt must be refused, got {other:?}"),
     }
     publish(2).await.expect("the current attempt goes on");
+    // The run's done prunes the fences of runs done before the window, never its own: the
+    // stale attempt is still refused after it.
+    publish_kind(2, EventType::Done)
+        .await
+        .expect("the current attempt ends the run");
+    assert!(
+        matches!(publish(1).await, Err(PublishError::Fenced { current: 2 })),
+        "a stale attempt is refused after the run's done too"
+    );
     let stored = stream::read_after(
         &mut conn,
         &keys.events(ThreadId(uuid::Uuid::nil())),
@@ -143,7 +150,7 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
                 .unwrap_or(0)
         })
         .collect();
-    assert_eq!(attempts, [1, 2, 2]);
+    assert_eq!(attempts, [1, 2, 2, 2]);
 }
 
 #[tokio::test]
