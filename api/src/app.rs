@@ -24,6 +24,8 @@ pub struct ApiConfig {
     pub cors_origins: Vec<String>,
     /// How long events stay replayable after a run ends (for events the API publishes).
     pub stream_retention: std::time::Duration,
+    /// The tools' network policy, which webhook URLs must pass too.
+    pub network_policy: Arc<spool_worker::agent::tools::ssrf::NetworkPolicy>,
 }
 
 /// Everything a handler needs, cheap to clone.
@@ -39,6 +41,8 @@ pub struct AppState {
     pub jwt: Arc<JwtKeys>,
     /// Limits and settings.
     pub config: Arc<ApiConfig>,
+    /// Run status changes, for `?wait=`.
+    pub runs: crate::watch::RunWatch,
 }
 
 /// The full router with its middleware.
@@ -49,6 +53,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::threads::router())
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
+        .merge(routes::webhooks::router())
         .merge(crate::gateway::router())
         .merge(crate::openapi::router())
         .merge(crate::metrics::router())
@@ -90,7 +95,13 @@ fn cors(origins: &[String]) -> CorsLayer {
     };
     CorsLayer::new()
         .allow_origin(allow)
-        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+        .allow_methods([
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+        ])
         .allow_headers([
             header::AUTHORIZATION,
             header::CONTENT_TYPE,

@@ -111,6 +111,17 @@ impl Caller {
         }
     }
 
+    /// What the caller's lists and control-plane routes show: their own, or (admin) the
+    /// tenant's.
+    pub fn scope(&self) -> spool_shared::db::page::Scope<'_> {
+        use spool_shared::db::page::Scope;
+        if self.admin {
+            Scope::Tenant(&self.owner.tenant_id)
+        } else {
+            Scope::Owner(&self.owner)
+        }
+    }
+
     /// Fails unless the caller is an admin.
     pub fn require_admin(&self) -> Result<(), ApiError> {
         if self.admin {

@@ -190,7 +190,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_body_bytes: args.max_body_bytes,
             cors_origins: args.cors_origins.clone(),
             stream_retention: args.stream.retention(),
+            network_policy: Arc::new(
+                spool_worker::agent::tools::ssrf::NetworkPolicy::parse(
+                    &args.worker.tools_allow_networks,
+                )
+                .context("SPOOL_TOOLS_ALLOW_NETWORKS")?,
+            ),
         }),
+        runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
     };
 
     let mut workers = tokio::task::JoinSet::new();

@@ -19,5 +19,6 @@ pub mod gateway;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
+pub mod watch;
 
 pub use app::{ApiConfig, AppState, router, serve};

@@ -2,7 +2,9 @@
 
 pub mod agents;
 pub mod health;
+pub mod list;
 pub mod threads;
+pub mod webhooks;
 pub mod workflows;
 
 /// The path clients stream a thread's events from.

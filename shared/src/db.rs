@@ -11,9 +11,11 @@ pub mod agents;
 pub mod enqueue;
 pub mod idempotency;
 pub mod messages;
+pub mod page;
 pub mod runs;
 pub mod steps;
 pub mod threads;
+pub mod webhooks;
 
 use std::time::Duration;
 

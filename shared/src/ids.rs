@@ -63,6 +63,10 @@ id_type!(
     /// A stored agent configuration.
     AgentId
 );
+id_type!(
+    /// An endpoint that receives a tenant's run events.
+    WebhookId
+);
 
 #[cfg(test)]
 mod tests {

@@ -45,6 +45,30 @@ impl RunStatus {
     }
 }
 
+/// A string that is not a run status.
+#[derive(Debug, thiserror::Error)]
+#[error("not a run status")]
+pub struct UnknownStatus;
+
+impl std::str::FromStr for RunStatus {
+    type Err = UnknownStatus;
+
+    fn from_str(s: &str) -> Result<Self, UnknownStatus> {
+        [
+            Self::Queued,
+            Self::Running,
+            Self::RequiresAction,
+            Self::AwaitingApproval,
+            Self::Completed,
+            Self::Failed,
+            Self::Cancelled,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == s)
+        .ok_or(UnknownStatus)
+    }
+}
+
 /// The state of a message's content.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,

@@ -361,6 +361,39 @@ fn fenced_by(err: &redis::RedisError) -> Option<i64> {
     digits.parse().ok()
 }
 
+/// How long an erased thread's fence keeps refusing the worker of its run that was active: far
+/// longer than any lease, so that worker learns from Postgres (its writes match no row) that
+/// the run is gone before the fence does.
+pub const ERASED_FENCE_SECS: i64 = 86_400;
+
+/// Erases a thread's stream and `message_start` index. If a run was `active`, the fence
+/// refuses every later attempt of it (so a worker still holding it publishes nothing, and the
+/// stream is not born again); the fence holds only that run's id, for
+/// [`ERASED_FENCE_SECS`]. Otherwise the fence goes too.
+pub async fn erase(
+    conn: &mut RedisConn,
+    keys: &StreamKeys,
+    thread: ThreadId,
+    active: Option<WorkflowId>,
+) -> redis::RedisResult<()> {
+    let fence = keys.fence(thread);
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .del(keys.events(thread))
+        .ignore()
+        .del(keys.starts(thread))
+        .ignore()
+        .del(&fence)
+        .ignore();
+    if let Some(active) = active {
+        pipe.hset(&fence, active.to_string(), i64::from(i32::MAX))
+            .ignore()
+            .expire(&fence, ERASED_FENCE_SECS)
+            .ignore();
+    }
+    pipe.query_async::<()>(conn).await
+}
+
 /// One stored event as the gateway serves it.
 #[derive(Clone, Debug)]
 pub struct StoredEvent {

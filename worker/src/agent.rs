@@ -136,7 +136,7 @@ impl<'a> Loop<'a> {
             Ok(model) => model,
             Err(err) => {
                 let failure = RunFailure::new(FailureCode::ModelUnavailable, err.to_string());
-                return Err(LoopEnd::Failed(failure, checkpoint.answer).into());
+                return Err(LoopEnd::Failed(Box::new(failure), checkpoint.answer).into());
             }
         };
         let (mut conversation, input) = prompt::start(a.db, run, spec).await?;
@@ -152,7 +152,7 @@ impl<'a> Loop<'a> {
             let secs = spec.limits.client_timeout_secs();
             let message = format!("no client tool outputs arrived within {secs} s");
             let failure = RunFailure::new(FailureCode::HumanTimeout, message);
-            return Err(LoopEnd::Failed(failure, answer).into());
+            return Err(LoopEnd::Failed(Box::new(failure), answer).into());
         }
         let hooks = Hooks::for_run(&spec, a.engine, run);
         if !run.resumed
@@ -160,7 +160,7 @@ impl<'a> Loop<'a> {
             && let Some(reason) = hooks.on_run_start(&input).await
         {
             let failure = RunFailure::new(FailureCode::BlockedByHook, reason);
-            return Err(LoopEnd::Failed(failure, answer).into());
+            return Err(LoopEnd::Failed(Box::new(failure), answer).into());
         }
         let tools = ToolSet::build(a.engine, &spec, a.engine.identity(a.claimed.run())).await;
         let state = Self {
@@ -227,6 +227,7 @@ impl<'a> Loop<'a> {
         };
         self.answer.usage.add(output.usage);
         if output.tool_calls.is_empty() {
+            self.answer.final_step = Some(Box::new((step, output.saved(Vec::new(), Vec::new()))));
             return Err(self.final_answer(a, step, output.text).await);
         }
         if self.buffer {
@@ -286,6 +287,6 @@ impl<'a> Loop<'a> {
     /// A failure, with what was produced so far.
     fn failed(&mut self, code: FailureCode, message: impl Into<String>) -> Exit {
         let failure = RunFailure::new(code, message);
-        LoopEnd::Failed(failure, std::mem::take(&mut self.answer)).into()
+        LoopEnd::Failed(Box::new(failure), std::mem::take(&mut self.answer)).into()
     }
 }

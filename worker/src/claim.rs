@@ -88,6 +88,11 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
         worker.db.clone(),
         shutdown.clone(),
     ));
+    let webhooks = tokio::spawn(crate::webhooks::run(
+        worker.db.clone(),
+        Arc::new(worker.engine.http.policy().clone()),
+        shutdown.clone(),
+    ));
     let permits = Arc::new(Semaphore::new(args.concurrency));
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
@@ -147,6 +152,7 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
     }
     cancels.abort();
     housekeeping.abort();
+    webhooks.abort();
     drop(keeper);
     tracing::info!("worker stopped");
     Ok(())

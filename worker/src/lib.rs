@@ -25,6 +25,7 @@ pub mod lease;
 pub mod ops;
 pub mod publish;
 pub mod stop;
+pub mod webhooks;
 pub mod worker;
 
 pub use agent::llm::demo;

@@ -31,11 +31,18 @@ use crate::error::{BadBody, ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::routes::{stream_url, workflow_url};
 
+pub mod manage;
+
 /// `/v1/threads/...`.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/v1/threads", post(post_thread))
-        .route("/v1/threads/{thread_id}", get(get_thread))
+        .route("/v1/threads", post(post_thread).get(manage::list_threads))
+        .route(
+            "/v1/threads/{thread_id}",
+            get(get_thread)
+                .patch(manage::patch_thread)
+                .delete(manage::delete_thread),
+        )
         .route("/v1/threads/{thread_id}/messages", get(list_messages))
         .route(
             "/v1/threads/{thread_id}/user_message",
@@ -71,6 +78,10 @@ pub struct ThreadResponse {
     pub status: &'static str,
     /// The active run, if any.
     pub active_workflow_id: Option<WorkflowId>,
+    /// Its title (`null` until set with PATCH).
+    pub title: Option<String>,
+    /// When its last user message was sent.
+    pub last_message_at: Option<DateTime<Utc>>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
     /// When it last changed.
@@ -89,6 +100,8 @@ impl From<Thread> for ThreadResponse {
                 "idle"
             },
             active_workflow_id: thread.active_workflow_id,
+            title: thread.title,
+            last_message_at: thread.last_message_at,
             created_at: thread.created_at,
             updated_at: thread.updated_at,
         }
@@ -172,7 +185,7 @@ async fn get_thread(
     Ok(Json(thread.into()))
 }
 
-fn thread_not_found() -> ApiError {
+pub(crate) fn thread_not_found() -> ApiError {
     ApiError::not_found("thread_not_found", "no such thread")
 }
 

@@ -2,6 +2,7 @@
 //! paused run (client tool outputs, approvals) are in [`pauses`].
 
 pub mod pauses;
+pub mod timeline;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -11,6 +12,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::sync::broadcast;
 
 use spool_shared::db;
 use spool_shared::db::runs::{self, Run};
@@ -25,12 +27,18 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::error::{ErrorBody, Unauthenticated};
-use crate::extract::ApiPath;
+use crate::extract::{ApiPath, ApiQuery};
+use crate::routes::list::{self, List, ListQuery};
 
 /// `/v1/workflows/...`.
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/v1/workflows", get(list_workflows))
         .route("/v1/workflows/{workflow_id}", get(get_workflow))
+        .route(
+            "/v1/workflows/{workflow_id}/steps",
+            get(timeline::get_steps),
+        )
         .route("/v1/workflows/{workflow_id}/cancel", post(cancel_workflow))
         .route(
             "/v1/workflows/{workflow_id}/tool_outputs",
@@ -67,6 +75,11 @@ pub struct WorkflowResponse {
     pub pending_action: Option<PendingAction>,
     /// When cancellation was asked for.
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// Why cancellation was asked for (the `reason` given to cancel).
+    pub cancel_reason: Option<String>,
+    /// The run that started this one as a tool call (always `null` for now: agents cannot
+    /// call agents yet).
+    pub parent_workflow_id: Option<WorkflowId>,
     /// When it was enqueued.
     pub created_at: DateTime<Utc>,
     /// When it was first claimed.
@@ -91,6 +104,8 @@ impl From<Run> for WorkflowResponse {
             usage: run.usage.map(|u| u.0),
             pending_action: run.pending_action.map(|a| a.0),
             cancel_requested_at: run.cancel_requested_at,
+            cancel_reason: run.cancel_reason,
+            parent_workflow_id: None,
             created_at: run.created_at,
             started_at: run.started_at,
             finished_at: run.finished_at,
@@ -99,28 +114,179 @@ impl From<Run> for WorkflowResponse {
     }
 }
 
+/// Query of `GET /v1/workflows/{workflow_id}`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct GetWorkflowQuery {
+    /// Wait up to this many seconds (at most 60) for the run to end or pause; answer at once
+    /// if it already has. Absent or 0: answer at once.
+    #[serde(default)]
+    #[param(minimum = 0, maximum = 60)]
+    pub wait: Option<u64>,
+}
+
+/// The longest `?wait=`, in seconds.
+pub const MAX_WAIT_SECS: u64 = 60;
+
 /// A run: status, attempt, timestamps, error, usage, and what it waits for while paused.
+///
+/// With `?wait=S`, the answer comes as soon as the run is terminal or paused, or after S
+/// seconds with the run as it is then. A waiting request holds no database connection: the
+/// process's one LISTEN connection wakes it when its run's status changes.
 #[utoipa::path(
     get,
     path = "/v1/workflows/{workflow_id}",
     tag = "workflows",
     security(("bearer" = [])),
-    params(("workflow_id" = WorkflowId, Path, description = "The workflow (run).")),
+    params(("workflow_id" = WorkflowId, Path, description = "The workflow (run)."), GetWorkflowQuery),
     responses(
         (status = 200, description = "The run.", body = WorkflowResponse),
+        (status = 400, description = "`invalid_wait`", body = ErrorBody),
         Unauthenticated,
         (status = 404, description = "`workflow_not_found`, `not_found`", body = ErrorBody),
+        (status = 422, description = "`invalid_query`", body = ErrorBody),
     )
 )]
 async fn get_workflow(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath(workflow_id): ApiPath<WorkflowId>,
+    ApiQuery(query): ApiQuery<GetWorkflowQuery>,
 ) -> Result<Json<WorkflowResponse>, ApiError> {
-    let run = runs::find(&state.db, workflow_id, &caller.owner)
-        .await?
-        .ok_or_else(|| ApiError::not_found("workflow_not_found", "no such workflow"))?;
+    let wait = query.wait.unwrap_or(0);
+    if wait > MAX_WAIT_SECS {
+        return Err(ApiError::bad_request(
+            "invalid_wait",
+            format!("wait must be from 0 to {MAX_WAIT_SECS} seconds"),
+        ));
+    }
+    // Subscribed before the first read: a change between the read and the wait is not missed.
+    let mut changes = state.runs.subscribe();
+    let _waiting = (wait > 0).then(Waiting::start);
+    let find = || async {
+        runs::find_in(&state.db, workflow_id, caller.scope())
+            .await?
+            .ok_or_else(workflow_not_found)
+    };
+    let mut run = find().await?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(wait);
+    while !settled(run.status) {
+        tokio::select! {
+            change = changes.recv() => match change {
+                Ok(Some(id)) if id != workflow_id => continue,
+                // Its change, a lost LISTEN connection, or a lag: read it again.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => run = find().await?,
+                Err(broadcast::error::RecvError::Closed) => {
+                    tokio::time::sleep_until(deadline).await;
+                    return Ok(Json(find().await?.into()));
+                }
+            },
+            () = tokio::time::sleep_until(deadline) => break,
+            () = state.shutdown.cancelled() => break,
+        }
+    }
+    if !settled(run.status) && wait > 0 {
+        run = find().await?;
+    }
     Ok(Json(run.into()))
+}
+
+/// Counts a `?wait=` request in `spool_workflow_waits` while it lives.
+struct Waiting;
+
+impl Waiting {
+    fn start() -> Self {
+        metrics::gauge!("spool_workflow_waits").increment(1);
+        Self
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        metrics::gauge!("spool_workflow_waits").decrement(1);
+    }
+}
+
+/// Whether a `?wait=` is over: the run has ended or waits for someone.
+fn settled(status: RunStatus) -> bool {
+    status.is_terminal()
+        || matches!(
+            status,
+            RunStatus::RequiresAction | RunStatus::AwaitingApproval
+        )
+}
+
+/// A page of runs.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WorkflowList {
+    /// The runs, newest first.
+    pub data: Vec<WorkflowResponse>,
+    /// The `cursor` of the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The caller's runs (an admin's: the tenant's), newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/workflows",
+    tag = "workflows",
+    security(("bearer" = [])),
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Rows per page (default 20; over 100 is a 400)."),
+        ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
+        ("thread_id" = Option<ThreadId>, Query, description = "Only this thread's runs."),
+        ("agent_id" = Option<AgentId>, Query, description = "Only this agent's runs."),
+        ("status" = Option<Vec<RunStatus>>, Query, explode = true, description = "Only runs in one of these statuses (repeatable)."),
+    ),
+    responses(
+        (status = 200, description = "A page of runs.", body = WorkflowList),
+        (status = 400, description = "`invalid_limit`, `invalid_cursor`, `invalid_filter`, `unknown_parameter`", body = ErrorBody),
+        Unauthenticated,
+    )
+)]
+async fn list_workflows(
+    State(state): State<AppState>,
+    caller: Caller,
+    mut query: ListQuery,
+) -> Result<Json<List<WorkflowResponse>>, ApiError> {
+    let mut filter = runs::RunFilter::default();
+    query.filters(|key, value| {
+        match key {
+            "thread_id" if filter.thread_id.is_some() => return Err(list::repeated(key)),
+            "thread_id" => {
+                filter.thread_id = Some(
+                    value
+                        .parse()
+                        .map_err(|_| list::invalid(key, "a thread id (UUID)"))?,
+                );
+            }
+            "agent_id" if filter.agent_id.is_some() => return Err(list::repeated(key)),
+            "agent_id" => {
+                filter.agent_id = Some(
+                    value
+                        .parse()
+                        .map_err(|_| list::invalid(key, "an agent id (UUID)"))?,
+                );
+            }
+            "status" => filter.statuses.push(
+                value
+                    .parse()
+                    .map_err(|_| list::invalid(key, "a run status"))?,
+            ),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    })?;
+    let page = runs::list(
+        &state.db,
+        caller.scope(),
+        &filter,
+        query.cursor,
+        query.limit,
+    )
+    .await?;
+    Ok(Json(List::of(page, WorkflowResponse::from)))
 }
 
 /// The caller's run, as it is now.

@@ -107,7 +107,14 @@ impl TestApp {
                 max_body_bytes: 1 << 20,
                 cors_origins: vec!["https://app.example".into()],
                 stream_retention: Duration::from_secs(retention_secs),
+                // As `SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8` would: receivers in the tests
+                // listen on loopback.
+                network_policy: Arc::new(
+                    spool_worker::agent::tools::ssrf::NetworkPolicy::parse("127.0.0.0/8")
+                        .expect("policy"),
+                ),
             }),
+            runs: spool_api::watch::RunWatch::start(db.pool.clone(), shutdown.clone()),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -3,6 +3,7 @@
 mod agents;
 mod cancel;
 mod common;
+mod control;
 mod enqueue;
 mod isolation;
 mod metrics;

@@ -21,6 +21,7 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
 
 use crate::agent::{AgentSpec, RunOverrides};
+use crate::db::page::{self, Cursor, Page, Scope};
 use crate::db::steps::{self, SavedStep};
 use crate::db::threads::Owner;
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
@@ -201,6 +202,67 @@ async fn find_with(
         .bind(&owner.user_id)
         .fetch_optional(executor)
         .await
+}
+
+/// The run in `scope` (the owner's, or for an admin the tenant's), if it exists.
+pub async fn find_in(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    scope: Scope<'_>,
+) -> sqlx::Result<Option<Run>> {
+    let mut query = sqlx::QueryBuilder::new(concat!(
+        "SELECT ",
+        columns!("r."),
+        " FROM runs r WHERE r.id = "
+    ));
+    query.push_bind(id);
+    scope.push(&mut query, "r");
+    query.build_query_as().fetch_optional(executor).await
+}
+
+/// Filters of a run list.
+#[derive(Clone, Debug, Default)]
+pub struct RunFilter {
+    /// Only this thread's runs.
+    pub thread_id: Option<ThreadId>,
+    /// Only runs of this agent.
+    pub agent_id: Option<AgentId>,
+    /// Only runs in one of these statuses (empty: any).
+    pub statuses: Vec<RunStatus>,
+}
+
+/// A page of the runs in `scope`, newest first.
+pub async fn list(
+    executor: impl PgExecutor<'_>,
+    scope: Scope<'_>,
+    filter: &RunFilter,
+    after: Option<Cursor>,
+    limit: i64,
+) -> sqlx::Result<Page<Run>> {
+    let mut query = sqlx::QueryBuilder::new(concat!(
+        "SELECT ",
+        columns!("r."),
+        " FROM runs r WHERE true"
+    ));
+    scope.push(&mut query, "r");
+    if let Some(thread_id) = filter.thread_id {
+        query.push(" AND r.thread_id = ");
+        query.push_bind(thread_id);
+    }
+    if let Some(agent_id) = filter.agent_id {
+        query.push(" AND r.agent_id = ");
+        query.push_bind(agent_id);
+    }
+    if !filter.statuses.is_empty() {
+        let statuses: Vec<&'static str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+        query.push(" AND r.status = ANY(");
+        query.push_bind(statuses);
+        query.push(")");
+    }
+    page::push_after(&mut query, "r", after);
+    page::push_order(&mut query, "r", limit);
+    let rows: Vec<Run> = query.build_query_as().fetch_all(executor).await?;
+    Ok(page::page(rows, limit, |r| (r.created_at, r.id.0)))
 }
 
 /// The thread's active run, if any.
@@ -622,6 +684,9 @@ pub struct Outcome<'a> {
     pub usage: Usage,
     /// Why, for a failed run.
     pub error: Option<&'a RunFailure>,
+    /// The step that answered without tool calls (its number and what it holds), saved in
+    /// the same statement for the timeline.
+    pub final_step: Option<(i32, &'a SavedStep)>,
 }
 
 /// Finishes the run and writes its assistant message, in one statement fenced on the attempt:
@@ -640,7 +705,13 @@ async fn finish(
                 SET status = $3, error = $7, usage = $6, finished_at = now(), updated_at = now(),
                     lease_expires_at = NULL
               WHERE id = $1 AND attempt = $2 AND status = 'running'
-          RETURNING assistant_message_id)
+          RETURNING assistant_message_id),
+              step AS (
+             INSERT INTO run_steps (workflow_id, step, attempt, data, text)
+             SELECT $1, $8, $2, $9, coalesce($10, '') FROM finished WHERE $8::int IS NOT NULL
+                 ON CONFLICT (workflow_id, step)
+                 DO UPDATE SET attempt = EXCLUDED.attempt, data = EXCLUDED.data,
+                               text = EXCLUDED.text)
          UPDATE messages m
             SET content = $4, parts = $5, usage = $6, status = $3, updated_at = now()
            FROM finished
@@ -654,6 +725,18 @@ async fn finish(
     .bind(super::storable(outcome.parts)?)
     .bind(Json(outcome.usage))
     .bind(outcome.error.map(super::storable).transpose()?)
+    .bind(outcome.final_step.map(|(step, _)| step))
+    .bind(
+        outcome
+            .final_step
+            .map(|(_, saved)| super::storable(saved))
+            .transpose()?,
+    )
+    .bind(
+        outcome
+            .final_step
+            .map(|(_, saved)| super::storable_text(&saved.assistant.text)),
+    )
     .fetch_optional(executor)
     .await?;
     Ok(updated.is_some())
@@ -728,6 +811,7 @@ mod tests {
             parts: &[],
             usage: Usage::default(),
             error: None,
+            final_step: None,
         }
     }
 

@@ -9,6 +9,7 @@
 //! [`SavedStep::decide`]; the next attempt settles it and goes on. Nobody reads or writes the
 //! stored JSON but through these types.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgExecutor;
@@ -51,7 +52,7 @@ pub struct AssistantTurn {
 }
 
 /// Where one tool call of a saved step stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CallState {
     /// Settled: `output` is what the model sees.
@@ -113,6 +114,59 @@ pub struct CallResult {
     /// Whether its `step` result event went out (a paused step publishes what is final).
     #[serde(default)]
     pub published: bool,
+    /// When it was executed (by the worker's clock; for the timeline, never for a decision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// When its execution ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<DateTime<Utc>>,
+    /// The attempt that executed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i32>,
+    /// Who decided what happens to it, other than the tool policy: a person, a hook, the
+    /// approval's deadline, or the client that ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+}
+
+/// Who decides a call's fate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecidedBy {
+    /// A person, through `POST .../approvals/{tool_call_id}`.
+    Person,
+    /// A `pre_tool_use` hook.
+    Hook,
+    /// Nobody approved it before its deadline: it counts as denied.
+    Deadline,
+    /// The client, posting the output of a client tool.
+    Client,
+}
+
+/// A decision on one tool call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Decision {
+    /// Who decided.
+    pub by: DecidedBy,
+    /// Whether the call was allowed (a client's output: `true`).
+    pub approved: bool,
+    /// Why, if a reason was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When (by the clock of the process that recorded it).
+    pub at: DateTime<Utc>,
+}
+
+impl Decision {
+    /// A decision by `by`, now.
+    pub fn now(by: DecidedBy, approved: bool, reason: Option<String>) -> Self {
+        Self {
+            by,
+            approved,
+            reason,
+            at: Utc::now(),
+        }
+    }
 }
 
 impl CallResult {
@@ -127,6 +181,10 @@ impl CallResult {
             timeout_secs: None,
             reason: None,
             published: false,
+            started_at: None,
+            ended_at: None,
+            attempt: None,
+            decision: None,
         }
     }
 
@@ -137,6 +195,20 @@ impl CallResult {
         self.is_error = is_error;
         self.state = CallState::Done;
     }
+}
+
+/// A step's model call, for the timeline: which model answered, when, and why it stopped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ModelCall {
+    /// The model that answered.
+    pub model: String,
+    /// When the call started (by the worker's clock), first try included.
+    pub started_at: DateTime<Utc>,
+    /// When its last token arrived.
+    pub ended_at: DateTime<Utc>,
+    /// Why the model stopped: `stop`, `tool_calls`, `length`, `content_filter` or the
+    /// provider's own word.
+    pub finish_reason: String,
 }
 
 /// A step as it is saved: what the model said and asked for, where each call stands, the
@@ -154,6 +226,9 @@ pub struct SavedStep {
     /// Sources its results cite (once settled).
     #[serde(default)]
     pub citations: Vec<Citation>,
+    /// Its model call (absent in steps saved before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_call: Option<ModelCall>,
 }
 
 /// Why client tool outputs cannot answer a paused step.
@@ -215,6 +290,7 @@ impl SavedStep {
                 result.output = truncate(output);
                 result.is_error = false;
                 result.state = CallState::ClientOutput;
+                result.decision = Some(Decision::now(DecidedBy::Client, true, None));
             }
         }
         Ok(())
@@ -245,6 +321,11 @@ impl SavedStep {
         if let Some(reason) = reason {
             result.reason = Some(reason.chars().take(MAX_REASON_CHARS).collect());
         }
+        result.decision = Some(Decision::now(
+            DecidedBy::Person,
+            approved,
+            result.reason.clone(),
+        ));
         Ok(())
     }
 }
@@ -254,6 +335,10 @@ impl SavedStep {
 pub struct Step {
     /// Its number (1-based).
     pub step: i32,
+    /// The attempt that saved it last.
+    pub attempt: i32,
+    /// When it was first saved (database clock).
+    pub created_at: DateTime<Utc>,
     /// What it holds.
     pub data: Json<SavedStep>,
 }
@@ -263,7 +348,7 @@ pub async fn load(
     executor: impl PgExecutor<'_>,
     workflow_id: WorkflowId,
 ) -> sqlx::Result<Vec<Step>> {
-    sqlx::query_as("SELECT step, data FROM run_steps WHERE workflow_id = $1 ORDER BY step")
+    sqlx::query_as("SELECT step, attempt, created_at, data FROM run_steps WHERE workflow_id = $1 ORDER BY step")
         .bind(workflow_id)
         .fetch_all(executor)
         .await
@@ -306,7 +391,7 @@ pub async fn last_for_update(
     workflow_id: WorkflowId,
 ) -> sqlx::Result<Option<Step>> {
     sqlx::query_as(
-        "SELECT step, data FROM run_steps WHERE workflow_id = $1
+        "SELECT step, attempt, created_at, data FROM run_steps WHERE workflow_id = $1
           ORDER BY step DESC LIMIT 1 FOR UPDATE",
     )
     .bind(workflow_id)

@@ -5,6 +5,7 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 
+use crate::db::page::{self, Cursor, Page, Scope};
 use crate::ids::{AgentId, ThreadId, WorkflowId};
 
 /// Who is asking: every read and write is scoped to this pair (invariant 9).
@@ -25,6 +26,10 @@ pub struct Thread {
     pub agent_id: Option<AgentId>,
     /// Caller-defined metadata.
     pub metadata: Json<Value>,
+    /// Its title (`None` until set).
+    pub title: Option<String>,
+    /// When its last user message was sent.
+    pub last_message_at: Option<DateTime<Utc>>,
     /// The run in an active status (queued, running or paused), if any.
     pub active_workflow_id: Option<WorkflowId>,
     /// When it was created.
@@ -33,14 +38,16 @@ pub struct Thread {
     pub updated_at: DateTime<Utc>,
 }
 
-const SELECT_THREAD: &str = "
-    SELECT t.id, t.agent_id, t.metadata, t.created_at, t.updated_at,
-           (SELECT r.id FROM runs r
-             WHERE r.thread_id = t.id
-               AND r.status IN ('queued', 'running', 'requires_action', 'awaiting_approval')
-           ) AS active_workflow_id
-      FROM threads t
-     WHERE t.id = $1 AND t.tenant_id = $2 AND t.owner_id = $3";
+/// The columns of [`Thread`], from `threads t`.
+macro_rules! columns {
+    () => {
+        "t.id, t.agent_id, t.metadata, t.title, t.last_message_at, t.created_at, t.updated_at,
+         (SELECT r.id FROM runs r
+           WHERE r.thread_id = t.id
+             AND r.status IN ('queued', 'running', 'requires_action', 'awaiting_approval')
+         ) AS active_workflow_id"
+    };
+}
 
 /// Creates a thread for the owner, or returns `None` if the id is taken (by anyone: the caller
 /// must not learn by whom).
@@ -55,7 +62,7 @@ pub async fn create(
         "INSERT INTO threads (id, tenant_id, owner_id, agent_id, metadata)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (id) DO NOTHING
-         RETURNING id, agent_id, metadata, created_at, updated_at,
+         RETURNING id, agent_id, metadata, title, last_message_at, created_at, updated_at,
                    NULL::uuid AS active_workflow_id",
     )
     .bind(id)
@@ -67,13 +74,14 @@ pub async fn create(
     .await
 }
 
-/// Ensures the thread exists: creates it for the owner (answered by `agent_id`) if the id is
-/// unused. Returns `None` if it belongs to someone else, or the thread's agent.
+/// Ensures the thread exists and records the new message's time: creates it for the owner
+/// (answered by `agent_id`) if the id is unused. Returns `None` if it belongs to someone else or
+/// was erased, or the thread's agent.
 ///
-/// When another transaction inserts the same new id first, the insert waits for it and then
-/// does nothing, and the statement's own snapshot, taken before that commit, cannot see the
-/// row. A second statement (a new snapshot under READ COMMITTED) reads it, so a client racing
-/// itself onto a new thread gets the busy rule's 409, not a 404.
+/// One statement: the upsert either inserts the row or locks the existing one and updates it
+/// only if it is the owner's and not erased. `ON CONFLICT DO UPDATE` sees the latest committed
+/// row, so a client racing itself onto a new thread gets the busy rule's 409, not a 404, and a
+/// message racing the thread's erasure waits for it and is refused.
 pub async fn ensure_owned(
     conn: &mut PgConnection,
     id: ThreadId,
@@ -81,30 +89,16 @@ pub async fn ensure_owned(
     agent_id: Option<AgentId>,
 ) -> sqlx::Result<Option<Option<AgentId>>> {
     let row: Option<(Option<AgentId>,)> = sqlx::query_as(
-        "WITH ins AS (
-             INSERT INTO threads (id, tenant_id, owner_id, agent_id) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (id) DO NOTHING
-             RETURNING agent_id)
-         SELECT agent_id FROM ins
-          UNION ALL
-         SELECT agent_id FROM threads WHERE id = $1 AND tenant_id = $2 AND owner_id = $3
-          LIMIT 1",
+        "INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
+         VALUES ($1, $2, $3, $4, now())
+         ON CONFLICT (id) DO UPDATE SET last_message_at = now()
+          WHERE t.tenant_id = $2 AND t.owner_id = $3 AND t.erased_at IS NULL
+         RETURNING t.agent_id",
     )
     .bind(id)
     .bind(&owner.tenant_id)
     .bind(&owner.user_id)
     .bind(agent_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if let Some((agent,)) = row {
-        return Ok(Some(agent));
-    }
-    let row: Option<(Option<AgentId>,)> = sqlx::query_as(
-        "SELECT agent_id FROM threads WHERE id = $1 AND tenant_id = $2 AND owner_id = $3",
-    )
-    .bind(id)
-    .bind(&owner.tenant_id)
-    .bind(&owner.user_id)
     .fetch_optional(conn)
     .await?;
     Ok(row.map(|(agent,)| agent))
@@ -116,10 +110,187 @@ pub async fn find(
     id: ThreadId,
     owner: &Owner,
 ) -> sqlx::Result<Option<Thread>> {
-    sqlx::query_as(SELECT_THREAD)
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM threads t
+          WHERE t.id = $1 AND t.tenant_id = $2 AND t.owner_id = $3 AND t.erased_at IS NULL"
+    ))
+    .bind(id)
+    .bind(&owner.tenant_id)
+    .bind(&owner.user_id)
+    .fetch_optional(executor)
+    .await
+}
+
+/// Filters of a thread list.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadFilter {
+    /// `Some(true)`: only threads with an active run; `Some(false)`: only those without.
+    pub busy: Option<bool>,
+    /// Only threads answered by this agent.
+    pub agent_id: Option<AgentId>,
+    /// Only threads whose metadata has each key with this value (compared as text).
+    pub metadata: Vec<(String, String)>,
+}
+
+/// A page of the threads in `scope`, newest first.
+pub async fn list(
+    executor: impl PgExecutor<'_>,
+    scope: Scope<'_>,
+    filter: &ThreadFilter,
+    after: Option<Cursor>,
+    limit: i64,
+) -> sqlx::Result<Page<Thread>> {
+    let mut query = sqlx::QueryBuilder::new(concat!(
+        "SELECT * FROM (SELECT ",
+        columns!(),
+        " FROM threads t WHERE t.erased_at IS NULL"
+    ));
+    scope.push(&mut query, "t");
+    if let Some(agent_id) = filter.agent_id {
+        query.push(" AND t.agent_id = ");
+        query.push_bind(agent_id);
+    }
+    for (key, value) in &filter.metadata {
+        query.push(" AND t.metadata ->> ");
+        query.push_bind(key.clone());
+        query.push(" = ");
+        query.push_bind(value.clone());
+    }
+    page::push_after(&mut query, "t", after);
+    match filter.busy {
+        // The status filter reads each row's active run, so it wraps the scan instead of
+        // limiting it: the limit applies after it.
+        Some(busy) => {
+            query.push(") t WHERE (t.active_workflow_id IS NOT NULL) = ");
+            query.push_bind(busy);
+            page::push_order(&mut query, "t", limit);
+        }
+        None => {
+            page::push_order(&mut query, "t", limit);
+            query.push(") t");
+        }
+    }
+    let rows: Vec<Thread> = query.build_query_as().fetch_all(executor).await?;
+    Ok(page::page(rows, limit, |t| (t.created_at, t.id.0)))
+}
+
+/// What a PATCH changes.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadPatch {
+    /// `Some(None)` clears the title.
+    pub title: Option<Option<String>>,
+    /// Merged into the metadata: a `null` value removes its key.
+    pub metadata: Option<serde_json::Map<String, Value>>,
+}
+
+/// Applies `patch` to the thread in `scope`; `None` if there is no such thread.
+pub async fn update(
+    executor: impl PgExecutor<'_>,
+    id: ThreadId,
+    scope: Scope<'_>,
+    patch: &ThreadPatch,
+) -> sqlx::Result<Option<Thread>> {
+    let (set, remove): (serde_json::Map<_, _>, Vec<_>) = match &patch.metadata {
+        Some(metadata) => {
+            let set = metadata
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let remove = metadata
+                .iter()
+                .filter(|(_, v)| v.is_null())
+                .map(|(k, _)| k.clone())
+                .collect();
+            (set, remove)
+        }
+        None => Default::default(),
+    };
+    let mut query = sqlx::QueryBuilder::new("WITH t AS (UPDATE threads t SET updated_at = now()");
+    if let Some(title) = &patch.title {
+        query.push(", title = ");
+        query.push_bind(title.clone());
+    }
+    if patch.metadata.is_some() {
+        query.push(", metadata = (t.metadata - ");
+        query.push_bind(remove);
+        query.push("::text[]) || ");
+        query.push_bind(Json(Value::Object(set)));
+    }
+    query.push(" WHERE t.id = ");
+    query.push_bind(id);
+    query.push(" AND t.erased_at IS NULL");
+    scope.push(&mut query, "t");
+    query.push(concat!(" RETURNING t.*) SELECT ", columns!(), " FROM t"));
+    query.build_query_as().fetch_optional(executor).await
+}
+
+/// What erasing a thread found: the runs it deleted, and the one that was active (a worker
+/// may still hold it: its writes now match no row, and its stream's fence must refuse it).
+#[derive(Clone, Debug)]
+pub struct Erasing {
+    /// Every run of the thread.
+    pub runs: Vec<WorkflowId>,
+    /// The active run, if any.
+    pub active: Option<WorkflowId>,
+}
+
+/// Locks the thread in `scope` for erasure (in the caller's transaction): a message racing
+/// the erasure waits for it and is then refused. `None` if there is no such thread.
+pub async fn lock_for_erasure(
+    conn: &mut PgConnection,
+    id: ThreadId,
+    scope: Scope<'_>,
+) -> sqlx::Result<Option<Erasing>> {
+    let mut query = sqlx::QueryBuilder::new("SELECT t.id FROM threads t WHERE t.id = ");
+    query.push_bind(id);
+    query.push(" AND t.erased_at IS NULL");
+    scope.push(&mut query, "t");
+    query.push(" FOR UPDATE");
+    let found: Option<(ThreadId,)> = query.build_query_as().fetch_optional(&mut *conn).await?;
+    if found.is_none() {
+        return Ok(None);
+    }
+    let runs: Vec<(WorkflowId, bool)> = sqlx::query_as(
+        "SELECT id, status IN ('queued', 'running', 'requires_action', 'awaiting_approval')
+           FROM runs WHERE thread_id = $1",
+    )
+    .bind(id)
+    .fetch_all(conn)
+    .await?;
+    Ok(Some(Erasing {
+        active: runs.iter().find(|(_, active)| *active).map(|(id, _)| *id),
+        runs: runs.into_iter().map(|(id, _)| id).collect(),
+    }))
+}
+
+/// Erases a thread locked by [`lock_for_erasure`]: its idempotency keys, webhook deliveries,
+/// runs (with their steps) and messages are deleted; the row keeps only its id and
+/// `erased_at`, so the id can never be used again.
+pub async fn erase(conn: &mut PgConnection, id: ThreadId) -> sqlx::Result<()> {
+    sqlx::query(
+        "WITH r AS (SELECT id FROM runs WHERE thread_id = $1),
+              k AS (DELETE FROM idempotency_keys WHERE workflow_id IN (SELECT id FROM r)),
+              d AS (DELETE FROM webhook_deliveries WHERE thread_id = $1)
+         DELETE FROM runs WHERE thread_id = $1",
+    )
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM messages WHERE thread_id = $1")
         .bind(id)
-        .bind(&owner.tenant_id)
-        .bind(&owner.user_id)
-        .fetch_optional(executor)
-        .await
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "UPDATE threads
+            SET tenant_id = '', owner_id = '', agent_id = NULL, metadata = '{}', title = NULL,
+                last_message_at = NULL, erased_at = now(), updated_at = now()
+          WHERE id = $1",
+    )
+    .bind(id)
+    .execute(conn)
+    .await?;
+    Ok(())
 }

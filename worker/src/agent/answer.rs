@@ -12,6 +12,9 @@ pub(crate) struct Answer {
     pub(crate) parts: Vec<MessagePart>,
     pub(crate) usage: Usage,
     pub(crate) citations: Vec<Citation>,
+    /// The step whose model call answered without tool calls, saved with the run's end (for
+    /// the timeline).
+    pub(crate) final_step: Option<Box<(u32, SavedStep)>>,
 }
 
 impl Answer {
@@ -58,7 +61,7 @@ pub(crate) enum LoopEnd {
     /// An answer (or a stop condition).
     Completed(Answer),
     /// A failure to record, and what was produced before it.
-    Failed(RunFailure, Answer),
+    Failed(Box<RunFailure>, Answer),
     /// Cancelled on request: record what was produced.
     Cancelled(Answer),
     /// Paused (client tool outputs or an approval); the run no longer holds a worker.

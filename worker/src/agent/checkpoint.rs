@@ -56,12 +56,14 @@ pub(crate) async fn restore(db: &PgPool, workflow: WorkflowId) -> sqlx::Result<C
             assistant,
             results,
             usage,
+            model_call,
             ..
         } = step.data.0;
         let output = ModelOutput {
             text: assistant.text,
             tool_calls: assistant.tool_calls,
             usage,
+            model_call,
         };
         Unsettled { output, results }
     });

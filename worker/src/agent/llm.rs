@@ -129,6 +129,17 @@ impl FinishReason {
             other => Self::Other(other.to_owned()),
         }
     }
+
+    /// The reason as the timeline shows it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Stop => "stop",
+            Self::ToolCalls => "tool_calls",
+            Self::Length => "length",
+            Self::ContentFilter => "content_filter",
+            Self::Other(other) => other,
+        }
+    }
 }
 
 /// What one call produced, assembled.

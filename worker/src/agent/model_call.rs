@@ -17,7 +17,8 @@ use futures::StreamExt as _;
 use serde_json::json;
 use tracing::Instrument as _;
 
-use spool_shared::db::steps::{AssistantTurn, CallResult, SavedStep};
+use chrono::Utc;
+use spool_shared::db::steps::{AssistantTurn, CallResult, ModelCall, SavedStep};
 use spool_shared::event::EventType;
 use spool_shared::run::{Citation, Usage};
 
@@ -38,6 +39,8 @@ pub(crate) struct ModelOutput {
     pub(crate) text: String,
     pub(crate) tool_calls: Vec<ToolCall>,
     pub(crate) usage: Usage,
+    /// The model call, for the timeline (absent in steps saved before it was recorded).
+    pub(crate) model_call: Option<ModelCall>,
 }
 
 impl ModelOutput {
@@ -51,6 +54,7 @@ impl ModelOutput {
             results,
             usage: self.usage,
             citations,
+            model_call: self.model_call.clone(),
         }
     }
 }
@@ -126,6 +130,7 @@ async fn continued(
 ) -> Result<ModelOutput, LlmEnd> {
     let mut usage = Usage::default();
     let mut continuations = 0;
+    let started_at = Utc::now();
     loop {
         let part_start = out.text.len();
         let started = Instant::now();
@@ -160,6 +165,12 @@ async fn continued(
             text: std::mem::take(&mut out.text),
             tool_calls: response.tool_calls,
             usage,
+            model_call: Some(ModelCall {
+                model: request.model.clone(),
+                started_at,
+                ended_at: Utc::now(),
+                finish_reason: response.finish_reason.as_str().to_owned(),
+            }),
         });
     }
 }

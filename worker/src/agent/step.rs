@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use spool_shared::agent::StopCondition;
 use spool_shared::db::runs::Pause;
-use spool_shared::db::steps::{CallResult, CallState};
+use spool_shared::db::steps::{CallResult, CallState, DecidedBy, Decision};
 use spool_shared::event::EventType;
 use spool_shared::run::{Citation, PendingAction, PendingCall};
 use spool_shared::status::RunStatus;
@@ -82,6 +82,7 @@ impl Loop<'_> {
             let hook_timeout = match decision {
                 ToolDecision::Deny(reason) => {
                     result.settle(format!("Blocked by a hook: {reason}"), true);
+                    result.decision = Some(Decision::now(DecidedBy::Hook, false, Some(reason)));
                     results.push(result);
                     continue;
                 }
@@ -157,6 +158,7 @@ impl Loop<'_> {
                     let output =
                         format!("No one approved this tool call within {secs} s; it was not made.");
                     result.settle(output, true);
+                    result.decision = Some(Decision::now(DecidedBy::Deadline, false, None));
                 }
                 CallState::Approved
                     if self
@@ -196,10 +198,14 @@ impl Loop<'_> {
             halt = a.stop.wait() => Err(halt),
         };
         let outputs = outputs.map_err(|halt| self.halted(halt))?;
-        for (call, out) in to_run.iter().zip(outputs) {
+        for (call, timed) in to_run.iter().zip(outputs) {
             if let Some(result) = results.iter_mut().find(|r| r.tool_call_id == call.id) {
+                let out = timed.output;
                 let output = self.hooks.post_tool_use(step, call, out.content).await;
                 result.settle(output, out.is_error);
+                result.started_at = Some(timed.started_at);
+                result.ended_at = Some(timed.ended_at);
+                result.attempt = Some(a.claimed.run().attempt);
             }
         }
         Ok(())

@@ -18,6 +18,7 @@ pub mod ssrf;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tracing::Instrument as _;
 
@@ -40,6 +41,17 @@ pub struct ToolOutput {
     pub content: String,
     /// Whether the call failed.
     pub is_error: bool,
+}
+
+/// A call's output and when it ran (by the worker's clock: for the timeline).
+#[derive(Debug)]
+pub(crate) struct Timed {
+    /// What it returned.
+    pub(crate) output: ToolOutput,
+    /// When it started.
+    pub(crate) started_at: DateTime<Utc>,
+    /// When it ended.
+    pub(crate) ended_at: DateTime<Utc>,
 }
 
 impl ToolOutput {
@@ -159,7 +171,7 @@ impl ToolSet {
         a: &Attempt<'_>,
         step: u32,
         calls: &[&ToolCall],
-    ) -> Vec<ToolOutput> {
+    ) -> Vec<Timed> {
         let by_name: HashMap<&str, &Tool> = self
             .tools
             .iter()
@@ -179,10 +191,15 @@ impl ToolSet {
             };
             let (now, later) = rest.split_at(batch);
             outputs.extend(
-                futures::future::join_all(
-                    now.iter()
-                        .map(|call| self.call(a, step, call, tool_of(call))),
-                )
+                futures::future::join_all(now.iter().map(|call| async move {
+                    let started_at = Utc::now();
+                    let output = self.call(a, step, call, tool_of(call)).await;
+                    Timed {
+                        output,
+                        started_at,
+                        ended_at: Utc::now(),
+                    }
+                }))
                 .await,
             );
             rest = later;

@@ -1,0 +1,197 @@
+//! Webhook delivery: every worker delivers what the outbox holds (no process of its own).
+//!
+//! - [`run`] claims due deliveries ([`webhooks::claim_due`], a lease from the database clock,
+//!   `SKIP LOCKED` among workers) every [`POLL`], and delivers each on its own task, off every
+//!   run's path: a slow receiver never delays a run.
+//! - Each try POSTs the payload, signed per Standard Webhooks ([`sign`]): `webhook-id` (the
+//!   delivery's id, the same on every try), `webhook-timestamp` (seconds) and
+//!   `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, with the key the
+//!   base64 after `whsec_` in the endpoint's secret.
+//! - The URL goes through the tools' network policy ([`GuardedClients::for_url`]) at every
+//!   try; redirects are not followed (a signed request goes where the tenant said, or fails).
+//! - A 2xx delivers it. Anything else is retried with exponential backoff ([`retry_in`]: 5 s
+//!   doubling to at most an hour) until 24 h after the event, then abandoned. A worker that
+//!   dies mid-try leaves the lease to expire ([`LEASE`]); another worker tries again (at least
+//!   once: receivers de-duplicate on `webhook-id`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use chrono::Utc;
+use hmac::{KeyInit as _, Mac as _};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use spool_shared::db::webhooks::{self, Due, Outcome, RETRY_WINDOW};
+
+use crate::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
+
+/// How often a worker looks for due deliveries.
+pub const POLL: Duration = Duration::from_secs(1);
+/// How long a claimed delivery is held; longer than [`TIMEOUT`].
+pub const LEASE: Duration = Duration::from_secs(30);
+/// How long one try may take.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// Deliveries claimed at once by one worker.
+const BATCH: i64 = 16;
+
+/// Delivers due webhooks until `shutdown` fires; tries in flight then end with the process
+/// (their leases expire and another worker tries again).
+pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, shutdown: CancellationToken) {
+    let clients = match GuardedClients::new(&policy, TIMEOUT) {
+        Ok(clients) => Arc::new(clients),
+        Err(err) => {
+            tracing::error!(error = %err, "webhook client; webhooks will not be delivered");
+            return;
+        }
+    };
+    let tries = TaskTracker::new();
+    loop {
+        match webhooks::claim_due(&db, BATCH, LEASE).await {
+            Ok(due) => {
+                for delivery in due {
+                    let (db, clients) = (db.clone(), Arc::clone(&clients));
+                    tries.spawn(async move { deliver(&db, &clients, delivery).await });
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "claiming webhook deliveries failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            () = shutdown.cancelled() => break,
+        }
+    }
+    tries.close();
+    let _ = tokio::time::timeout(TIMEOUT, tries.wait()).await;
+}
+
+/// One try of one delivery, and its outcome recorded.
+async fn deliver(db: &PgPool, clients: &GuardedClients, due: Due) {
+    let outcome = attempt(clients, &due).await;
+    let outcome = Outcome {
+        retry_in: (!outcome.delivered && Utc::now() < due.created_at + RETRY_WINDOW)
+            .then(|| retry_in(due.attempts)),
+        ..outcome
+    };
+    match &outcome.error {
+        Some(error) => tracing::info!(webhook.delivery = %due.id, attempt = due.attempts,
+            status = outcome.status_code, %error, "webhook delivery failed"),
+        None => tracing::debug!(webhook.delivery = %due.id, attempt = due.attempts,
+            "webhook delivered"),
+    }
+    metrics::counter!("spool_webhook_deliveries_total",
+        "outcome" => if outcome.delivered { "delivered" } else { "failed" })
+    .increment(1);
+    if let Err(err) = webhooks::record(db, due.id, due.attempts, &outcome).await {
+        // The lease expires and the delivery is tried again.
+        tracing::warn!(error = %err, webhook.delivery = %due.id, "recording a webhook try failed");
+    }
+}
+
+/// The POST itself.
+async fn attempt(clients: &GuardedClients, due: &Due) -> Outcome {
+    let failed = |status_code: Option<u16>, error: String| Outcome {
+        status_code,
+        error: Some(error),
+        delivered: false,
+        retry_in: None,
+    };
+    let Ok(url) = reqwest::Url::parse(&due.url) else {
+        return failed(None, "the URL does not parse".into());
+    };
+    let client = match clients.for_url(&url, true) {
+        Ok(client) => client,
+        Err(refused) => return failed(None, refused.to_string()),
+    };
+    let body = due.payload.0.to_string();
+    let id = due.id.to_string();
+    let timestamp = Utc::now().timestamp();
+    let Some(signature) = sign(&due.secret, &id, timestamp, &body) else {
+        return failed(None, "the endpoint's secret is not a whsec_ secret".into());
+    };
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("webhook-id", &id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signature)
+        .body(body)
+        .send()
+        .await;
+    match response {
+        Ok(response) if response.status().is_success() => Outcome {
+            status_code: Some(response.status().as_u16()),
+            error: None,
+            delivered: true,
+            retry_in: None,
+        },
+        Ok(response) => {
+            let status = response.status();
+            failed(
+                Some(status.as_u16()),
+                format!("the receiver answered {status}"),
+            )
+        }
+        Err(err) => {
+            let chain =
+                std::iter::successors(Some(&err as &(dyn std::error::Error + 'static)), |e| {
+                    e.source()
+                });
+            let refused = chain
+                .filter_map(|e| e.downcast_ref::<crate::agent::tools::ssrf::Refused>())
+                .map(ToString::to_string)
+                .next();
+            failed(
+                None,
+                refused.unwrap_or_else(|| err.without_url().to_string()),
+            )
+        }
+    }
+}
+
+/// The delay before try `attempts + 1`: 5 s, doubling, at most an hour.
+pub fn retry_in(attempts: i32) -> Duration {
+    let doublings = u32::try_from(attempts.saturating_sub(1))
+        .unwrap_or(0)
+        .min(20);
+    Duration::from_secs(5u64.saturating_mul(1 << doublings)).min(Duration::from_secs(3600))
+}
+
+/// The `webhook-signature` of a delivery (Standard Webhooks): `v1,` and the base64 of
+/// HMAC-SHA256 over `{id}.{timestamp}.{body}`, keyed with the bytes the secret's base64 after
+/// `whsec_` encodes. `None` for a secret of another form.
+pub fn sign(secret: &str, id: &str, timestamp: i64, body: &str) -> Option<String> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let key = b64.decode(secret.strip_prefix("whsec_")?).ok()?;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).ok()?;
+    mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
+    Some(format!("v1,{}", b64.encode(mac.finalize().into_bytes())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_match_the_standard_webhooks_test_vector() {
+        // From the Standard Webhooks reference libraries' tests.
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let id = "msg_p5jXN8AQM9LWM0D4loKWxJek";
+        let body = r#"{"test": 2432232314}"#;
+        assert_eq!(
+            sign(secret, id, 1_614_265_330, body).as_deref(),
+            Some("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+        );
+        assert_eq!(sign("not-a-secret", id, 0, body), None);
+    }
+
+    #[test]
+    fn retries_back_off_to_an_hour() {
+        assert_eq!(retry_in(1), Duration::from_secs(5));
+        assert_eq!(retry_in(2), Duration::from_secs(10));
+        assert_eq!(retry_in(5), Duration::from_secs(80));
+        assert_eq!(retry_in(40), Duration::from_secs(3600));
+    }
+}
