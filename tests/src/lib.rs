@@ -15,6 +15,7 @@ pub mod process;
 pub mod servers;
 pub mod sse;
 pub mod tools;
+pub mod webhooks;
 
 use std::time::Duration;
 

@@ -91,6 +91,7 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
     let webhooks = tokio::spawn(crate::webhooks::run(
         worker.db.clone(),
         Arc::new(worker.engine.http.policy().clone()),
+        args.lease.lease(),
         shutdown.clone(),
     ));
     let permits = Arc::new(Semaphore::new(args.concurrency));

@@ -30,17 +30,21 @@ use crate::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
 
 /// How often a worker looks for due deliveries.
 pub const POLL: Duration = Duration::from_secs(1);
-/// How long a claimed delivery is held; longer than [`TIMEOUT`].
-pub const LEASE: Duration = Duration::from_secs(30);
-/// How long one try may take.
-pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a try may take.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deliveries claimed at once by one worker.
 const BATCH: i64 = 16;
 
 /// Delivers due webhooks until `shutdown` fires; tries in flight then end with the process
 /// (their leases expire and another worker tries again).
-pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, shutdown: CancellationToken) {
-    let clients = match GuardedClients::new(&policy, TIMEOUT) {
+pub async fn run(
+    db: PgPool,
+    policy: Arc<NetworkPolicy>,
+    lease: Duration,
+    shutdown: CancellationToken,
+) {
+    let timeout = (lease / 2).min(MAX_TIMEOUT);
+    let clients = match GuardedClients::new(&policy, timeout) {
         Ok(clients) => Arc::new(clients),
         Err(err) => {
             tracing::error!(error = %err, "webhook client; webhooks will not be delivered");
@@ -49,7 +53,7 @@ pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, shutdown: CancellationT
     };
     let tries = TaskTracker::new();
     loop {
-        match webhooks::claim_due(&db, BATCH, LEASE).await {
+        match webhooks::claim_due(&db, BATCH, lease).await {
             Ok(due) => {
                 for delivery in due {
                     let (db, clients) = (db.clone(), Arc::clone(&clients));
@@ -64,7 +68,7 @@ pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, shutdown: CancellationT
         }
     }
     tries.close();
-    let _ = tokio::time::timeout(TIMEOUT, tries.wait()).await;
+    let _ = tokio::time::timeout(timeout, tries.wait()).await;
 }
 
 /// One try of one delivery, and its outcome recorded.

@@ -12,3 +12,4 @@ mod pauses;
 mod stream;
 mod traces;
 mod validation;
+mod webhooks;

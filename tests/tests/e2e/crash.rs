@@ -166,3 +166,55 @@ async fn a_run_that_keeps_killing_its_workers_fails_after_the_cap() {
     let messages = stack.messages(&accepted).await;
     assert_eq!(messages[1].1, "failed");
 }
+
+#[tokio::test]
+async fn a_webhook_delivery_cut_short_by_kill_9_is_made_by_another_worker() {
+    use spool_tests::webhooks::{Receiver, Reply};
+    // The first try hangs at the receiver, and its worker is killed while it waits.
+    let (receiver, url) = Receiver::start(&[Reply::Hang]).await;
+    let loopback = ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.0/8");
+    let stack = Stack::start_with(&spool_tests::redis_url(), &[loopback]).await;
+    let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
+    let (status, hook) = stack
+        .post(
+            &admin,
+            "/v1/webhooks",
+            &serde_json::json!({"url": url, "events": ["run.completed"]}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{hook}");
+    let secret = hook["secret"].as_str().expect("secret").to_owned();
+    let mut a = stack.worker(&[loopback]).await;
+    let accepted = stack
+        .enqueue(&token("alice", "acme"), "tell my backend")
+        .await;
+    poll_until("the first try to reach the receiver", TIMEOUT, || async {
+        (!receiver.received().is_empty()).then_some(())
+    })
+    .await;
+    a.kill9().await;
+    stack.wait_run(&accepted, "completed").await;
+
+    let _b = stack.worker(&[loopback]).await;
+    let received = poll_until("the delivery by the other worker", TIMEOUT, || async {
+        let received = receiver.received();
+        (received.len() >= 2).then_some(received)
+    })
+    .await;
+    assert_eq!(
+        received[0].id, received[1].id,
+        "the same delivery, tried again"
+    );
+    assert!(received[1].verify(&secret));
+    assert_eq!(
+        received[1].json()["data"]["workflow_id"],
+        accepted["workflow_id"]
+    );
+    let (delivered_at, attempts): (Option<chrono::DateTime<chrono::Utc>>, i32) =
+        sqlx::query_as("SELECT delivered_at, attempts FROM webhook_deliveries")
+            .fetch_one(&stack.db.pool)
+            .await
+            .expect("the delivery");
+    assert!(delivered_at.is_some());
+    assert_eq!(attempts, 2, "the killed worker's try counts");
+}

@@ -1,0 +1,254 @@
+//! Webhooks: created by an admin with a URL the network policy permits, written to the outbox
+//! with the run's status change, delivered by the workers signed per Standard Webhooks, retried
+//! until a 2xx, and listed with every try.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use spool_tests::webhooks::{Receiver, Reply};
+use spool_tests::{poll_until, token};
+
+use crate::agents::admin;
+use crate::common::{TestApp, worker_args_with};
+
+/// Workers that may reach loopback, as `SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8` allows.
+fn loopback_workers() -> spool_worker::WorkerArgs {
+    worker_args_with(1, 0, &["--tools-allow-networks", "127.0.0.0/8"])
+}
+
+async fn count(app: &TestApp, table: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {table}");
+    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("count");
+    n
+}
+
+#[tokio::test]
+async fn creating_a_webhook_checks_its_url_events_and_secret_and_needs_an_admin() {
+    let app = TestApp::start(0, loopback_workers()).await;
+    let acme = admin("acme");
+    let ok = json!({"url": "http://127.0.0.1:9/hook", "events": ["run.completed"]});
+    let (status, body) = app.post(&token("alice", "acme"), "/v1/webhooks", &ok).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "admin_required");
+
+    for (request, code) in [
+        (
+            json!({"url": "ftp://127.0.0.1/hook", "events": ["run.completed"]}),
+            "url_refused",
+        ),
+        // The cloud metadata endpoint and private ranges: refused before any connection.
+        (
+            json!({"url": "http://169.254.169.254/latest", "events": ["run.completed"]}),
+            "url_refused",
+        ),
+        (
+            json!({"url": "http://10.1.2.3/hook", "events": ["run.completed"]}),
+            "url_refused",
+        ),
+        (
+            json!({"url": "http://[::1]:9/hook", "events": ["run.completed"]}),
+            "url_refused",
+        ),
+        (
+            json!({"url": "not a url", "events": ["run.completed"]}),
+            "invalid_url",
+        ),
+        (
+            json!({"url": format!("http://127.0.0.1/{}", "a".repeat(2048)), "events": ["run.completed"]}),
+            "invalid_url",
+        ),
+        (
+            json!({"url": "http://127.0.0.1:9/hook", "events": []}),
+            "invalid_events",
+        ),
+        (
+            json!({"url": "http://127.0.0.1:9/hook", "events": ["run.exploded"]}),
+            "invalid_events",
+        ),
+        (
+            json!({"url": "http://127.0.0.1:9/hook", "events": ["run.failed"], "secret": "hunter2"}),
+            "invalid_secret",
+        ),
+        (
+            json!({"url": "http://127.0.0.1:9/hook", "events": ["run.failed"], "secret": "whsec_c2hvcnQ="}),
+            "invalid_secret",
+        ),
+        (json!({"url": 7, "events": ["run.failed"]}), "invalid_body"),
+        (
+            json!({"url": "http://127.0.0.1:9/hook", "events": ["run.failed"], "colour": 1}),
+            "invalid_body",
+        ),
+    ] {
+        let (status, body) = app.post(&acme, "/v1/webhooks", &request).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{request}: {body}"
+        );
+        assert_eq!(body["error"]["code"], code, "{request}");
+    }
+    assert_eq!(
+        count(&app, "webhooks").await,
+        0,
+        "nothing stored for a refused request"
+    );
+
+    let (status, created) = app.post(&acme, "/v1/webhooks", &ok).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let secret = created["secret"].as_str().expect("the secret, shown once");
+    assert!(
+        secret.starts_with("whsec_") && secret.len() > 40,
+        "{secret}"
+    );
+    let id = created["id"].as_str().expect("id");
+    let (status, listed) = app.get(&acme, "/v1/webhooks").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["data"][0]["id"], id);
+    assert!(
+        listed["data"][0].get("secret").is_none(),
+        "never shown again"
+    );
+    let (_, other) = app.get(&admin("other"), "/v1/webhooks").await;
+    assert_eq!(other["data"], json!([]), "another tenant's admin sees none");
+    let deliveries = format!("/v1/webhooks/{id}/deliveries");
+    let (status, _) = app.get(&admin("other"), &deliveries).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let path = format!("/v1/webhooks/{id}");
+    let (status, _) = app
+        .send(reqwest::Method::DELETE, &admin("other"), &path, None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "not theirs to delete");
+    let (status, _) = app.send(reqwest::Method::DELETE, &acme, &path, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = app.send(reqwest::Method::DELETE, &acme, &path, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = app.get(&acme, "/v1/webhooks?limit=0").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "invalid_limit");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_run_end_is_delivered_signed_and_retried_until_the_receiver_accepts_it() {
+    let (receiver, url) = Receiver::start(&[Reply::Status(500), Reply::Status(200)]).await;
+    let app = TestApp::start(1, loopback_workers()).await;
+    let acme = admin("acme");
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let (status, hook) = app
+        .post(
+            &acme,
+            "/v1/webhooks",
+            &json!({"url": url, "events": ["run.completed", "run.failed"], "secret": secret}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{hook}");
+    let (_, other) = app
+        .post(
+            &admin("other"),
+            "/v1/webhooks",
+            &json!({"url": url, "events": ["run.completed"]}),
+        )
+        .await;
+    assert!(other["id"].is_string(), "{other}");
+
+    let alice = token("alice", "acme");
+    let (_, accepted) = app
+        .send_message(&alice, uuid::Uuid::new_v4(), "notify me")
+        .await;
+    let workflow = accepted["workflow_id"].as_str().expect("id");
+    let run = app.wait_for_status(&alice, workflow, "completed").await;
+
+    // A 500, then (after the first backoff, 5 s) the same delivery again, accepted.
+    let received = poll_until("two tries", Duration::from_secs(30), || async {
+        let received = receiver.received();
+        (received.len() >= 2).then_some(received)
+    })
+    .await;
+    assert_eq!(
+        received.len(),
+        2,
+        "one event, two tries, nothing for the other tenant"
+    );
+    assert_eq!(
+        received[0].id, received[1].id,
+        "receivers de-duplicate on webhook-id"
+    );
+    for delivery in &received {
+        assert!(delivery.verify(secret), "{delivery:?}");
+        assert!(!delivery.verify("whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"));
+        let age = chrono::Utc::now().timestamp() - delivery.timestamp.parse::<i64>().expect("secs");
+        assert!((0..60).contains(&age), "{age}");
+        let body = delivery.json();
+        assert_eq!(body["type"], "run.completed");
+        assert_eq!(body["data"]["workflow_id"], workflow);
+        assert_eq!(body["data"]["thread_id"], run["thread_id"]);
+        assert_eq!(body["data"]["status"], "completed");
+        assert_eq!(body["data"]["user_id"], "alice");
+        assert!(body["timestamp"].is_string());
+    }
+
+    let id = hook["id"].as_str().expect("id");
+    let (status, page) = app
+        .get(&acme, &format!("/v1/webhooks/{id}/deliveries"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let delivery = &page["data"][0];
+    assert_eq!(page["data"].as_array().map(Vec::len), Some(1), "{page}");
+    assert_eq!(delivery["id"], received[0].id.as_str());
+    assert_eq!(delivery["event"], "run.completed");
+    assert_eq!(delivery["status"], "delivered");
+    let tries = delivery["attempts"].as_array().expect("attempts");
+    assert_eq!(tries.len(), 2, "{delivery}");
+    assert_eq!(
+        (tries[0]["attempt"].clone(), tries[0]["status_code"].clone()),
+        (json!(1), json!(500))
+    );
+    assert!(tries[0]["error"].is_string());
+    assert_eq!(
+        (tries[1]["attempt"].clone(), tries[1]["status_code"].clone()),
+        (json!(2), json!(200))
+    );
+    assert_eq!(tries[1]["error"], Value::Null);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_whose_network_policy_refuses_the_url_never_connects_and_records_why() {
+    let (receiver, url) = Receiver::start(&[]).await;
+    // The API allows loopback (so the webhook is created); the worker does not.
+    let app = TestApp::start(1, worker_args_with(1, 0, &[])).await;
+    let acme = admin("acme");
+    let (_, hook) = app
+        .post(
+            &acme,
+            "/v1/webhooks",
+            &json!({"url": url, "events": ["run.completed"]}),
+        )
+        .await;
+    let id = hook["id"].as_str().expect("id").to_owned();
+    let alice = token("alice", "acme");
+    let (_, accepted) = app.send_message(&alice, uuid::Uuid::new_v4(), "hi").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id");
+    app.wait_for_status(&alice, workflow, "completed").await;
+    let tries = poll_until("a refused try", Duration::from_secs(20), || async {
+        let (_, page) = app
+            .get(&acme, &format!("/v1/webhooks/{id}/deliveries"))
+            .await;
+        let tries = page["data"][0]["attempts"].as_array()?.clone();
+        (!tries.is_empty()).then_some(tries)
+    })
+    .await;
+    let error = tries[0]["error"].as_str().expect("an error");
+    assert!(error.contains("refused by the network policy"), "{error}");
+    assert_eq!(tries[0]["status_code"], Value::Null);
+    assert!(
+        receiver.received().is_empty(),
+        "no connection reached the receiver"
+    );
+    app.stop().await;
+}

@@ -1,0 +1,110 @@
+//! A real local webhook receiver: it records every delivery (the Standard Webhooks headers and
+//! the body) and answers as scripted: a status code per request in order, or a hang (it holds
+//! the request until the sender gives up or dies), then 204 once the script is used up.
+//! [`Received::verify`] checks a signature the way a receiver following the spec would.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use base64::Engine as _;
+use hmac::{KeyInit as _, Mac as _};
+
+/// How the receiver answers one request.
+#[derive(Clone, Copy, Debug)]
+pub enum Reply {
+    /// This status, at once.
+    Status(u16),
+    /// No answer, ever.
+    Hang,
+}
+
+/// One delivery as it arrived.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// `webhook-id`.
+    pub id: String,
+    /// `webhook-timestamp`.
+    pub timestamp: String,
+    /// `webhook-signature`.
+    pub signature: String,
+    /// The body, as sent.
+    pub body: String,
+}
+
+impl Received {
+    /// Whether the signature is `v1,` and the base64 HMAC-SHA256 of `{id}.{timestamp}.{body}`
+    /// keyed with the secret's bytes (the base64 after `whsec_`).
+    pub fn verify(&self, secret: &str) -> bool {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let Some(key) = secret
+            .strip_prefix("whsec_")
+            .and_then(|k| b64.decode(k).ok())
+        else {
+            return false;
+        };
+        let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key) else {
+            return false;
+        };
+        mac.update(format!("{}.{}.{}", self.id, self.timestamp, self.body).as_bytes());
+        let expected = format!("v1,{}", b64.encode(mac.finalize().into_bytes()));
+        self.signature.split(' ').any(|s| s == expected)
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_default()
+    }
+}
+
+/// A receiver on a loopback port.
+#[derive(Clone, Default)]
+pub struct Receiver {
+    received: Arc<Mutex<Vec<Received>>>,
+    script: Arc<Mutex<VecDeque<Reply>>>,
+}
+
+impl Receiver {
+    /// Starts it with its `script`; returns it and its URL.
+    pub async fn start(script: &[Reply]) -> (Self, String) {
+        let receiver = Self {
+            received: Arc::default(),
+            script: Arc::new(Mutex::new(script.iter().copied().collect())),
+        };
+        let app = axum::Router::new()
+            .route("/hook", post(receive))
+            .with_state(receiver.clone());
+        let base = crate::serve(app).await;
+        (receiver, format!("{base}/hook"))
+    }
+
+    /// Every delivery so far, in arrival order.
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().expect("lock").clone()
+    }
+}
+
+async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    receiver.received.lock().expect("lock").push(Received {
+        id: header("webhook-id"),
+        timestamp: header("webhook-timestamp"),
+        signature: header("webhook-signature"),
+        body: String::from_utf8_lossy(&body).into_owned(),
+    });
+    let reply = receiver.script.lock().expect("lock").pop_front();
+    match reply {
+        Some(Reply::Status(code)) => StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
+        Some(Reply::Hang) => std::future::pending().await,
+        None => StatusCode::NO_CONTENT,
+    }
+}
