@@ -3,7 +3,7 @@
 --
 -- Mirrors, statement for statement and in this order (one round trip each, as sqlx does):
 --   1 BEGIN                state.db.begin()        api/src/routes/threads.rs post_user_message
---   2 WITH ins AS (INSERT threads ...) SELECT ...
+--   2 INSERT INTO threads ... ON CONFLICT DO UPDATE
 --                          threads::ensure_owned   shared/src/db/threads.rs
 --   3 INSERT INTO messages messages::insert        shared/src/db/messages.rs (user, completed)
 --   4 INSERT INTO messages messages::insert        (assistant, '', queued)
@@ -25,9 +25,7 @@
 -- * Values Spool binds as $n (tenant, owner, role, status, content, metadata, NULLs) are
 --   literals here: pgbench has no string variables. The statement shapes are unchanged.
 -- * Not issued by Spool under load either: a ping before a pooled connection is used, which
---   shared/src/db.rs sends only for a connection idle for SPOOL_DB_CHECK_IDLE_SECS (1 s), and
---   threads::ensure_owned's second SELECT, sent only when a concurrent request created the
---   same new thread first.
+--   shared/src/db.rs sends only for a connection idle for SPOOL_DB_CHECK_IDLE_SECS (1 s).
 -- Run it with -M prepared: sqlx prepares each statement once per connection and reuses it.
 
 \set r random(1, 9000000000000000000)
@@ -35,20 +33,13 @@
 BEGIN;
 
 -- threads::ensure_owned($1 thread_id, $2 tenant_id, $3 owner_id, $4 agent_id = NULL)
-WITH ins AS (
-     INSERT INTO threads (id, tenant_id, owner_id, agent_id)
-     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-              || substr(md5(:r::text || '-thread'), 13))::uuid,
-             'bench', 'bench-user', NULL)
-     ON CONFLICT (id) DO NOTHING
-     RETURNING agent_id)
- SELECT agent_id FROM ins
-  UNION ALL
- SELECT agent_id FROM threads
-  WHERE id = (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-              || substr(md5(:r::text || '-thread'), 13))::uuid
-    AND tenant_id = 'bench' AND owner_id = 'bench-user'
-  LIMIT 1;
+INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
+VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+        'bench', 'bench-user', NULL, now())
+ON CONFLICT (id) DO UPDATE SET last_message_at = now()
+ WHERE t.tenant_id = 'bench' AND t.owner_id = 'bench-user' AND t.erased_at IS NULL
+RETURNING t.agent_id;
 
 -- messages::insert: the user message (role user, status completed; metadata {} when none given)
 INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)

@@ -6,7 +6,7 @@
 -- Mirrors, in this order (one round trip each):
 --  API, api/src/routes/threads.rs post_user_message (identical to tests/bench/enqueue.sql):
 --   1 BEGIN                               state.db.begin()
---   2 WITH ins AS (INSERT threads) SELECT threads::ensure_owned      shared/src/db/threads.rs
+--   2 INSERT threads ON CONFLICT UPDATE threads::ensure_owned      shared/src/db/threads.rs
 --   3 INSERT INTO messages (user)         messages::insert           shared/src/db/messages.rs
 --   4 INSERT INTO messages (assistant)    messages::insert
 --   5 INSERT INTO runs                    runs::insert               shared/src/db/runs.rs
@@ -22,9 +22,9 @@
 --  10 SELECT role, content FROM (... messages ...)
 --                                         messages::history          called by agent::run
 --                                                                    worker/src/agent.rs
---  11 SELECT step, data FROM run_steps    steps::load                shared/src/db/steps.rs,
+--  11 SELECT step, ... FROM run_steps    steps::load                shared/src/db/steps.rs,
 --                                                                    called by agent::run
---  12 WITH finished AS (UPDATE runs) UPDATE messages
+--  12 WITH finished AS (UPDATE runs), step AS (INSERT run_steps) UPDATE messages
 --                                         runs::finish               called by run::end
 -- Not issued for such a run: agents::find (agent::run and agent::run_completed, only when the
 -- run has an agent_id), steps::save (only for steps with tool calls), runs::pause / release.
@@ -48,9 +48,7 @@
 --   produces for the input 'Hello!' with the default SPOOL_DEMO_TOKENS=32: its deltas, one text
 --   part, {input_tokens: 1 (words of the input), output_tokens: 32}.
 -- * Not issued by Spool under load either: a ping before a pooled connection is used, which
---   shared/src/db.rs sends only for a connection idle for SPOOL_DB_CHECK_IDLE_SECS (1 s), and
---   threads::ensure_owned's second SELECT, sent only when a concurrent request created the
---   same new thread first.
+--   shared/src/db.rs sends only for a connection idle for SPOOL_DB_CHECK_IDLE_SECS (1 s).
 -- Run it with -M prepared: sqlx prepares each statement once per connection and reuses it.
 
 \set r random(1, 9000000000000000000)
@@ -58,20 +56,13 @@
 BEGIN;
 
 -- threads::ensure_owned($1 thread_id, $2 tenant_id, $3 owner_id, $4 agent_id = NULL)
-WITH ins AS (
-     INSERT INTO threads (id, tenant_id, owner_id, agent_id)
-     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-              || substr(md5(:r::text || '-thread'), 13))::uuid,
-             'bench', 'bench-user', NULL)
-     ON CONFLICT (id) DO NOTHING
-     RETURNING agent_id)
- SELECT agent_id FROM ins
-  UNION ALL
- SELECT agent_id FROM threads
-  WHERE id = (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-              || substr(md5(:r::text || '-thread'), 13))::uuid
-    AND tenant_id = 'bench' AND owner_id = 'bench-user'
-  LIMIT 1;
+INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
+VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+        'bench', 'bench-user', NULL, now())
+ON CONFLICT (id) DO UPDATE SET last_message_at = now()
+ WHERE t.tenant_id = 'bench' AND t.owner_id = 'bench-user' AND t.erased_at IS NULL
+RETURNING t.agent_id;
 
 -- messages::insert: the user message (role user, status completed; metadata {} when none given)
 INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
@@ -176,7 +167,7 @@ SELECT role, content FROM (
  ORDER BY seq;
 
 -- steps::load($1 workflow_id)
-SELECT step, data FROM run_steps WHERE workflow_id = :c_id ORDER BY step;
+SELECT step, attempt, created_at, data FROM run_steps WHERE workflow_id = :c_id ORDER BY step;
 
 -- runs::finish($1 id, $2 attempt, $3 'completed', $4 content, $5 parts, $6 usage, $7 error NULL)
 WITH finished AS (
@@ -184,7 +175,15 @@ WITH finished AS (
         SET status = 'completed', error = NULL, usage = '{"input_tokens":1,"output_tokens":32}'::jsonb,
             finished_at = now(), updated_at = now(), lease_expires_at = NULL
       WHERE id = :c_id AND attempt = :c_attempt AND status = 'running'
-  RETURNING assistant_message_id)
+  RETURNING assistant_message_id),
+      step AS (
+     INSERT INTO run_steps (workflow_id, step, attempt, data, text)
+     SELECT :c_id, 1, :c_attempt,
+            '{"assistant":{"text":"[demo] You said \"Hello!\". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole","tool_calls":[]},"results":[],"usage":{"input_tokens":1,"output_tokens":32},"citations":[],"model_call":{"model":"demo","started_at":"2026-11-24T00:00:00Z","ended_at":"2026-11-24T00:00:00Z","finish_reason":"stop"}}'::jsonb,
+            coalesce('[demo] You said "Hello!". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole', '')
+       FROM finished WHERE 1::int IS NOT NULL
+         ON CONFLICT (workflow_id, step)
+         DO UPDATE SET attempt = EXCLUDED.attempt, data = EXCLUDED.data, text = EXCLUDED.text)
  UPDATE messages m
     SET content = '[demo] You said "Hello!". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole',
         parts = '[{"text":"[demo] You said \"Hello!\". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole","type":"text"}]'::jsonb,

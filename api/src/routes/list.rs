@@ -38,6 +38,12 @@ impl<S: Send + Sync> FromRequestParts<S> for ListQuery {
         let mut seen_cursor = false;
         let pairs = form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes());
         for (key, value) in pairs {
+            if key.contains('\0') || value.contains('\0') {
+                return Err(ApiError::bad_request(
+                    "invalid_filter",
+                    "query parameters must not contain the NUL character",
+                ));
+            }
             match &*key {
                 "limit" => {
                     list.limit = value

@@ -96,7 +96,13 @@ impl WebhookResponse {
     security(("bearer" = [])),
     request_body = CreateWebhookRequest,
     responses(
-        (status = 201, description = "The endpoint, with its secret (shown once).", body = WebhookResponse),
+        (status = 201, description = "The endpoint, with its secret (shown once).", body = WebhookResponse,
+            links(
+                ("ListDeliveries" = (operation_id = "list_deliveries",
+                    parameters(("webhook_id" = "$response.body#/id")))),
+                ("DeleteWebhook" = (operation_id = "delete_webhook",
+                    parameters(("webhook_id" = "$response.body#/id")))),
+            )),
         BadBody,
         Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),

@@ -137,6 +137,7 @@ async fn threads_list_newest_first_by_page_with_filters_and_only_the_callers_own
         ("status=sleepy", "invalid_filter"),
         ("status=busy&status=idle", "invalid_filter"),
         ("agent_id=nope", "invalid_filter"),
+        ("metadata[topic]=a%00b", "invalid_filter"),
     ] {
         let (status, body) = app.get(&alice, &format!("/v1/threads?{query}")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
