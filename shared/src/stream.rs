@@ -269,6 +269,7 @@ pub fn connect(url: &str) -> redis::RedisResult<RedisConn> {
 
 static PUBLISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("stream/publish.lua")));
+static ERASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("stream/erase.lua")));
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("stream/inspect.lua")));
 
@@ -376,22 +377,16 @@ pub async fn erase(
     thread: ThreadId,
     active: Option<WorkflowId>,
 ) -> redis::RedisResult<()> {
-    let fence = keys.fence(thread);
-    let mut pipe = redis::pipe();
-    pipe.atomic()
-        .del(keys.events(thread))
-        .ignore()
-        .del(keys.starts(thread))
-        .ignore()
-        .del(&fence)
-        .ignore();
-    if let Some(active) = active {
-        pipe.hset(&fence, active.to_string(), i64::from(i32::MAX))
-            .ignore()
-            .expire(&fence, ERASED_FENCE_SECS)
-            .ignore();
-    }
-    pipe.query_async::<()>(conn).await
+    // A script, not MULTI: atomic on a Cluster too (the keys share one slot).
+    ERASE
+        .prepare_invoke()
+        .key(keys.events(thread))
+        .key(keys.fence(thread))
+        .key(keys.starts(thread))
+        .arg(active.map(|id| id.to_string()).unwrap_or_default())
+        .arg(ERASED_FENCE_SECS)
+        .invoke_async::<()>(conn)
+        .await
 }
 
 /// One stored event as the gateway serves it.

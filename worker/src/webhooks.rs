@@ -8,7 +8,8 @@
 //!   `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, with the key the
 //!   base64 after `whsec_` in the endpoint's secret.
 //! - The URL goes through the tools' network policy ([`GuardedClients::for_url`]) at every
-//!   try; redirects are not followed (a signed request goes where the tenant said, or fails).
+//!   try; redirects are followed only within the URL's origin (a signed request never reaches
+//!   a host the tenant did not name).
 //! - A 2xx delivers it. Anything else is retried with exponential backoff ([`retry_in`]: 5 s
 //!   doubling to at most an hour) until 24 h after the event, then abandoned. A worker that
 //!   dies mid-try leaves the lease to expire ([`LEASE`]); another worker tries again (at least
@@ -24,7 +25,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use spool_shared::db::webhooks::{self, Due, Outcome, RETRY_WINDOW};
+use spool_shared::db::webhooks::{self, Due, Outcome};
 
 use crate::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
 
@@ -73,11 +74,9 @@ pub async fn run(
 
 /// One try of one delivery, and its outcome recorded.
 async fn deliver(db: &PgPool, clients: &GuardedClients, due: Due) {
-    let outcome = attempt(clients, &due).await;
     let outcome = Outcome {
-        retry_in: (!outcome.delivered && Utc::now() < due.created_at + RETRY_WINDOW)
-            .then(|| retry_in(due.attempts)),
-        ..outcome
+        retry_in: retry_in(due.attempts),
+        ..attempt(clients, &due).await
     };
     match &outcome.error {
         Some(error) => tracing::info!(webhook.delivery = %due.id, attempt = due.attempts,
@@ -100,7 +99,7 @@ async fn attempt(clients: &GuardedClients, due: &Due) -> Outcome {
         status_code,
         error: Some(error),
         delivered: false,
-        retry_in: None,
+        retry_in: Duration::ZERO,
     };
     let Ok(url) = reqwest::Url::parse(&due.url) else {
         return failed(None, "the URL does not parse".into());
@@ -129,7 +128,7 @@ async fn attempt(clients: &GuardedClients, due: &Due) -> Outcome {
             status_code: Some(response.status().as_u16()),
             error: None,
             delivered: true,
-            retry_in: None,
+            retry_in: Duration::ZERO,
         },
         Ok(response) => {
             let status = response.status();

@@ -242,7 +242,7 @@ async fn left_in_postgres(app: &TestApp, thread: Uuid, runs: &[String]) -> Vec<(
 }
 
 #[tokio::test]
-async fn erasing_a_thread_stops_its_run_and_leaves_nothing_and_the_id_stays_dead() {
+async fn erasing_a_thread_stops_its_run_and_its_stream_leaves_nothing_and_the_id_stays_dead() {
     // A slow demo answer: the second run is still streaming when the thread is erased.
     let app = TestApp::start(1, worker_args(400, 20)).await;
     let alice = token("alice", "acme");

@@ -226,11 +226,13 @@ pub struct Outcome {
     pub error: Option<String>,
     /// Whether it counts as delivered (a 2xx).
     pub delivered: bool,
-    /// When to try again, if not delivered (`None`: give up).
-    pub retry_in: Option<Duration>,
+    /// When to try again, if not delivered.
+    pub retry_in: Duration,
 }
 
-/// Records try `attempt` of delivery `id` and its outcome.
+/// Records try `attempt` of delivery `id` and its outcome. A failure is tried again after
+/// `retry_in`, unless [`RETRY_WINDOW`] has passed since the event (by the database clock):
+/// then the delivery is abandoned. A delivery another worker already delivered stays so.
 pub async fn record(
     executor: impl PgExecutor<'_>,
     id: Uuid,
@@ -243,16 +245,17 @@ pub async fn record(
          UPDATE webhook_deliveries
             SET lease_expires_at = NULL,
                 delivered_at = CASE WHEN $5 THEN now() END,
-                abandoned_at = CASE WHEN NOT $5 AND $6::interval IS NULL THEN now() END,
-                next_attempt_at = now() + coalesce($6, interval '0')
-          WHERE id = $1",
+                abandoned_at = CASE WHEN NOT $5 AND created_at + $7 <= now() + $6 THEN now() END,
+                next_attempt_at = now() + $6
+          WHERE id = $1 AND delivered_at IS NULL",
     )
     .bind(id)
     .bind(attempt)
     .bind(outcome.status_code.map(i32::from))
     .bind(outcome.error.as_deref())
     .bind(outcome.delivered)
-    .bind(outcome.retry_in.map(interval))
+    .bind(interval(outcome.retry_in))
+    .bind(interval(RETRY_WINDOW))
     .execute(executor)
     .await?;
     Ok(())
@@ -263,5 +266,117 @@ fn interval(duration: Duration) -> PgInterval {
         months: 0,
         days: 0,
         microseconds: i64::try_from(duration.as_micros()).unwrap_or(i64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spool_tests::TestDb;
+
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    /// An endpoint of `acme` and one delivery to it of an event `age` old.
+    async fn delivery(db: &TestDb, age: Duration) -> (WebhookId, Uuid) {
+        let events = ["run.completed".to_owned()];
+        let hook = create(&db.pool, "acme", "http://127.0.0.1:9/", &events, "whsec_x")
+            .await
+            .expect("webhook");
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO webhook_deliveries
+                    (id, webhook_id, tenant_id, thread_id, workflow_id, event, payload, created_at)
+             VALUES ($1, $2, 'acme', $3, $3, 'run.completed', '{}', now() - $4)",
+        )
+        .bind(id)
+        .bind(hook.id)
+        .bind(Uuid::new_v4())
+        .bind(interval(age))
+        .execute(&db.pool)
+        .await
+        .expect("delivery");
+        (hook.id, id)
+    }
+
+    /// Delivered, abandoned, and whether the next try is in the future.
+    async fn state(db: &TestDb, id: Uuid) -> (bool, bool, bool) {
+        sqlx::query_as(
+            "SELECT delivered_at IS NOT NULL, abandoned_at IS NOT NULL, next_attempt_at > now()
+               FROM webhook_deliveries WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("state")
+    }
+
+    fn failed(retry_in: Duration) -> Outcome {
+        Outcome {
+            status_code: Some(503),
+            error: Some("the receiver answered 503".into()),
+            delivered: false,
+            retry_in,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_try_is_retried_later_within_the_window_and_abandoned_after_it() {
+        let db = TestDb::new().await.expect("db");
+        let (_, fresh) = delivery(&db, Duration::ZERO).await;
+        let (_, old) = delivery(&db, RETRY_WINDOW - Duration::from_secs(60)).await;
+        let due = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+        assert_eq!(due.len(), 2);
+        let again = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+        assert!(again.is_empty(), "leased");
+        for d in &due {
+            assert_eq!(d.attempts, 1);
+            record(
+                &db.pool,
+                d.id,
+                d.attempts,
+                &failed(Duration::from_secs(300)),
+            )
+            .await
+            .expect("record");
+        }
+        assert_eq!(
+            state(&db, fresh).await,
+            (false, false, true),
+            "retried in 5 minutes"
+        );
+        assert_eq!(
+            state(&db, old).await,
+            (false, true, true),
+            "the next try would fall past 24 h: abandoned"
+        );
+        let later = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+        assert!(later.is_empty(), "not due yet, or abandoned");
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_is_claimed_again_and_a_late_failure_cannot_undo_a_delivery() {
+        let db = TestDb::new().await.expect("db");
+        let (hook, id) = delivery(&db, Duration::ZERO).await;
+        let first = claim_due(&db.pool, 10, Duration::ZERO)
+            .await
+            .expect("claim");
+        // The first worker's lease ran out (it died, say): another claims the delivery.
+        let second = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+        assert_eq!((first.len(), second.len()), (1, 1));
+        assert_eq!(second[0].attempts, 2);
+        let delivered = Outcome {
+            status_code: Some(204),
+            error: None,
+            delivered: true,
+            retry_in: Duration::ZERO,
+        };
+        record(&db.pool, id, 2, &delivered).await.expect("record");
+        record(&db.pool, id, 1, &failed(Duration::from_secs(5)))
+            .await
+            .expect("record");
+        assert!(state(&db, id).await.0, "still delivered");
+        let page = deliveries(&db.pool, hook, None, 10).await.expect("page");
+        assert_eq!(page.rows[0].tries.0.len(), 2, "both tries are listed");
     }
 }
