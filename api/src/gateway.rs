@@ -144,7 +144,7 @@ async fn stream_thread(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let caller = Caller::from_header_or_query(&headers, &state.jwt, query.access_token.as_deref())?;
-    threads::find(&state.db, thread_id, &caller.owner)
+    threads::find(&state.db, thread_id, caller.scope())
         .await?
         .ok_or_else(|| ApiError::not_found("thread_not_found", "no such thread"))?;
     let (cursor, last_message) = cursors(&headers, &query)?;

@@ -183,7 +183,7 @@ async fn get_thread(
     caller: Caller,
     ApiPath(thread_id): ApiPath<ThreadId>,
 ) -> Result<Json<ThreadResponse>, ApiError> {
-    let thread = threads::find(&state.db, thread_id, &caller.owner)
+    let thread = threads::find(&state.db, thread_id, caller.scope())
         .await?
         .ok_or_else(thread_not_found)?;
     Ok(Json(thread.into()))
@@ -288,7 +288,7 @@ async fn list_messages(
             "limit must be between 1 and 200",
         ));
     }
-    threads::find(&state.db, thread_id, &caller.owner)
+    threads::find(&state.db, thread_id, caller.scope())
         .await?
         .ok_or_else(thread_not_found)?;
     let messages = messages::list(&state.db, thread_id, limit, query.before).await?;

@@ -195,6 +195,16 @@ async fn a_patch_renames_and_merges_metadata_and_a_bad_one_changes_nothing() {
     assert_eq!(status, StatusCode::NOT_FOUND, "another user's thread");
     let (status, _) = patch(&admin("other"), json!({"title": "mine"})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "another tenant's admin");
+    // An admin reads the tenant's threads (and their messages); another tenant's admin not.
+    for (who, expected) in [
+        (admin("acme"), StatusCode::OK),
+        (admin("other"), StatusCode::NOT_FOUND),
+    ] {
+        let (status, _) = app.get(&who, &path).await;
+        assert_eq!(status, expected);
+        let (status, _) = app.get(&who, &format!("{path}/messages")).await;
+        assert_eq!(status, expected);
+    }
     let (status, cleared) = patch(&admin("acme"), json!({"title": null})).await;
     assert_eq!(status, StatusCode::OK, "the tenant's admin: {cleared}");
     assert_eq!(cleared["title"], Value::Null);
@@ -397,6 +407,16 @@ async fn runs_list_newest_first_filtered_by_thread_agent_and_statuses() {
     assert!(ids(&tenant).contains(&bobs["workflow_id"].as_str().expect("id").to_owned()));
     let (_, other) = app.get(&admin("other"), "/v1/workflows").await;
     assert_eq!(other["data"], json!([]));
+    let bobs_path = format!(
+        "/v1/workflows/{}",
+        bobs["workflow_id"].as_str().expect("id")
+    );
+    assert_eq!(app.get(&admin("acme"), &bobs_path).await.0, StatusCode::OK);
+    assert_eq!(app.get(&alice, &bobs_path).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        app.get(&admin("other"), &bobs_path).await.0,
+        StatusCode::NOT_FOUND
+    );
     let (_, bob_sees) = app
         .get(
             &token("bob", "acme"),

@@ -104,23 +104,21 @@ pub async fn ensure_owned(
     Ok(row.map(|(agent,)| agent))
 }
 
-/// The owner's thread, or `None` if it does not exist or is someone else's.
+/// The thread in `scope` (the owner's, or for an admin the tenant's), or `None` if it does not
+/// exist, is someone else's or was erased.
 pub async fn find(
     executor: impl PgExecutor<'_>,
     id: ThreadId,
-    owner: &Owner,
+    scope: Scope<'_>,
 ) -> sqlx::Result<Option<Thread>> {
-    sqlx::query_as(concat!(
+    let mut query = sqlx::QueryBuilder::new(concat!(
         "SELECT ",
         columns!(),
-        " FROM threads t
-          WHERE t.id = $1 AND t.tenant_id = $2 AND t.owner_id = $3 AND t.erased_at IS NULL"
-    ))
-    .bind(id)
-    .bind(&owner.tenant_id)
-    .bind(&owner.user_id)
-    .fetch_optional(executor)
-    .await
+        " FROM threads t WHERE t.erased_at IS NULL AND t.id = "
+    ));
+    query.push_bind(id);
+    scope.push(&mut query, "t");
+    query.build_query_as().fetch_optional(executor).await
 }
 
 /// Filters of a thread list.
