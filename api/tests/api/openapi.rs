@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -12,7 +13,7 @@ use uuid::Uuid;
 
 use spool_shared::run::FailureCode;
 use spool_tests::fake_llm::{self, FakeLlm, Reply, tool_results_in};
-use spool_tests::{JWT_SECRET, token, token_with};
+use spool_tests::{JWT_SECRET, poll_until, token, token_with};
 
 use crate::common::{TestApp, app_with, ask, finished, worker_args};
 
@@ -306,5 +307,56 @@ async fn failed_paused_and_completed_runs_match_their_documented_schemas() {
         .await;
     assert_eq!(page["messages"][1]["parts"][0]["type"], "tool_call");
     check(&document, "MessagesResponse", &page);
+
+    // The control plane's answers: the timeline of the paused-then-completed run, the lists, a
+    // thread after a PATCH, a webhook and its deliveries.
+    let (_, steps) = app
+        .get(&alice, &format!("/v1/workflows/{workflow}/steps"))
+        .await;
+    assert_eq!(
+        steps["steps"][0]["tool_calls"][0]["decision"]["by"],
+        "client"
+    );
+    check(&document, "StepsResponse", &steps);
+    let (_, runs) = app.get(&alice, "/v1/workflows?limit=1").await;
+    assert!(runs["next_cursor"].is_string());
+    check(&document, "WorkflowList", &runs);
+    let (_, threads) = app.get(&alice, "/v1/threads").await;
+    check(&document, "ThreadList", &threads);
+    let (_, patched) = app
+        .send(
+            Method::PATCH,
+            &alice,
+            &format!("/v1/threads/{thread}"),
+            Some(&json!({"title": "Reading"})),
+        )
+        .await;
+    check(&document, "ThreadResponse", &patched);
+    let admin = crate::agents::admin("acme");
+    let (_, hook) = app
+        .post(
+            &admin,
+            "/v1/webhooks",
+            &json!({"url": "http://127.0.0.1:9/hook", "events": ["run.failed"]}),
+        )
+        .await;
+    check(&document, "WebhookResponse", &hook);
+    let (_, hooks) = app.get(&admin, "/v1/webhooks").await;
+    check(&document, "WebhookList", &hooks);
+    let (_, failed) = ask(&app, &broken, "fail again").await;
+    finished(&app, &failed).await;
+    let deliveries = format!(
+        "/v1/webhooks/{}/deliveries",
+        hook["id"].as_str().expect("id")
+    );
+    let page = poll_until("a try of the delivery", Duration::from_secs(20), || async {
+        let (_, page) = app.get(&admin, &deliveries).await;
+        (page["data"][0]["attempts"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()))
+        .then_some(page)
+    })
+    .await;
+    check(&document, "DeliveryList", &page);
     app.stop().await;
 }
