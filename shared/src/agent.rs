@@ -74,6 +74,28 @@ pub struct AgentSpec {
     /// Limits of each run.
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub limits: Limits,
+    /// `active` (the default) or `disabled`: a disabled agent refuses new runs (409
+    /// `agent_disabled`); runs already enqueued finish.
+    #[serde(default, skip_serializing_if = "AgentStatus::is_active")]
+    pub status: AgentStatus,
+}
+
+/// Whether an agent takes new runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentStatus {
+    /// It takes new runs.
+    #[default]
+    Active,
+    /// New runs are refused; runs already enqueued finish.
+    Disabled,
+}
+
+impl AgentStatus {
+    /// Whether it is `active`.
+    pub fn is_active(&self) -> bool {
+        *self == Self::Active
+    }
 }
 
 /// How long a run waits for client tool outputs when the agent does not say.
@@ -401,6 +423,7 @@ impl AgentSpec {
             approval_timeout_secs: default_approval_timeout(),
             hooks: Vec::new(),
             limits: Limits::default(),
+            status: AgentStatus::Active,
         }
     }
 

@@ -367,7 +367,7 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
         (status = 400, description = "`invalid_json`, `invalid_idempotency_key`", body = ErrorBody),
         Unauthenticated,
         (status = 404, description = "`thread_not_found` (another owner's), `agent_not_found`, `not_found`", body = ErrorBody),
-        (status = 409, description = "`thread_busy`, with `active_workflow_id` and `stream_url`", body = ErrorBody),
+        (status = 409, description = "`thread_busy`, with `active_workflow_id` and `stream_url`; `agent_disabled`", body = ErrorBody),
         (status = 413, description = "`input_too_large`, `body_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`", body = ErrorBody),
@@ -423,6 +423,12 @@ async fn post_user_message(
         Err(EnqueueError::ThreadNotFound) => return Err(thread_not_found()),
         Err(EnqueueError::AgentNotFound) => {
             return Err(ApiError::not_found("agent_not_found", "no such agent"));
+        }
+        Err(EnqueueError::AgentDisabled) => {
+            return Err(ApiError::conflict(
+                "agent_disabled",
+                "the agent is disabled and takes no new runs",
+            ));
         }
         Err(EnqueueError::ThreadBusy) => {
             tx.rollback().await?;

@@ -323,3 +323,64 @@ async fn a_run_executes_its_agent_as_it_was_when_the_run_was_enqueued() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_disabled_agent_refuses_new_runs_and_its_queued_ones_finish() {
+    let args = crate::common::worker_args(1, 0);
+    let mut app = TestApp::start(0, args.clone()).await;
+    let spec = json!({"name": "pausable", "model": "demo"});
+    let agent = app.create_agent("acme", &spec).await;
+    let (thread, queued) = crate::common::ask(&app, &agent, "before").await;
+    let path = format!("/v1/agents/{agent}");
+    let mut disabled = spec.clone();
+    disabled["status"] = json!("disabled");
+    let (status, body) = app
+        .send(reqwest::Method::PUT, &admin("acme"), &path, Some(&disabled))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "disabled");
+    let (status, bad) = app
+        .send(
+            reqwest::Method::PUT,
+            &admin("acme"),
+            &path,
+            Some(&json!({"name": "x", "model": "demo", "status": "asleep"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+
+    // A new message naming it, and one to a new thread that it answers: both refused, and
+    // nothing is stored for them.
+    let alice = token("alice", "acme");
+    let runs_before = app.get(&alice, "/v1/workflows").await.1["data"].clone();
+    let (status, refused) = app
+        .post(
+            &alice,
+            &format!("/v1/threads/{}/user_message", uuid::Uuid::new_v4()),
+            &json!({"input_text": "after", "agent_id": agent}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "agent_disabled");
+    let (_, runs_after) = app.get(&alice, "/v1/workflows").await;
+    assert_eq!(runs_after["data"], runs_before, "nothing created");
+
+    app.restart_workers(1, args).await;
+    let run = crate::common::finished(&app, &queued).await;
+    assert_eq!(
+        run["status"], "completed",
+        "the run enqueued before finishes"
+    );
+    let (status, refused) = app.send_message(&alice, thread, "its thread's agent").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "agent_disabled");
+
+    // Enabled again, it answers.
+    let (status, _) = app
+        .send(reqwest::Method::PUT, &admin("acme"), &path, Some(&spec))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = app.send_message(&alice, thread, "again").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    app.stop().await;
+}

@@ -56,6 +56,9 @@ pub enum EnqueueError {
     /// The agent (the message's, or the thread's) does not exist (any more).
     #[error("no such agent")]
     AgentNotFound,
+    /// The agent is disabled: it takes no new runs.
+    #[error("the agent is disabled")]
+    AgentDisabled,
     /// The thread already has an active run.
     #[error("the thread already has an active run")]
     ThreadBusy,
@@ -75,13 +78,17 @@ pub async fn enqueue(
         .ok_or(EnqueueError::ThreadNotFound)?;
     let agent_id = message.agent_id.or(thread_agent);
     let agent_spec = match agent_id {
-        Some(id) => Some(
-            agents::find(&mut *tx, id, &message.owner.tenant_id)
+        Some(id) => {
+            let spec = agents::find(&mut *tx, id, &message.owner.tenant_id)
                 .await?
                 .ok_or(EnqueueError::AgentNotFound)?
                 .spec
-                .0,
-        ),
+                .0;
+            if !spec.status.is_active() {
+                return Err(EnqueueError::AgentDisabled);
+            }
+            Some(spec)
+        }
         None => None,
     };
     let enqueued = Enqueued {
