@@ -110,17 +110,53 @@ COMMIT;
 \set c_attempt 0
 
 -- runs::claim_next($1 worker id, $2 lease): every column of the run, plus previous_status
-WITH candidate AS (
-     SELECT id, status AS previous_status
-       FROM runs
-      WHERE status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
-        AND (status = 'queued'
-             OR (status = 'running' AND lease_expires_at < now())
-             OR (status IN ('awaiting_approval', 'requires_action')
-                 AND pause_expires_at < now()))
-      ORDER BY queued_at
+WITH RECURSIVE
+ -- Every tenant with a queued run: a loose index scan, one probe per tenant.
+ tenants (tenant_id) AS (
+     (SELECT tenant_id FROM runs WHERE status = 'queued' ORDER BY tenant_id LIMIT 1)
+     UNION ALL
+     SELECT (SELECT q.tenant_id FROM runs q
+              WHERE q.status = 'queued' AND q.tenant_id > t.tenant_id
+              ORDER BY q.tenant_id LIMIT 1)
+       FROM tenants t WHERE t.tenant_id IS NOT NULL),
+ -- Each tenant's oldest queued run; the tenants with the fewest running runs first.
+ fair AS (
+     SELECT h.id, h.queued_at,
+            (SELECT count(*) FROM runs x
+              WHERE x.tenant_id = t.tenant_id AND x.status = 'running') AS running
+       FROM tenants t
+       CROSS JOIN LATERAL (SELECT q.id, q.queued_at FROM runs q
+                            WHERE q.status = 'queued' AND q.tenant_id = t.tenant_id
+                            ORDER BY q.queued_at LIMIT 1) h
+      WHERE t.tenant_id IS NOT NULL
+      ORDER BY running, h.queued_at
+      LIMIT 8),
+ -- Expired leases (a crash) and expired pauses come first, earliest deadline first.
+ rescue AS (
+     (SELECT id, queued_at FROM runs
+       WHERE status = 'running' AND lease_expires_at < now()
+       ORDER BY lease_expires_at LIMIT 8)
+     UNION ALL
+     (SELECT id, queued_at FROM runs
+       WHERE status IN ('awaiting_approval', 'requires_action')
+         AND pause_expires_at < now()
+       ORDER BY pause_expires_at LIMIT 8)),
+ picks AS (
+     SELECT id, 0 AS tier, 0::bigint AS running, queued_at FROM rescue
+     UNION ALL
+     SELECT id, 1, running, queued_at FROM fair),
+ candidate AS (
+     SELECT r.id, r.status AS previous_status
+       FROM runs r JOIN picks p ON p.id = r.id
+      -- Checked again on the locked row: another worker may have claimed it.
+      WHERE r.status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
+        AND (r.status = 'queued'
+             OR (r.status = 'running' AND r.lease_expires_at < now())
+             OR (r.status IN ('awaiting_approval', 'requires_action')
+                 AND r.pause_expires_at < now()))
+      ORDER BY p.tier, p.running, p.queued_at
       LIMIT 1
-        FOR UPDATE SKIP LOCKED)
+        FOR UPDATE OF r SKIP LOCKED)
  UPDATE runs r
     SET status = 'running',
         attempt = r.attempt + 1,

@@ -1,8 +1,11 @@
 //! Runs: the durable job queue.
 //!
 //! - `claim_next` is one statement: it picks a claimable run with `FOR UPDATE SKIP LOCKED`
-//!   (queued, or running with an expired lease), bumps `attempt`, and sets the lease from the
-//!   database clock. Concurrent workers never claim the same run at once.
+//!   (queued, or running with an expired lease, or paused past its deadline), bumps `attempt`,
+//!   and sets the lease from the database clock. Concurrent workers never claim the same run at
+//!   once. Expired leases and pauses go first; queued runs are taken fairly across tenants:
+//!   each tenant's oldest, the tenant with the fewest running runs first, so one tenant's
+//!   backlog never starves another tenant's run.
 //! - `attempt` is the fencing token, and [`Claimed`] is the handle of the attempt that holds
 //!   it: its methods (`start_streaming`, `save_step`, `pause`, `finish`, `release`) are the only
 //!   writes a worker makes to its run after the claim, and each binds the attempt itself and
@@ -424,27 +427,64 @@ impl Claimed {
     }
 }
 
-/// Claims the oldest claimable run for `worker`: a queued run, a running run whose lease has
-/// expired, or a paused run whose pause has expired (so an unanswered approval or client tool
-/// is enforced even if no client ever calls again; `previous_status` says which). Bumps
-/// `attempt` (and `reclaims` for an expired lease) and sets a fresh lease.
+/// Claims a claimable run for `worker`: first a running run whose lease has expired or a
+/// paused run whose pause has expired (so an unanswered approval or client tool is enforced
+/// even if no client ever calls again; `previous_status` says which), oldest first; else a
+/// queued run, fairly: the oldest of the tenant with the fewest running runs (ties: the oldest
+/// head). Bumps `attempt` (and `reclaims` for an expired lease) and sets a fresh lease.
 pub async fn claim_next(
     executor: impl PgExecutor<'_>,
     worker: &str,
     lease: Duration,
 ) -> sqlx::Result<Option<Claimed>> {
     sqlx::query_as(concat!(
-        "WITH candidate AS (
-             SELECT id, status AS previous_status
-               FROM runs
-              WHERE status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
-                AND (status = 'queued'
-                     OR (status = 'running' AND lease_expires_at < now())
-                     OR (status IN ('awaiting_approval', 'requires_action')
-                         AND pause_expires_at < now()))
-              ORDER BY queued_at
+        "WITH RECURSIVE
+         -- Every tenant with a queued run: a loose index scan, one probe per tenant.
+         tenants (tenant_id) AS (
+             (SELECT tenant_id FROM runs WHERE status = 'queued' ORDER BY tenant_id LIMIT 1)
+             UNION ALL
+             SELECT (SELECT q.tenant_id FROM runs q
+                      WHERE q.status = 'queued' AND q.tenant_id > t.tenant_id
+                      ORDER BY q.tenant_id LIMIT 1)
+               FROM tenants t WHERE t.tenant_id IS NOT NULL),
+         -- Each tenant's oldest queued run; the tenants with the fewest running runs first.
+         fair AS (
+             SELECT h.id, h.queued_at,
+                    (SELECT count(*) FROM runs x
+                      WHERE x.tenant_id = t.tenant_id AND x.status = 'running') AS running
+               FROM tenants t
+               CROSS JOIN LATERAL (SELECT q.id, q.queued_at FROM runs q
+                                    WHERE q.status = 'queued' AND q.tenant_id = t.tenant_id
+                                    ORDER BY q.queued_at LIMIT 1) h
+              WHERE t.tenant_id IS NOT NULL
+              ORDER BY running, h.queued_at
+              LIMIT 8),
+         -- Expired leases (a crash) and expired pauses come first, earliest deadline first.
+         rescue AS (
+             (SELECT id, queued_at FROM runs
+               WHERE status = 'running' AND lease_expires_at < now()
+               ORDER BY lease_expires_at LIMIT 8)
+             UNION ALL
+             (SELECT id, queued_at FROM runs
+               WHERE status IN ('awaiting_approval', 'requires_action')
+                 AND pause_expires_at < now()
+               ORDER BY pause_expires_at LIMIT 8)),
+         picks AS (
+             SELECT id, 0 AS tier, 0::bigint AS running, queued_at FROM rescue
+             UNION ALL
+             SELECT id, 1, running, queued_at FROM fair),
+         candidate AS (
+             SELECT r.id, r.status AS previous_status
+               FROM runs r JOIN picks p ON p.id = r.id
+              -- Checked again on the locked row: another worker may have claimed it.
+              WHERE r.status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
+                AND (r.status = 'queued'
+                     OR (r.status = 'running' AND r.lease_expires_at < now())
+                     OR (r.status IN ('awaiting_approval', 'requires_action')
+                         AND r.pause_expires_at < now()))
+              ORDER BY p.tier, p.running, p.queued_at
               LIMIT 1
-                FOR UPDATE SKIP LOCKED)
+                FOR UPDATE OF r SKIP LOCKED)
          UPDATE runs r
             SET status = 'running',
                 attempt = r.attempt + 1,
@@ -817,6 +857,75 @@ mod tests {
 
     async fn claim(db: &TestDb, lease: Duration) -> Option<Claimed> {
         claim_next(&db.pool, WORKER, lease).await.expect("claim")
+    }
+
+    /// `count` queued runs of `tenant` (one thread each), queued an hour ago, oldest first:
+    /// a backlog, written in three statements.
+    async fn backlog(db: &TestDb, tenant: &str, count: i32) {
+        for sql in [
+            "INSERT INTO threads (id, tenant_id, owner_id)
+             SELECT md5($1 || 't' || n)::uuid, $1, 'u' FROM generate_series(1, $2) n",
+            "INSERT INTO messages (id, thread_id, role, status)
+             SELECT md5($1 || 'm' || n)::uuid, md5($1 || 't' || n)::uuid, 'user', 'completed'
+               FROM generate_series(1, $2) n",
+            "INSERT INTO runs (id, thread_id, tenant_id, owner_id, user_message_id,
+                               assistant_message_id, queued_at)
+             SELECT md5($1 || 'r' || n)::uuid, md5($1 || 't' || n)::uuid, $1, 'u',
+                    md5($1 || 'm' || n)::uuid, md5($1 || 'm' || n)::uuid,
+                    now() - interval '1 hour' + n * interval '1 ms'
+               FROM generate_series(1, $2) n",
+        ] {
+            sqlx::query(sql)
+                .bind(tenant)
+                .bind(count)
+                .execute(&db.pool)
+                .await
+                .expect("backlog");
+        }
+    }
+
+    #[tokio::test]
+    async fn one_tenants_backlog_does_not_starve_another_tenants_run() {
+        let db = TestDb::new().await.expect("db");
+        backlog(&db, "big", 10_000).await;
+        // acme's run is the newest of all: a global FIFO would take it after 10,000 others.
+        let (small, _) = queued(&db).await;
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            let claimed = claim(&db, HOUR).await.expect("a claim");
+            order.push(claimed.run().tenant_id.clone());
+        }
+        assert_eq!(order, ["big", "acme", "big"], "acme's run goes second");
+        let run = find_in(&db.pool, small, Scope::Tenant("acme"))
+            .await
+            .expect("find")
+            .expect("run");
+        assert_eq!(run.status, RunStatus::Running);
+        // Within a tenant, the oldest first.
+        let (first_of_big,): (WorkflowId,) = sqlx::query_as(
+            "SELECT id FROM runs WHERE tenant_id = 'big' AND status = 'running' ORDER BY queued_at LIMIT 1",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("big's");
+        let (oldest,): (WorkflowId,) = sqlx::query_as("SELECT md5('big' || 'r' || 1)::uuid")
+            .fetch_one(&db.pool)
+            .await
+            .expect("id");
+        assert_eq!(first_of_big, oldest);
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_is_reclaimed_before_any_queued_run() {
+        let db = TestDb::new().await.expect("db");
+        let (crashed, _) = queued(&db).await;
+        let first = claim(&db, HOUR).await.expect("a claim");
+        assert_eq!(first.run().id, crashed);
+        backlog(&db, "big", 100).await;
+        expire(&db, crashed).await;
+        let next = claim(&db, HOUR).await.expect("a claim");
+        assert_eq!(next.run().id, crashed, "the crashed run first");
+        assert_eq!(next.previous_status(), RunStatus::Running);
     }
 
     /// Ends the lease now, as time passing would.
