@@ -54,6 +54,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
         .merge(routes::webhooks::router())
+        .merge(routes::usage::router())
         .merge(crate::gateway::router())
         .merge(crate::openapi::router())
         .merge(crate::metrics::router())

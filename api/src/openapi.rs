@@ -96,6 +96,7 @@ pub(crate) fn queued_status() -> Object {
         crate::routes::webhooks::list_webhooks,
         crate::routes::webhooks::delete_webhook,
         crate::routes::webhooks::list_deliveries,
+        crate::routes::usage::get_usage,
         crate::routes::health::healthz,
         crate::routes::health::readyz,
         get_metrics,
@@ -117,6 +118,7 @@ pub(crate) fn queued_status() -> Object {
         (name = "workflows", description = "Runs: lists, status (and waiting for it), the durable timeline, cancel, tool outputs and approvals."),
         (name = "agents", description = "Stored agent configurations (writes need `admin`)."),
         (name = "webhooks", description = "Signed notifications of run events (admin)."),
+        (name = "usage", description = "Tokens and runs by user, agent or model (admin)."),
         (name = "health", description = "Liveness, readiness, metrics and this document."),
     )
 )]

@@ -4,6 +4,7 @@ pub mod agents;
 pub mod health;
 pub mod list;
 pub mod threads;
+pub mod usage;
 pub mod webhooks;
 pub mod workflows;
 

@@ -15,6 +15,7 @@ pub mod page;
 pub mod runs;
 pub mod steps;
 pub mod threads;
+pub mod usage;
 pub mod webhooks;
 
 use std::time::Duration;

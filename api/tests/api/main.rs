@@ -11,5 +11,6 @@ mod openapi;
 mod pauses;
 mod stream;
 mod traces;
+mod usage;
 mod validation;
 mod webhooks;

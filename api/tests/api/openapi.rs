@@ -36,6 +36,7 @@ const EXPECTED: &[&str] = &[
     "GET /v1/threads/{thread_id}/messages",
     "GET /v1/threads/{thread_id}/stream",
     "POST /v1/threads/{thread_id}/user_message",
+    "GET /v1/usage",
     "GET /v1/webhooks",
     "POST /v1/webhooks",
     "DELETE /v1/webhooks/{webhook_id}",

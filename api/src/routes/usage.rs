@@ -1,0 +1,137 @@
+//! `GET /v1/usage` (admin, DESIGN §8): the tenant's tokens and runs in a window, by user, agent
+//! or model, from Postgres.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+
+use spool_shared::db::usage::{self, GroupBy, UsageRow};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody, Unauthenticated};
+use crate::extract::ApiQuery;
+
+/// The longest window, in days.
+pub const MAX_WINDOW_DAYS: i64 = 366;
+
+/// `/v1/usage`.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/usage", get(get_usage))
+}
+
+/// Query of `GET /v1/usage`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UsageQuery {
+    /// Start of the window (RFC 3339, inclusive; default: today's start, UTC).
+    #[serde(default)]
+    pub from: Option<DateTime<Utc>>,
+    /// End of the window (RFC 3339, exclusive; default: now).
+    #[serde(default)]
+    pub to: Option<DateTime<Utc>>,
+    /// `user`, `agent` or `model` (default `user`).
+    #[serde(default)]
+    #[param(pattern = "^(user|agent|model)$")]
+    pub group_by: Option<String>,
+}
+
+/// One group's usage.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct UsageGroup {
+    /// The user id, the agent id (`default` for the server's default agent) or the model.
+    pub group: String,
+    /// Prompt tokens.
+    pub input_tokens: i64,
+    /// Generated tokens.
+    pub output_tokens: i64,
+    /// Runs that ended in the window (by model: runs with a step on that model).
+    pub runs: i64,
+}
+
+/// The tenant's usage.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct UsageResponse {
+    /// Start of the window.
+    pub from: DateTime<Utc>,
+    /// End of the window.
+    pub to: DateTime<Utc>,
+    /// What `data` is grouped by.
+    #[schema(pattern = "^(user|agent|model)$")]
+    pub group_by: String,
+    /// One row per group, largest total first.
+    pub data: Vec<UsageGroup>,
+}
+
+/// The tenant's tokens and runs in a window, by user, agent or model. Runs count when they
+/// end (their usage is final then).
+#[utoipa::path(
+    get,
+    path = "/v1/usage",
+    tag = "usage",
+    security(("bearer" = [])),
+    params(UsageQuery),
+    responses(
+        (status = 200, description = "The usage.", body = UsageResponse),
+        (status = 400, description = "`invalid_window`, `invalid_group_by`", body = ErrorBody),
+        Unauthenticated,
+        (status = 403, description = "`admin_required`", body = ErrorBody),
+        (status = 422, description = "`invalid_query` (a time that is not RFC 3339, an unknown parameter)", body = ErrorBody),
+    )
+)]
+async fn get_usage(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<UsageQuery>,
+) -> Result<Json<UsageResponse>, ApiError> {
+    caller.require_admin()?;
+    let now = Utc::now();
+    let to = query.to.unwrap_or(now);
+    let from = query.from.unwrap_or_else(|| {
+        now.date_naive()
+            .and_hms_opt(0, 0, 0)
+            .map_or(now, |midnight| midnight.and_utc())
+    });
+    if from >= to || to - from > Duration::days(MAX_WINDOW_DAYS) {
+        return Err(ApiError::bad_request(
+            "invalid_window",
+            format!("`from` must be before `to`, at most {MAX_WINDOW_DAYS} days apart"),
+        ));
+    }
+    let group_by = match query.group_by.as_deref().unwrap_or("user") {
+        "user" => GroupBy::User,
+        "agent" => GroupBy::Agent,
+        "model" => GroupBy::Model,
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_group_by",
+                "group_by must be `user`, `agent` or `model`",
+            ));
+        }
+    };
+    let rows = usage::report(&state.db, &caller.owner.tenant_id, from, to, group_by).await?;
+    Ok(Json(UsageResponse {
+        from,
+        to,
+        group_by: query.group_by.unwrap_or_else(|| "user".into()),
+        data: rows
+            .into_iter()
+            .map(
+                |UsageRow {
+                     group,
+                     input_tokens,
+                     output_tokens,
+                     runs,
+                 }| UsageGroup {
+                    group,
+                    input_tokens,
+                    output_tokens,
+                    runs,
+                },
+            )
+            .collect(),
+    }))
+}

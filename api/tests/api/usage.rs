@@ -1,0 +1,141 @@
+//! `GET /v1/usage` (admin): tokens and runs by user, agent and model, from Postgres.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use spool_tests::token;
+
+use crate::agents::admin;
+use crate::common::{TestApp, worker_args};
+
+/// (input, output) tokens of a finished run.
+fn tokens(run: &Value) -> (i64, i64) {
+    (
+        run["usage"]["input_tokens"].as_i64().expect("input"),
+        run["usage"]["output_tokens"].as_i64().expect("output"),
+    )
+}
+
+fn row<'a>(page: &'a Value, group: &str) -> &'a Value {
+    page["data"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["group"] == group))
+        .unwrap_or_else(|| panic!("no row for {group}: {page}"))
+}
+
+#[tokio::test]
+async fn usage_sums_each_tenants_tokens_and_runs_by_user_agent_and_model() {
+    let app = TestApp::start(1, worker_args(4, 0)).await;
+    let agent = app
+        .create_agent("acme", &json!({"name": "helper", "model": "demo"}))
+        .await;
+    let (alice, bob) = (token("alice", "acme"), token("bob", "acme"));
+    let mut runs = Vec::new();
+    for (who, text, agent) in [
+        (&alice, "one", None),
+        (&alice, "two two", Some(&agent)),
+        (&bob, "three", None),
+    ] {
+        let mut body = json!({"input_text": text});
+        if let Some(agent) = agent {
+            body["agent_id"] = json!(agent);
+        }
+        let (status, accepted) = app
+            .post(
+                who,
+                &format!("/v1/threads/{}/user_message", Uuid::new_v4()),
+                &body,
+            )
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        let run = app
+            .wait_for_status(
+                who,
+                accepted["workflow_id"].as_str().expect("id"),
+                "completed",
+            )
+            .await;
+        runs.push(tokens(&run));
+    }
+    // Another tenant's run counts only for it.
+    let (_, other) = app
+        .send_message(&token("carol", "other"), Uuid::new_v4(), "elsewhere")
+        .await;
+    app.wait_for_status(
+        &token("carol", "other"),
+        other["workflow_id"].as_str().expect("id"),
+        "completed",
+    )
+    .await;
+
+    let acme = admin("acme");
+    // An explicit window: the default starts at midnight UTC, which a run could straddle.
+    let hour_ago = (chrono::Utc::now() - chrono::Duration::hours(1)).format("%Y-%m-%dT%H:%M:%SZ");
+    let usage = |group_by: &str| format!("/v1/usage?group_by={group_by}&from={hour_ago}");
+    let (status, by_user) = app.get(&acme, &usage("user")).await;
+    assert_eq!(status, StatusCode::OK, "{by_user}");
+    let alice_row = row(&by_user, "alice");
+    assert_eq!(alice_row["runs"], 2);
+    assert_eq!(alice_row["input_tokens"], runs[0].0 + runs[1].0);
+    assert_eq!(alice_row["output_tokens"], runs[0].1 + runs[1].1);
+    assert_eq!(row(&by_user, "bob")["runs"], 1);
+    assert_eq!(
+        by_user["data"].as_array().map(Vec::len),
+        Some(2),
+        "not carol"
+    );
+
+    let (_, by_agent) = app.get(&acme, &usage("agent")).await;
+    assert_eq!(row(&by_agent, &agent)["runs"], 1);
+    assert_eq!(row(&by_agent, &agent)["output_tokens"], runs[1].1);
+    assert_eq!(row(&by_agent, "default")["runs"], 2);
+    let (_, by_model) = app.get(&acme, &usage("model")).await;
+    let demo = row(&by_model, "demo");
+    assert_eq!(demo["runs"], 3);
+    assert_eq!(
+        demo["output_tokens"],
+        runs.iter().map(|r| r.1).sum::<i64>(),
+        "summed from each step's model call"
+    );
+    let (_, theirs) = app.get(&admin("other"), &usage("user")).await;
+    assert_eq!(row(&theirs, "carol")["runs"], 1);
+    let (_, before) = app
+        .get(
+            &acme,
+            "/v1/usage?from=2000-01-01T00:00:00Z&to=2000-01-02T00:00:00Z",
+        )
+        .await;
+    assert_eq!(before["data"], json!([]), "nothing ended then");
+
+    let (status, body) = app.get(&alice, "/v1/usage").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    for (query, status, code) in [
+        ("group_by=team", StatusCode::BAD_REQUEST, "invalid_group_by"),
+        (
+            "from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z",
+            StatusCode::BAD_REQUEST,
+            "invalid_window",
+        ),
+        (
+            "from=2020-01-01T00:00:00Z&to=2026-01-01T00:00:00Z",
+            StatusCode::BAD_REQUEST,
+            "invalid_window",
+        ),
+        (
+            "from=yesterday",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_query",
+        ),
+        (
+            "colour=red",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_query",
+        ),
+    ] {
+        let (got, body) = app.get(&acme, &format!("/v1/usage?{query}")).await;
+        assert_eq!(got, status, "{query}: {body}");
+        assert_eq!(body["error"]["code"], code, "{query}");
+    }
+    app.stop().await;
+}
