@@ -19,7 +19,7 @@ pub use overrides::{RunDefaults, RunOverrides};
 pub use validate::FieldError;
 
 /// Bounds of `max_steps`.
-pub const MAX_STEPS_RANGE: std::ops::RangeInclusive<u32> = 1..=100;
+pub const MAX_STEPS_RANGE: std::ops::RangeInclusive<u32> = 1..=200;
 /// Bounds of `history_depth`.
 pub const HISTORY_DEPTH_RANGE: std::ops::RangeInclusive<u32> = 0..=200;
 
@@ -42,7 +42,7 @@ pub struct AgentSpec {
     pub temperature: Option<f64>,
     /// Model calls per run at most; on the last, tools are withheld.
     #[serde(default = "default_max_steps")]
-    #[schema(minimum = 1, maximum = 100, default = 25)]
+    #[schema(minimum = 1, maximum = 200, default = 25)]
     pub max_steps: u32,
     /// Messages of the thread given to the model.
     #[serde(default = "default_history_depth")]
@@ -110,7 +110,32 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 604_800)]
     pub human_timeout_secs: Option<u32>,
+    /// Model calls per run at most (1 to 200); overrides the agent's `max_steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 200)]
+    pub max_steps: Option<u32>,
+    /// Tool calls per run at most (0 to 500): a step that would exceed it fails the run with
+    /// `max_tool_calls_exceeded` before its calls run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 500)]
+    pub max_tool_calls: Option<u32>,
+    /// Read-only tool calls of a step run at once at most (1 to 16, default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 16, default = 8)]
+    pub max_parallel_tools: Option<u32>,
+    /// The run's wall clock in seconds (5 to 86400), from enqueue to end by the database
+    /// clock, pauses and crashes included: past it the run fails with `timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 5, maximum = 86_400)]
+    pub timeout_secs: Option<u32>,
+    /// Tokens the model may generate per call (sent to the provider as `max_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    pub max_output_tokens: Option<u32>,
 }
+
+/// Read-only tool calls of a step that run at once when `limits.max_parallel_tools` is unset.
+pub const DEFAULT_MAX_PARALLEL_TOOLS: u32 = 8;
 
 impl Limits {
     /// Whether no limit is set.
@@ -122,6 +147,13 @@ impl Limits {
     pub fn client_timeout_secs(&self) -> u32 {
         self.human_timeout_secs
             .unwrap_or(DEFAULT_HUMAN_TIMEOUT_SECS)
+    }
+
+    /// How many read-only calls of a step run at once.
+    pub fn parallel_tools(&self) -> usize {
+        self.max_parallel_tools
+            .unwrap_or(DEFAULT_MAX_PARALLEL_TOOLS)
+            .max(1) as usize
     }
 }
 

@@ -54,11 +54,16 @@ pub enum FailureCode {
     /// The run waited for client tool outputs longer than the agent allows
     /// (`limits.human_timeout_secs`, default 86400).
     HumanTimeout,
+    /// The run took longer than `limits.timeout_secs`, counted from enqueue by the database
+    /// clock (pauses and crashes included).
+    Timeout,
+    /// The model asked for more tool calls than `limits.max_tool_calls` allows in one run.
+    MaxToolCallsExceeded,
 }
 
 impl FailureCode {
     /// Every code, in the order the documentation lists them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::AgentNotFound,
         Self::ModelUnavailable,
         Self::ModelError,
@@ -68,6 +73,8 @@ impl FailureCode {
         Self::TooManyAttempts,
         Self::InternalError,
         Self::HumanTimeout,
+        Self::Timeout,
+        Self::MaxToolCallsExceeded,
     ];
 
     /// The code as stored and shown.
@@ -82,6 +89,8 @@ impl FailureCode {
             Self::TooManyAttempts => "too_many_attempts",
             Self::InternalError => "internal_error",
             Self::HumanTimeout => "human_timeout",
+            Self::Timeout => "timeout",
+            Self::MaxToolCallsExceeded => "max_tool_calls_exceeded",
         }
     }
 }

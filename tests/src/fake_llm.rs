@@ -203,6 +203,18 @@ pub fn tool_calls(calls: &[(&str, &str, &str)]) -> Reply {
     Reply::Stream(payloads)
 }
 
+/// The same streamed reply with `text` streamed first (a model that says something before its
+/// tool calls).
+pub fn with_text(reply: Reply, text: &str) -> Reply {
+    match reply {
+        Reply::Stream(mut payloads) => {
+            payloads.insert(1, chunk(json!({"content": text}), None));
+            Reply::Stream(payloads)
+        }
+        other => other,
+    }
+}
+
 /// How many tool results the request's conversation already holds (the step a scripted
 /// upstream is at).
 pub fn tool_results_in(request: &Value) -> usize {

@@ -142,6 +142,9 @@ impl<'a> Loop<'a> {
         let (mut conversation, input) = prompt::start(a.db, run, spec).await?;
         conversation.append(&mut checkpoint.conversation);
         let mut spec = spec.clone();
+        if let Some(max_steps) = spec.limits.max_steps {
+            spec.max_steps = max_steps;
+        }
         if let Some(overrides) = &run.overrides {
             // Checked and pinned to their steps by the API.
             overrides.0.clone().apply(&mut spec);
@@ -241,6 +244,18 @@ impl<'a> Loop<'a> {
             );
             return Err(self.failed(FailureCode::DoomLoop, message));
         }
+        if let Some(max) = self.spec.limits.max_tool_calls
+            && self.recent.len() > max as usize
+        {
+            if !self.buffer {
+                self.answer.add_text(&output.text);
+            }
+            let message = format!(
+                "the model asked for tool call {} of the run; limits.max_tool_calls is {max}",
+                self.recent.len()
+            );
+            return Err(self.failed(FailureCode::MaxToolCallsExceeded, message));
+        }
         let results = self.classify(step, &offered, &mut output).await;
         a.save_step(step, &output.saved(results.clone(), Vec::new()))
             .await?;
@@ -259,6 +274,7 @@ impl<'a> Loop<'a> {
             tools,
             tool_choice,
             temperature: self.spec.temperature,
+            max_output_tokens: self.spec.limits.max_output_tokens,
         }
     }
 

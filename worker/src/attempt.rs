@@ -105,6 +105,18 @@ async fn execute_in_span(
     };
     let started = std::time::Instant::now();
     let spec = agent::load_spec(a.db, a.engine, run).await;
+    // The run's time limit, counted from enqueue by the database clock: `heartbeat_at` is the
+    // database's now() at this claim.
+    let _time_limit = spec
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .and_then(|spec| spec.limits.timeout_secs)
+        .map(|secs| {
+            let now = run.heartbeat_at.unwrap_or(run.created_at);
+            let end = run.created_at + chrono::Duration::seconds(i64::from(secs));
+            stop.time_out_after((end - now).to_std().unwrap_or_default())
+        });
     let result = match &spec {
         Ok(spec) => {
             AssertUnwindSafe(attempt(&a, worker.args.max_reclaims, spec.as_ref()))

@@ -1,9 +1,10 @@
 //! An attempt's stop signal, as one small value (after mini-redis's `Shutdown`).
 //!
-//! Three things stop an attempt whatever it is doing: its lease is lost (another worker owns the
+//! Four things stop an attempt whatever it is doing: its lease is lost (another worker owns the
 //! run now: write nothing more), the worker shuts down past its grace period (give the run
-//! back), or someone asks to cancel the run (keep what was produced and end it `cancelled`).
-//! [`Stop`] packs the three signals; the model call, the tools and the step settlement ask it
+//! back), someone asks to cancel the run (keep what was produced and end it `cancelled`), or
+//! the run's time limit (`limits.timeout_secs`, from enqueue by the database clock) runs out
+//! (keep what was produced and fail it with `timeout`). [`Stop`] packs the four signals; the model call, the tools and the step settlement ask it
 //! [`Stop::now`] between pieces of work and race [`Stop::wait`] against the work itself.
 
 use tokio_util::sync::CancellationToken;
@@ -17,6 +18,8 @@ pub(crate) enum Halt {
     Released,
     /// Cancel requested: record what was produced.
     Cancelled,
+    /// The run's time limit ran out: record what was produced, fail the run.
+    TimedOut,
 }
 
 /// The stop signal of one attempt.
@@ -25,6 +28,9 @@ pub(crate) struct Stop {
     lost: CancellationToken,
     cancel: CancellationToken,
     release: CancellationToken,
+    timed_out: CancellationToken,
+    /// When the run's time limit runs out, once known.
+    deadline: std::sync::OnceLock<tokio::time::Instant>,
     /// The claim already saw a cancel request.
     cancelled_at_claim: bool,
 }
@@ -42,8 +48,30 @@ impl Stop {
             lost,
             cancel,
             release,
+            timed_out: CancellationToken::new(),
+            deadline: std::sync::OnceLock::new(),
             cancelled_at_claim,
         }
+    }
+
+    /// How long until the run's time limit runs out, if it has one.
+    pub(crate) fn remaining(&self) -> Option<std::time::Duration> {
+        self.deadline
+            .get()
+            .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()))
+    }
+
+    /// Fires [`Halt::TimedOut`] after `remaining` (at once if it is zero).
+    pub(crate) fn time_out_after(&self, remaining: std::time::Duration) -> TimeLimit {
+        let _ = self.deadline.set(tokio::time::Instant::now() + remaining);
+        if remaining.is_zero() {
+            self.timed_out.cancel();
+        }
+        let timed_out = self.timed_out.clone();
+        TimeLimit(tokio::spawn(async move {
+            tokio::time::sleep(remaining).await;
+            timed_out.cancel();
+        }))
     }
 
     /// Whether the attempt must stop now, and why. A lost lease wins over everything: nothing
@@ -53,6 +81,8 @@ impl Stop {
             Some(Halt::LeaseLost)
         } else if self.cancel.is_cancelled() || self.cancelled_at_claim {
             Some(Halt::Cancelled)
+        } else if self.timed_out.is_cancelled() {
+            Some(Halt::TimedOut)
         } else if self.release.is_cancelled() {
             Some(Halt::Released)
         } else {
@@ -66,8 +96,19 @@ impl Stop {
             biased;
             () = self.lost.cancelled() => Halt::LeaseLost,
             () = self.cancel.cancelled() => Halt::Cancelled,
+            () = self.timed_out.cancelled() => Halt::TimedOut,
             () = self.release.cancelled() => Halt::Released,
         }
+    }
+}
+
+/// The timer of a run's time limit; stops when dropped (the attempt is over).
+#[derive(Debug)]
+pub(crate) struct TimeLimit(tokio::task::JoinHandle<()>);
+
+impl Drop for TimeLimit {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -384,3 +384,44 @@ async fn a_disabled_agent_refuses_new_runs_and_its_queued_ones_finish() {
     assert_eq!(status, StatusCode::ACCEPTED);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn limits_outside_their_ranges_are_refused_each_by_name() {
+    let app = TestApp::start(0, crate::common::worker_args(1, 0)).await;
+    let spec = json!({"name": "x", "model": "demo", "limits": {"max_steps": 201,
+        "max_tool_calls": 501, "max_parallel_tools": 0, "timeout_secs": 4,
+        "max_output_tokens": 0, "human_timeout_secs": 0}});
+    let (status, body) = app.post(&admin("acme"), "/v1/agents", &spec).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_agent");
+    let fields: Vec<&str> = body["error"]["errors"]
+        .as_array()
+        .expect("errors")
+        .iter()
+        .filter_map(|e| e["field"].as_str())
+        .collect();
+    for field in [
+        "limits.max_steps",
+        "limits.max_tool_calls",
+        "limits.max_parallel_tools",
+        "limits.timeout_secs",
+        "limits.max_output_tokens",
+        "limits.human_timeout_secs",
+    ] {
+        assert!(fields.contains(&field), "{field} in {fields:?}");
+    }
+    let (status, body) = app
+        .post(
+            &admin("acme"),
+            "/v1/agents",
+            &json!({"name": "x", "model": "demo", "limits": {"max_steps": 200,
+                "max_tool_calls": 0, "max_parallel_tools": 16, "timeout_secs": 5}}),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "the bounds themselves are fine: {body}"
+    );
+    app.stop().await;
+}

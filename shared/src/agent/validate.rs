@@ -99,7 +99,26 @@ impl AgentSpec {
                 self.limits.client_timeout_secs(),
             ),
         ];
-        for (field, range, value) in ranges {
+        let limits = &self.limits;
+        let optional = [
+            ("limits.max_steps", &MAX_STEPS_RANGE, limits.max_steps),
+            ("limits.max_tool_calls", &(0..=500), limits.max_tool_calls),
+            (
+                "limits.max_parallel_tools",
+                &(1..=16),
+                limits.max_parallel_tools,
+            ),
+            ("limits.timeout_secs", &(5..=86_400), limits.timeout_secs),
+            (
+                "limits.max_output_tokens",
+                &(1..=1_000_000),
+                limits.max_output_tokens,
+            ),
+        ];
+        let set = optional
+            .into_iter()
+            .filter_map(|(field, range, value)| Some((field, range, value?)));
+        for (field, range, value) in ranges.into_iter().chain(set) {
             if !range.contains(&value) {
                 let (low, high) = (range.start(), range.end());
                 problems.add(field, format!("must be between {low} and {high}"));

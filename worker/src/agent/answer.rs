@@ -1,7 +1,7 @@
 //! What the loop produces ([`Answer`]) and how it ends ([`LoopEnd`]).
 
 use spool_shared::db::steps::SavedStep;
-use spool_shared::run::{Citation, MessagePart, RunFailure, Usage};
+use spool_shared::run::{Citation, FailureCode, MessagePart, RunFailure, Usage};
 
 use crate::stop::Halt;
 
@@ -79,6 +79,14 @@ impl LoopEnd {
             Halt::LeaseLost => Self::LeaseLost,
             Halt::Released => Self::Released,
             Halt::Cancelled => Self::Cancelled(answer),
+            Halt::TimedOut => {
+                let message = "the run took longer than its time limit (limits.timeout_secs, \
+                               counted from enqueue)";
+                Self::Failed(
+                    Box::new(RunFailure::new(FailureCode::Timeout, message)),
+                    answer,
+                )
+            }
         }
     }
 }

@@ -47,7 +47,11 @@ impl Attempt<'_> {
         action: &PendingAction,
         timeout_secs: u32,
     ) -> Result<Pause, Exit> {
-        let timeout = Duration::from_secs(u64::from(timeout_secs));
+        let mut timeout = Duration::from_secs(u64::from(timeout_secs));
+        // A pause ends by the run's time limit at the latest: the claim then fails it.
+        if let Some(remaining) = self.stop.remaining() {
+            timeout = timeout.min(remaining.max(Duration::from_secs(1)));
+        }
         let paused = self.claimed.pause(self.db, status, action, timeout);
         match paused.await? {
             Pause::Lost => Err(LoopEnd::LeaseLost.into()),

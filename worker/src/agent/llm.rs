@@ -90,6 +90,8 @@ pub struct ChatRequest {
     pub tool_choice: Choice,
     /// Sampling temperature.
     pub temperature: Option<f64>,
+    /// Tokens the model may generate (`max_tokens`).
+    pub max_output_tokens: Option<u32>,
 }
 
 impl ChatRequest {

@@ -36,6 +36,11 @@ pub(crate) const DOOM_LOOP: usize = 3;
 pub(crate) struct Recent(Vec<(String, String)>);
 
 impl Recent {
+    /// How many tool calls the run has asked for so far.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Records calls that were already made (a replayed or resumed step).
     pub(crate) fn extend(&mut self, calls: &[ToolCall]) {
         self.0
@@ -194,10 +199,14 @@ impl Loop<'_> {
             return Ok(());
         }
         let outputs = tokio::select! {
-            outputs = self.tools.execute(a, step, &to_run) => Ok(outputs),
+            outputs = self.tools.execute(a, step, &to_run, self.spec.limits.parallel_tools()) => Ok(outputs),
             halt = a.stop.wait() => Err(halt),
         };
-        let outputs = outputs.map_err(|halt| self.halted(halt))?;
+        let outputs = outputs.map_err(|halt| {
+            // The step's text was shown with its calls: the partial message keeps it.
+            self.answer.add_text(&output.text);
+            self.halted(halt)
+        })?;
         for (call, timed) in to_run.iter().zip(outputs) {
             if let Some(result) = results.iter_mut().find(|r| r.tool_call_id == call.id) {
                 let out = timed.output;

@@ -171,6 +171,7 @@ impl ToolSet {
         a: &Attempt<'_>,
         step: u32,
         calls: &[&ToolCall],
+        parallel: usize,
     ) -> Vec<Timed> {
         let by_name: HashMap<&str, &Tool> = self
             .tools
@@ -185,7 +186,10 @@ impl ToolSet {
         let mut rest = calls;
         while let Some(first) = rest.first() {
             let batch = if read_only(first) {
-                rest.iter().take_while(|call| read_only(call)).count()
+                rest.iter()
+                    .take_while(|call| read_only(call))
+                    .count()
+                    .min(parallel.max(1))
             } else {
                 1
             };

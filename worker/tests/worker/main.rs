@@ -6,6 +6,7 @@ mod agent_loop;
 mod harness;
 mod hooks;
 mod identity;
+mod limits;
 mod mcp;
 mod provider;
 mod ssrf;

@@ -29,6 +29,7 @@ fn request() -> ChatRequest {
         tools: Vec::new(),
         tool_choice: Choice::Auto,
         temperature: None,
+        max_output_tokens: None,
     }
 }
 

@@ -139,6 +139,9 @@ pub fn body(request: &ChatRequest) -> Value {
             Choice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
         };
     }
+    if let Some(max_tokens) = request.max_output_tokens {
+        body["max_tokens"] = json!(max_tokens);
+    }
     if let Some(temperature) = request.temperature {
         body["temperature"] = json!(temperature);
     }
@@ -404,6 +407,7 @@ data: [DONE]"#;
             }],
             tool_choice: Choice::Tool("f".into()),
             temperature: Some(0.5),
+            max_output_tokens: Some(64),
         };
         let body = body(&request);
         assert_eq!(body["stream"], true);
@@ -415,6 +419,7 @@ data: [DONE]"#;
         assert_eq!(body["tool_choice"]["function"]["name"], "f");
         assert_eq!(body["tools"][0]["type"], "function");
         assert_eq!(body["temperature"], 0.5);
+        assert_eq!(body["max_tokens"], 64);
     }
 
     #[test]
