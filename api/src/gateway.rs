@@ -519,13 +519,14 @@ impl Session {
     async fn quiet(&mut self) -> Option<SseEvent> {
         let run = self.watch?;
         let standing = match runs::standing(&self.db, run).await {
-            Ok(standing) => standing?,
+            Ok(standing) => standing,
             Err(err) => {
                 tracing::warn!(error = %err, "reading a quiet run failed");
                 return None;
             }
         };
-        if standing.status.is_terminal() {
+        // A run that is over, or gone (its thread was erased): nothing more will stream.
+        let Some(standing) = standing.filter(|s| !s.status.is_terminal()) else {
             self.finished = true;
             let data = json!({"workflow_id": run});
             return Some(
@@ -533,7 +534,7 @@ impl Session {
                     .event("message_not_streaming")
                     .data(data.to_string()),
             );
-        }
+        };
         let paused = matches!(
             standing.status,
             RunStatus::RequiresAction | RunStatus::AwaitingApproval

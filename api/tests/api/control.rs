@@ -288,6 +288,8 @@ async fn erasing_a_thread_stops_its_run_and_its_stream_leaves_nothing_and_the_id
     )
     .await;
 
+    // A client following the stream while the thread is erased.
+    let mut follower = app.stream(&alice, thread, "", None).await;
     let path = format!("/v1/threads/{thread}");
     for other in [token("bob", "acme"), admin("other")] {
         let (status, _) = app.send(reqwest::Method::DELETE, &other, &path, None).await;
@@ -323,6 +325,16 @@ async fn erasing_a_thread_stops_its_run_and_its_stream_leaves_nothing_and_the_id
         [(active.clone(), i32::MAX.to_string())].into(),
         "only the refusal of the active run is left"
     );
+
+    // The follower is told, and its stream ends: the entries it would resume from are gone
+    // (`stream_reset`: re-fetch over REST, which now says 404).
+    let frames = follower.collect(Duration::from_secs(25)).await;
+    let last = frames
+        .iter()
+        .rev()
+        .find(|f| f.event != "heartbeat")
+        .expect("frames");
+    assert_eq!(last.event, "stream_reset", "{frames:?}");
 
     // 404 for everyone, forever; a message cannot bring it back.
     for who in [&alice, &admin("acme")] {
