@@ -1,7 +1,8 @@
 //! Waiting for a run without holding a database connection (`GET /v1/workflows/{id}?wait=S`).
 //!
-//! One `LISTEN spool_run_status` connection per API process (a trigger NOTIFYs the run's id on
-//! every status change, in the changing transaction) fans out to every waiter through a
+//! One `LISTEN spool_run_status` connection per API process (a trigger NOTIFYs the run's id
+//! when a watched run ends or pauses, in the changing transaction; `runs::watch` marks it) fans
+//! out to every waiter through a
 //! broadcast channel. A waiter subscribes, reads the run once, and reads it again only when its
 //! run's id comes by (or when the listener lost its connection and notifications may have been
 //! missed: it then wakes everyone). So 1,000 waits hold one connection, not 1,000.

@@ -24,7 +24,7 @@
 --                                                                    worker/src/agent.rs
 --  11 SELECT step, ... FROM run_steps    steps::load                shared/src/db/steps.rs,
 --                                                                    called by agent::run
---  12 WITH finished AS (UPDATE runs), step AS (INSERT run_steps) UPDATE messages
+--  12 WITH finished AS (UPDATE runs) UPDATE messages
 --                                         runs::finish               called by run::end
 -- Not issued for such a run: agents::find (agent::run and agent::run_completed, only when the
 -- run has an agent_id), steps::save (only for steps with tool calls), runs::pause / release.
@@ -119,7 +119,8 @@ WITH RECURSIVE
               WHERE q.status = 'queued' AND q.tenant_id > t.tenant_id
               ORDER BY q.tenant_id LIMIT 1)
        FROM tenants t WHERE t.tenant_id IS NOT NULL),
- -- Each tenant's oldest queued run; the tenants with the fewest running runs first.
+ -- Each tenant's oldest queued runs (several: concurrent claims skip each other's
+ -- locked rows and need the next ones), the tenants with the fewest running runs first.
  fair AS (
      SELECT h.id, h.queued_at,
             (SELECT count(*) FROM runs x
@@ -127,10 +128,10 @@ WITH RECURSIVE
        FROM tenants t
        CROSS JOIN LATERAL (SELECT q.id, q.queued_at FROM runs q
                             WHERE q.status = 'queued' AND q.tenant_id = t.tenant_id
-                            ORDER BY q.queued_at LIMIT 1) h
+                            ORDER BY q.queued_at LIMIT 16) h
       WHERE t.tenant_id IS NOT NULL
       ORDER BY running, h.queued_at
-      LIMIT 8),
+      LIMIT 32),
  -- Expired leases (a crash) and expired pauses come first, earliest deadline first.
  rescue AS (
      (SELECT id, queued_at FROM runs
@@ -209,17 +210,10 @@ SELECT step, attempt, created_at, data FROM run_steps WHERE workflow_id = :c_id 
 WITH finished AS (
      UPDATE runs
         SET status = 'completed', error = NULL, usage = '{"input_tokens":1,"output_tokens":32}'::jsonb,
-            finished_at = now(), updated_at = now(), lease_expires_at = NULL
+            finished_at = now(), updated_at = now(), lease_expires_at = NULL,
+            final_step = '{"assistant":{"text":"[demo] You said \"Hello!\". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole","tool_calls":[]},"results":[],"usage":{"input_tokens":1,"output_tokens":32},"citations":[],"model_call":{"model":"demo","started_at":"2026-11-24T00:00:00Z","ended_at":"2026-11-24T00:00:00Z","finish_reason":"stop"}}'::jsonb
       WHERE id = :c_id AND attempt = :c_attempt AND status = 'running'
-  RETURNING assistant_message_id),
-      step AS (
-     INSERT INTO run_steps (workflow_id, step, attempt, data, text)
-     SELECT :c_id, 1, :c_attempt,
-            '{"assistant":{"text":"[demo] You said \"Hello!\". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole","tool_calls":[]},"results":[],"usage":{"input_tokens":1,"output_tokens":32},"citations":[],"model_call":{"model":"demo","started_at":"2026-11-24T00:00:00Z","ended_at":"2026-11-24T00:00:00Z","finish_reason":"stop"}}'::jsonb,
-            coalesce('[demo] You said "Hello!". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole', '')
-       FROM finished WHERE 1::int IS NOT NULL
-         ON CONFLICT (workflow_id, step)
-         DO UPDATE SET attempt = EXCLUDED.attempt, data = EXCLUDED.data, text = EXCLUDED.text)
+  RETURNING assistant_message_id)
  UPDATE messages m
     SET content = '[demo] You said "Hello!". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole',
         parts = '[{"text":"[demo] You said \"Hello!\". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole","type":"text"}]'::jsonb,

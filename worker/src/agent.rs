@@ -230,7 +230,7 @@ impl<'a> Loop<'a> {
         };
         self.answer.usage.add(output.usage);
         if output.tool_calls.is_empty() {
-            self.answer.final_step = Some(Box::new((step, output.saved(Vec::new(), Vec::new()))));
+            self.answer.final_step = Some(Box::new(output.saved(Vec::new(), Vec::new())));
             return Err(self.final_answer(a, step, output.text).await);
         }
         if self.buffer {

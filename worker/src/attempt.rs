@@ -321,10 +321,7 @@ async fn end(
         parts: &answer.parts,
         usage: answer.usage,
         error,
-        final_step: answer
-            .final_step
-            .as_ref()
-            .map(|last| (i32::try_from(last.0).unwrap_or(i32::MAX), &last.1)),
+        final_step: answer.final_step.as_deref(),
     };
     if a.claimed.finish(a.db, &outcome).await?.is_lost() {
         return Ok(Ended::LeaseLost);

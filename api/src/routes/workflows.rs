@@ -132,8 +132,9 @@ pub const MAX_WAIT_SECS: u64 = 60;
 /// A run: status, attempt, timestamps, error, usage, and what it waits for while paused.
 ///
 /// With `?wait=S`, the answer comes as soon as the run is terminal or paused, or after S
-/// seconds with the run as it is then. A waiting request holds no database connection: the
-/// process's one LISTEN connection wakes it when its run's status changes.
+/// seconds with the run as it is then. A waiting request holds no database connection: it marks
+/// the run watched (so its end or pause is NOTIFYed) and the process's one LISTEN connection
+/// wakes it.
 #[utoipa::path(
     get,
     path = "/v1/workflows/{workflow_id}",
@@ -169,7 +170,13 @@ async fn get_workflow(
             .await?
             .ok_or_else(workflow_not_found)
     };
-    let mut run = find().await?;
+    let mut run = if wait > 0 {
+        runs::watch(&state.db, workflow_id, caller.scope())
+            .await?
+            .ok_or_else(workflow_not_found)?
+    } else {
+        find().await?
+    };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(wait);
     while !settled(run.status) {
         tokio::select! {

@@ -223,6 +223,34 @@ pub async fn find_in(
     query.build_query_as().fetch_optional(executor).await
 }
 
+/// Marks the run in `scope` as waited on (its end or pause is then NOTIFYed on
+/// `spool_run_status`) and returns it as it is, if it exists. One statement: a run ending at the
+/// same moment either sees the mark (and notifies) or is returned ended.
+pub async fn watch(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+    scope: Scope<'_>,
+) -> sqlx::Result<Option<Run>> {
+    let mut query = sqlx::QueryBuilder::new("UPDATE runs r SET watched = true WHERE r.id = ");
+    query.push_bind(id);
+    scope.push(&mut query, "r");
+    query.push(concat!(" RETURNING ", columns!("r.")));
+    query.build_query_as().fetch_optional(executor).await
+}
+
+/// The run's final step (the model call that answered without tool calls), once it ended.
+pub async fn final_step(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+) -> sqlx::Result<Option<SavedStep>> {
+    let row: Option<(Option<Json<SavedStep>>,)> =
+        sqlx::query_as("SELECT final_step FROM runs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(executor)
+            .await?;
+    Ok(row.and_then(|(step,)| step).map(|step| step.0))
+}
+
 /// Filters of a run list.
 #[derive(Clone, Debug, Default)]
 pub struct RunFilter {
@@ -447,7 +475,8 @@ pub async fn claim_next(
                       WHERE q.status = 'queued' AND q.tenant_id > t.tenant_id
                       ORDER BY q.tenant_id LIMIT 1)
                FROM tenants t WHERE t.tenant_id IS NOT NULL),
-         -- Each tenant's oldest queued run; the tenants with the fewest running runs first.
+         -- Each tenant's oldest queued runs (several: concurrent claims skip each other's
+         -- locked rows and need the next ones), the tenants with the fewest running runs first.
          fair AS (
              SELECT h.id, h.queued_at,
                     (SELECT count(*) FROM runs x
@@ -455,10 +484,10 @@ pub async fn claim_next(
                FROM tenants t
                CROSS JOIN LATERAL (SELECT q.id, q.queued_at FROM runs q
                                     WHERE q.status = 'queued' AND q.tenant_id = t.tenant_id
-                                    ORDER BY q.queued_at LIMIT 1) h
+                                    ORDER BY q.queued_at LIMIT 16) h
               WHERE t.tenant_id IS NOT NULL
               ORDER BY running, h.queued_at
-              LIMIT 8),
+              LIMIT 32),
          -- Expired leases (a crash) and expired pauses come first, earliest deadline first.
          rescue AS (
              (SELECT id, queued_at FROM runs
@@ -724,9 +753,10 @@ pub struct Outcome<'a> {
     pub usage: Usage,
     /// Why, for a failed run.
     pub error: Option<&'a RunFailure>,
-    /// The step that answered without tool calls (its number and what it holds), saved in
-    /// the same statement for the timeline.
-    pub final_step: Option<(i32, &'a SavedStep)>,
+    /// The step that answered without tool calls, kept on the run (`runs.final_step`) for the
+    /// timeline: a row of its own in `run_steps` cost a fifth of the run lifecycle's SQL
+    /// throughput (pgbench, tests/bench/lifecycle.sql).
+    pub final_step: Option<&'a SavedStep>,
 }
 
 /// Finishes the run and writes its assistant message, in one statement fenced on the attempt:
@@ -743,15 +773,9 @@ async fn finish(
         "WITH finished AS (
              UPDATE runs
                 SET status = $3, error = $7, usage = $6, finished_at = now(), updated_at = now(),
-                    lease_expires_at = NULL
+                    lease_expires_at = NULL, final_step = $8
               WHERE id = $1 AND attempt = $2 AND status = 'running'
-          RETURNING assistant_message_id),
-              step AS (
-             INSERT INTO run_steps (workflow_id, step, attempt, data, text)
-             SELECT $1, $8, $2, $9, coalesce($10, '') FROM finished WHERE $8::int IS NOT NULL
-                 ON CONFLICT (workflow_id, step)
-                 DO UPDATE SET attempt = EXCLUDED.attempt, data = EXCLUDED.data,
-                               text = EXCLUDED.text)
+          RETURNING assistant_message_id)
          UPDATE messages m
             SET content = $4, parts = $5, usage = $6, status = $3, updated_at = now()
            FROM finished
@@ -765,18 +789,7 @@ async fn finish(
     .bind(super::storable(outcome.parts)?)
     .bind(Json(outcome.usage))
     .bind(outcome.error.map(super::storable).transpose()?)
-    .bind(outcome.final_step.map(|(step, _)| step))
-    .bind(
-        outcome
-            .final_step
-            .map(|(_, saved)| super::storable(saved))
-            .transpose()?,
-    )
-    .bind(
-        outcome
-            .final_step
-            .map(|(_, saved)| super::storable_text(&saved.assistant.text)),
-    )
+    .bind(outcome.final_step.map(super::storable).transpose()?)
     .fetch_optional(executor)
     .await?;
     Ok(updated.is_some())

@@ -1,7 +1,8 @@
 //! Usage: the tokens and runs of a tenant's runs that ended in a window, grouped by user, agent
-//! or model. By user and agent it sums `runs.usage`; by model it sums each saved step's model
-//! call (`run_steps.data.model_call.model`, `data.usage`), so a run whose steps used several
-//! models counts under each; steps saved before model calls were recorded count as `unknown`.
+//! or model. By user and agent it sums `runs.usage`; by model it sums each step's model call
+//! (`run_steps.data` and the run's `final_step`: `model_call.model`, `usage`), so a run whose
+//! steps used several models counts under each; steps saved before model calls were recorded
+//! count as `unknown`.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
@@ -66,14 +67,20 @@ pub async fn report(
             }
         }
         GroupBy::Model => {
-            "SELECT coalesce(s.data->'model_call'->>'model', 'unknown') AS \"group\",
-                    coalesce(sum((s.data->'usage'->>'input_tokens')::bigint), 0)::bigint
+            "WITH ended AS (
+                 SELECT id, final_step FROM runs
+                  WHERE tenant_id = $1 AND finished_at >= $2 AND finished_at < $3),
+             calls AS (
+                 SELECT e.id, s.data FROM ended e JOIN run_steps s ON s.workflow_id = e.id
+                 UNION ALL
+                 SELECT id, final_step FROM ended WHERE final_step IS NOT NULL)
+             SELECT coalesce(data->'model_call'->>'model', 'unknown') AS \"group\",
+                    coalesce(sum((data->'usage'->>'input_tokens')::bigint), 0)::bigint
                         AS input_tokens,
-                    coalesce(sum((s.data->'usage'->>'output_tokens')::bigint), 0)::bigint
+                    coalesce(sum((data->'usage'->>'output_tokens')::bigint), 0)::bigint
                         AS output_tokens,
-                    count(DISTINCT r.id) AS runs
-               FROM runs r JOIN run_steps s ON s.workflow_id = r.id
-              WHERE r.tenant_id = $1 AND r.finished_at >= $2 AND r.finished_at < $3
+                    count(DISTINCT id) AS runs
+               FROM calls
               GROUP BY 1"
         }
     };

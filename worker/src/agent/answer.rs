@@ -14,7 +14,7 @@ pub(crate) struct Answer {
     pub(crate) citations: Vec<Citation>,
     /// The step whose model call answered without tool calls, saved with the run's end (for
     /// the timeline).
-    pub(crate) final_step: Option<Box<(u32, SavedStep)>>,
+    pub(crate) final_step: Option<Box<SavedStep>>,
 }
 
 impl Answer {

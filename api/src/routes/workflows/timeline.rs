@@ -151,11 +151,22 @@ pub(crate) async fn get_steps(
     let run = runs::find_in(&state.db, workflow_id, caller.scope())
         .await?
         .ok_or_else(workflow_not_found)?;
-    let steps = steps::load(&state.db, workflow_id).await?;
+    let saved = steps::load(&state.db, workflow_id).await?;
+    let mut steps: Vec<TimelineStep> = saved.into_iter().map(TimelineStep::from).collect();
+    // The step that answered is kept on the run, after the others.
+    if let Some(last) = runs::final_step(&state.db, workflow_id).await? {
+        let step = Step {
+            step: steps.last().map_or(1, |s| s.step + 1),
+            attempt: run.attempt,
+            created_at: run.finished_at.unwrap_or(run.updated_at),
+            data: sqlx::types::Json(last),
+        };
+        steps.push(step.into());
+    }
     Ok(Json(StepsResponse {
         workflow_id,
         status: run.status,
         pending_action: run.pending_action.map(|a| a.0),
-        steps: steps.into_iter().map(TimelineStep::from).collect(),
+        steps,
     }))
 }
