@@ -367,15 +367,15 @@ fn fenced_by(err: &redis::RedisError) -> Option<i64> {
 /// the run is gone before the fence does.
 pub const ERASED_FENCE_SECS: i64 = 86_400;
 
-/// Erases a thread's stream and `message_start` index. If a run was `active`, the fence
-/// refuses every later attempt of it (so a worker still holding it publishes nothing, and the
-/// stream is not born again); the fence holds only that run's id, for
-/// [`ERASED_FENCE_SECS`]. Otherwise the fence goes too.
+/// Erases a thread's stream and `message_start` index. For each run that may still publish
+/// (`publishing`: active, or just ended), the fence refuses every attempt of it (so its worker
+/// publishes nothing and the stream is not born again); the fence holds only those runs' ids,
+/// for [`ERASED_FENCE_SECS`]. With none, the fence goes too.
 pub async fn erase(
     conn: &mut RedisConn,
     keys: &StreamKeys,
     thread: ThreadId,
-    active: Option<WorkflowId>,
+    publishing: &[WorkflowId],
 ) -> redis::RedisResult<()> {
     // A script, not MULTI: atomic on a Cluster too (the keys share one slot).
     ERASE
@@ -383,8 +383,13 @@ pub async fn erase(
         .key(keys.events(thread))
         .key(keys.fence(thread))
         .key(keys.starts(thread))
-        .arg(active.map(|id| id.to_string()).unwrap_or_default())
         .arg(ERASED_FENCE_SECS)
+        .arg(
+            publishing
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+        )
         .invoke_async::<()>(conn)
         .await
 }

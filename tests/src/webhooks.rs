@@ -20,6 +20,8 @@ pub enum Reply {
     Status(u16),
     /// No answer, ever.
     Hang,
+    /// `303 See Other` to `/landing` on the same server, which answers a GET with 200.
+    SeeOther,
 }
 
 /// One delivery as it arrived.
@@ -65,6 +67,7 @@ impl Received {
 pub struct Receiver {
     received: Arc<Mutex<Vec<Received>>>,
     script: Arc<Mutex<VecDeque<Reply>>>,
+    landed: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Receiver {
@@ -73,12 +76,26 @@ impl Receiver {
         let receiver = Self {
             received: Arc::default(),
             script: Arc::new(Mutex::new(script.iter().copied().collect())),
+            landed: Arc::default(),
         };
+        let landed = Arc::clone(&receiver.landed);
         let app = axum::Router::new()
+            .route(
+                "/landing",
+                axum::routing::get(move || async move {
+                    landed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    "welcome"
+                }),
+            )
             .route("/hook", post(receive))
             .with_state(receiver.clone());
         let base = crate::serve(app).await;
         (receiver, format!("{base}/hook"))
+    }
+
+    /// How many GETs reached `/landing` (a redirect followed).
+    pub fn landed(&self) -> usize {
+        self.landed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Every delivery so far, in arrival order.
@@ -87,7 +104,12 @@ impl Receiver {
     }
 }
 
-async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn receive(
+    State(receiver): State<Receiver>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
     let header = |name: &str| {
         headers
             .get(name)
@@ -103,8 +125,13 @@ async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Byt
     });
     let reply = receiver.script.lock().expect("lock").pop_front();
     match reply {
-        Some(Reply::Status(code)) => StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
+        Some(Reply::Status(code)) => StatusCode::from_u16(code)
+            .unwrap_or(StatusCode::OK)
+            .into_response(),
         Some(Reply::Hang) => std::future::pending().await,
-        None => StatusCode::NO_CONTENT,
+        Some(Reply::SeeOther) => {
+            (StatusCode::SEE_OTHER, [("location", "/landing")]).into_response()
+        }
+        None => StatusCode::NO_CONTENT.into_response(),
     }
 }

@@ -247,9 +247,8 @@ impl<'a> Loop<'a> {
         if let Some(max) = self.spec.limits.max_tool_calls
             && self.recent.len() > max as usize
         {
-            if !self.buffer {
-                self.answer.add_text(&output.text);
-            }
+            // Shown with its calls (held-back text too, at line `emit_text` above).
+            self.answer.add_text(&output.text);
             let message = format!(
                 "the model asked for tool call {} of the run; limits.max_tool_calls is {max}",
                 self.recent.len()

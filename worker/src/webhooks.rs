@@ -8,8 +8,8 @@
 //!   `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, with the key the
 //!   base64 after `whsec_` in the endpoint's secret.
 //! - The URL goes through the tools' network policy ([`GuardedClients::for_url`]) at every
-//!   try; redirects are followed only within the URL's origin (a signed request never reaches
-//!   a host the tenant did not name).
+//!   try; redirects are never followed: a 3xx is a failed try (following a 303 would turn the
+//!   signed POST into a GET whose 2xx would count as delivered).
 //! - A 2xx delivers it. Anything else is retried with exponential backoff ([`retry_in`]: 5 s
 //!   doubling to at most an hour) until 24 h after the event, then abandoned. A worker that
 //!   dies mid-try leaves the lease to expire ([`LEASE`]); another worker tries again (at least
@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 
 use spool_shared::db::webhooks::{self, Due, Outcome};
 
-use crate::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
+use crate::agent::tools::ssrf::{NetworkPolicy, Redirects, Refused, guarded_client};
 
 /// How often a worker looks for due deliveries.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -45,8 +45,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let timeout = (lease / 2).min(MAX_TIMEOUT);
-    let clients = match GuardedClients::new(&policy, timeout) {
-        Ok(clients) => Arc::new(clients),
+    let clients = match guarded_client(Arc::clone(&policy), timeout, Redirects::Never) {
+        Ok(client) => Arc::new((policy, client)),
         Err(err) => {
             tracing::error!(error = %err, "webhook client; webhooks will not be delivered");
             return;
@@ -73,7 +73,7 @@ pub async fn run(
 }
 
 /// One try of one delivery, and its outcome recorded.
-async fn deliver(db: &PgPool, clients: &GuardedClients, due: Due) {
+async fn deliver(db: &PgPool, clients: &(Arc<NetworkPolicy>, reqwest::Client), due: Due) {
     let outcome = Outcome {
         retry_in: retry_in(due.attempts),
         ..attempt(clients, &due).await
@@ -94,7 +94,7 @@ async fn deliver(db: &PgPool, clients: &GuardedClients, due: Due) {
 }
 
 /// The POST itself.
-async fn attempt(clients: &GuardedClients, due: &Due) -> Outcome {
+async fn attempt(clients: &(Arc<NetworkPolicy>, reqwest::Client), due: &Due) -> Outcome {
     let failed = |status_code: Option<u16>, error: String| Outcome {
         status_code,
         error: Some(error),
@@ -104,10 +104,11 @@ async fn attempt(clients: &GuardedClients, due: &Due) -> Outcome {
     let Ok(url) = reqwest::Url::parse(&due.url) else {
         return failed(None, "the URL does not parse".into());
     };
-    let client = match clients.for_url(&url, true) {
-        Ok(client) => client,
-        Err(refused) => return failed(None, refused.to_string()),
-    };
+    // An IP-literal host is judged here (the resolver never sees it); names at connect time.
+    let (policy, client) = clients;
+    if let Err(reason) = policy.check_url(&url) {
+        return failed(None, Refused::new(reason).to_string());
+    }
     let body = due.payload.0.to_string();
     let id = due.id.to_string();
     let timestamp = Utc::now().timestamp();

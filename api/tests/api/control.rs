@@ -322,8 +322,12 @@ async fn erasing_a_thread_stops_its_run_and_its_stream_leaves_nothing_and_the_id
         .expect("hgetall");
     assert_eq!(
         fence,
-        [(active.clone(), i32::MAX.to_string())].into(),
-        "only the refusal of the active run is left"
+        [
+            (active.clone(), i32::MAX.to_string()),
+            (run.clone(), i32::MAX.to_string()),
+        ]
+        .into(),
+        "only the refusals of the active run and of the one that just ended are left"
     );
 
     // The follower is told, and its stream ends: the entries it would resume from are gone

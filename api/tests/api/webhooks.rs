@@ -252,3 +252,38 @@ async fn a_worker_whose_network_policy_refuses_the_url_never_connects_and_record
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_redirect_is_a_failed_try_never_followed_into_a_delivery() {
+    // A 303 followed would turn the signed POST into a GET whose 200 would count as delivered.
+    let (receiver, url) = Receiver::start(&[Reply::SeeOther]).await;
+    let app = TestApp::start(1, loopback_workers()).await;
+    let acme = admin("acme");
+    let (_, hook) = app
+        .post(
+            &acme,
+            "/v1/webhooks",
+            &json!({"url": url, "events": ["run.completed"]}),
+        )
+        .await;
+    let id = hook["id"].as_str().expect("id").to_owned();
+    let alice = token("alice", "acme");
+    let (_, accepted) = app.send_message(&alice, uuid::Uuid::new_v4(), "hi").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id");
+    app.wait_for_status(&alice, workflow, "completed").await;
+    let delivery = poll_until("a try", Duration::from_secs(20), || async {
+        let (_, page) = app
+            .get(&acme, &format!("/v1/webhooks/{id}/deliveries"))
+            .await;
+        let delivery = page["data"][0].clone();
+        (delivery["attempts"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()))
+        .then_some(delivery)
+    })
+    .await;
+    assert_eq!(delivery["status"], "pending", "{delivery}");
+    assert_eq!(delivery["attempts"][0]["status_code"], 303);
+    assert_eq!(receiver.landed(), 0, "the redirect was not followed");
+    app.stop().await;
+}

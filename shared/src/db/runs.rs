@@ -224,18 +224,24 @@ pub async fn find_in(
 }
 
 /// Marks the run in `scope` as waited on (its end or pause is then NOTIFYed on
-/// `spool_run_status`) and returns it as it is, if it exists. One statement: a run ending at the
-/// same moment either sees the mark (and notifies) or is returned ended.
+/// `spool_run_status`) and returns it as it is, if it exists. The mark is one UPDATE returning
+/// the row: a run ending at the same moment either sees the mark (and notifies) or is returned
+/// ended. A run marked before (a committed mark any later end sees) is only read, so a client
+/// polling `?wait=` does not write a row version per request.
 pub async fn watch(
-    executor: impl PgExecutor<'_>,
+    executor: &sqlx::PgPool,
     id: WorkflowId,
     scope: Scope<'_>,
 ) -> sqlx::Result<Option<Run>> {
     let mut query = sqlx::QueryBuilder::new("UPDATE runs r SET watched = true WHERE r.id = ");
     query.push_bind(id);
     scope.push(&mut query, "r");
-    query.push(concat!(" RETURNING ", columns!("r.")));
-    query.build_query_as().fetch_optional(executor).await
+    query.push(concat!(" AND NOT r.watched RETURNING ", columns!("r.")));
+    let marked: Option<Run> = query.build_query_as().fetch_optional(executor).await?;
+    match marked {
+        Some(run) => Ok(Some(run)),
+        None => find_in(executor, id, scope).await,
+    }
 }
 
 /// The run's final step (the model call that answered without tool calls), once it ended.

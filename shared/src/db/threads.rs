@@ -225,14 +225,15 @@ pub async fn update(
     query.build_query_as().fetch_optional(executor).await
 }
 
-/// What erasing a thread found: the runs it deleted, and the one that was active (a worker
-/// may still hold it: its writes now match no row, and its stream's fence must refuse it).
+/// What erasing a thread found: the runs it deletes, and those whose worker may still publish
+/// (its stream's fence must refuse them).
 #[derive(Clone, Debug)]
 pub struct Erasing {
     /// Every run of the thread.
     pub runs: Vec<WorkflowId>,
-    /// The active run, if any.
-    pub active: Option<WorkflowId>,
+    /// The active run and the runs that ended in the last minute: a worker publishes a run's
+    /// last events (for up to its flush window) after writing its end to Postgres.
+    pub publishing: Vec<WorkflowId>,
 }
 
 /// Locks the thread in `scope` for erasure (in the caller's transaction): a message racing
@@ -251,15 +252,17 @@ pub async fn lock_for_erasure(
     if found.is_none() {
         return Ok(None);
     }
+    // The runs are locked too: a status change in flight (whose trigger writes a webhook
+    // delivery) commits before the erasure reads and deletes, so nothing it wrote survives.
     let runs: Vec<(WorkflowId, bool)> = sqlx::query_as(
-        "SELECT id, status IN ('queued', 'running', 'requires_action', 'awaiting_approval')
-           FROM runs WHERE thread_id = $1",
+        "SELECT id, finished_at IS NULL OR finished_at > now() - interval '1 minute'
+           FROM runs WHERE thread_id = $1 ORDER BY id FOR UPDATE",
     )
     .bind(id)
     .fetch_all(conn)
     .await?;
     Ok(Some(Erasing {
-        active: runs.iter().find(|(_, active)| *active).map(|(id, _)| *id),
+        publishing: runs.iter().filter(|(_, p)| *p).map(|(id, _)| *id).collect(),
         runs: runs.into_iter().map(|(id, _)| id).collect(),
     }))
 }
@@ -270,13 +273,16 @@ pub async fn lock_for_erasure(
 pub async fn erase(conn: &mut PgConnection, id: ThreadId) -> sqlx::Result<()> {
     sqlx::query(
         "WITH r AS (SELECT id FROM runs WHERE thread_id = $1),
-              k AS (DELETE FROM idempotency_keys WHERE workflow_id IN (SELECT id FROM r)),
-              d AS (DELETE FROM webhook_deliveries WHERE thread_id = $1)
+              k AS (DELETE FROM idempotency_keys WHERE workflow_id IN (SELECT id FROM r))
          DELETE FROM runs WHERE thread_id = $1",
     )
     .bind(id)
     .execute(&mut *conn)
     .await?;
+    sqlx::query("DELETE FROM webhook_deliveries WHERE thread_id = $1")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
     sqlx::query("DELETE FROM messages WHERE thread_id = $1")
         .bind(id)
         .execute(&mut *conn)

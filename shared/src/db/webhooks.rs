@@ -232,7 +232,8 @@ pub struct Outcome {
 
 /// Records try `attempt` of delivery `id` and its outcome. A failure is tried again after
 /// `retry_in`, unless [`RETRY_WINDOW`] has passed since the event (by the database clock):
-/// then the delivery is abandoned. A delivery another worker already delivered stays so.
+/// then the delivery is abandoned. Only the latest try moves the delivery (a slow worker's late
+/// outcome of an earlier try is listed but changes nothing), and a delivered one stays so.
 pub async fn record(
     executor: impl PgExecutor<'_>,
     id: Uuid,
@@ -247,7 +248,7 @@ pub async fn record(
                 delivered_at = CASE WHEN $5 THEN now() END,
                 abandoned_at = CASE WHEN NOT $5 AND created_at + $7 <= now() + $6 THEN now() END,
                 next_attempt_at = now() + $6
-          WHERE id = $1 AND delivered_at IS NULL",
+          WHERE id = $1 AND attempts = $2 AND delivered_at IS NULL",
     )
     .bind(id)
     .bind(attempt)

@@ -126,6 +126,7 @@ impl Loop<'_> {
         self.apply_decisions(&mut results);
         self.execute(a, step, &output, &mut results).await?;
         if let Some(halt) = a.stop.now() {
+            self.answer.add_text(&output.text);
             return Err(self.halted(halt));
         }
         publish_results(a, step, &mut results);

@@ -205,21 +205,45 @@ pub(crate) async fn delete_thread(
     // Redis first, under the thread's lock: if it fails, nothing is erased and the client can
     // try again; once it succeeds, the active run's worker can publish nothing more.
     let mut conn = state.streams.conn();
-    stream::erase(&mut conn, state.streams.keys(), thread_id, erasing.active)
-        .await
-        .map_err(|err| {
-            tracing::warn!(error = %err, thread.id = %thread_id, "could not erase the stream");
-            ApiError::Unavailable {
-                code: "redis_unavailable",
-                message: "the stream store is unavailable; try again".into(),
-                retry_after: 1,
-            }
-        })?;
-    threads::erase(&mut tx, thread_id).await?;
-    tx.commit().await?;
-    if let Some(active) = erasing.active {
-        // Its worker stops at once (else at its next heartbeat, which matches no row).
-        db::notify_cancel(&state.db, active).await?;
+    stream::erase(
+        &mut conn,
+        state.streams.keys(),
+        thread_id,
+        &erasing.publishing,
+    )
+    .await
+    .map_err(|err| {
+        tracing::warn!(error = %err, thread.id = %thread_id, "could not erase the stream");
+        ApiError::Unavailable {
+            code: "redis_unavailable",
+            message: "the stream store is unavailable; try again".into(),
+            retry_after: 1,
+        }
+    })?;
+    let erased = match threads::erase(&mut tx, thread_id).await {
+        Ok(()) => tx.commit().await,
+        Err(err) => Err(err),
+    };
+    if let Err(err) = erased {
+        // The thread stays: lift the fences, or its active run could never publish again (best
+        // effort; the stream itself is gone, which only a replay notices: `stream_reset`).
+        let fields: Vec<String> = erasing.publishing.iter().map(ToString::to_string).collect();
+        let fence = state.streams.keys().fence(thread_id);
+        let lifted: redis::RedisResult<()> = redis::cmd("HDEL")
+            .arg(&fence)
+            .arg(fields)
+            .query_async(&mut conn)
+            .await;
+        if let Err(redis_err) = lifted {
+            tracing::error!(error = %redis_err, thread.id = %thread_id,
+                "erasure failed after its stream was erased; the fences of its runs stay up");
+        }
+        return Err(err.into());
+    }
+    for run in &erasing.publishing {
+        // An active run's worker stops at once (else at its next heartbeat, which matches no
+        // row); an ended run ignores it.
+        db::notify_cancel(&state.db, *run).await?;
     }
     tracing::info!(thread.id = %thread_id, runs = erasing.runs.len(), "thread erased");
     Ok(StatusCode::NO_CONTENT)

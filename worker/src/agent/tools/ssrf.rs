@@ -327,6 +327,9 @@ pub enum Redirects {
     /// Only within the origin (scheme, host, port) of the request's URL; a redirect elsewhere
     /// comes back as the response, unfollowed.
     SameOrigin,
+    /// Never: every redirect comes back as the response (webhook deliveries: a 303 would turn
+    /// the signed POST into a GET whose 2xx would count as delivered).
+    Never,
 }
 
 /// The two guarded clients tools, MCP servers and hooks use, which differ only in
@@ -387,6 +390,9 @@ pub fn guarded_client(
         // `previous` starts with the original URL, so it holds one more than the hops taken.
         if attempt.previous().len() > MAX_REDIRECTS {
             return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+        }
+        if follow == Redirects::Never {
+            return attempt.stop();
         }
         if follow == Redirects::SameOrigin
             && attempt
