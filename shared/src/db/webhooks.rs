@@ -183,8 +183,6 @@ pub struct Due {
     pub attempts: i32,
     /// The body, as JSON.
     pub payload: Json<Value>,
-    /// When the event happened: retries stop [`RETRY_WINDOW`] after it.
-    pub created_at: DateTime<Utc>,
     /// Where it goes.
     pub url: String,
     /// The endpoint's signing secret.
@@ -209,7 +207,7 @@ pub async fn claim_due(
                           ORDER BY next_attempt_at
                           LIMIT $1
                             FOR UPDATE SKIP LOCKED)
-         RETURNING d.id, d.attempts, d.payload, d.created_at, w.url, w.secret",
+         RETURNING d.id, d.attempts, d.payload, w.url, w.secret",
     )
     .bind(limit)
     .bind(interval(lease))
