@@ -18,6 +18,8 @@ use serde_json::Value;
 pub use overrides::{RunDefaults, RunOverrides};
 pub use validate::FieldError;
 
+use crate::quota::Quotas;
+
 /// Bounds of `max_steps`.
 pub const MAX_STEPS_RANGE: std::ops::RangeInclusive<u32> = 1..=200;
 /// Bounds of `history_depth`.
@@ -74,6 +76,10 @@ pub struct AgentSpec {
     /// Limits of each run.
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub limits: Limits,
+    /// Quotas of this agent's own runs, per user and per tenant (counted apart from the
+    /// server's `SPOOL_QUOTA_*`, which apply as well).
+    #[serde(default, skip_serializing_if = "Quotas::is_empty")]
+    pub governance: Quotas,
     /// `active` (the default) or `disabled`: a disabled agent refuses new runs (409
     /// `agent_disabled`); runs already enqueued finish.
     #[serde(default, skip_serializing_if = "AgentStatus::is_active")]
@@ -455,6 +461,7 @@ impl AgentSpec {
             approval_timeout_secs: default_approval_timeout(),
             hooks: Vec::new(),
             limits: Limits::default(),
+            governance: Quotas::default(),
             status: AgentStatus::Active,
         }
     }

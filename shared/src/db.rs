@@ -12,6 +12,7 @@ pub mod enqueue;
 pub mod idempotency;
 pub mod messages;
 pub mod page;
+pub mod quota;
 pub mod runs;
 pub mod steps;
 pub mod threads;

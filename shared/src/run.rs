@@ -59,11 +59,14 @@ pub enum FailureCode {
     Timeout,
     /// The model asked for more tool calls than `limits.max_tool_calls` allows in one run.
     MaxToolCallsExceeded,
+    /// A daily token budget of the run's user or tenant (`SPOOL_QUOTA_*_DAILY_TOKENS`, or its
+    /// agent's `governance`) was spent: the run stopped before its next model call.
+    BudgetExceeded,
 }
 
 impl FailureCode {
     /// Every code, in the order the documentation lists them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::AgentNotFound,
         Self::ModelUnavailable,
         Self::ModelError,
@@ -75,6 +78,7 @@ impl FailureCode {
         Self::HumanTimeout,
         Self::Timeout,
         Self::MaxToolCallsExceeded,
+        Self::BudgetExceeded,
     ];
 
     /// The code as stored and shown.
@@ -91,6 +95,7 @@ impl FailureCode {
             Self::HumanTimeout => "human_timeout",
             Self::Timeout => "timeout",
             Self::MaxToolCallsExceeded => "max_tool_calls_exceeded",
+            Self::BudgetExceeded => "budget_exceeded",
         }
     }
 }

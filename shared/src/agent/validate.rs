@@ -115,6 +115,14 @@ impl AgentSpec {
                 limits.max_output_tokens,
             ),
         ];
+        for (scope, limits) in [
+            ("user", &self.governance.user),
+            ("tenant", &self.governance.tenant),
+        ] {
+            for (name, problem) in limits.problems() {
+                problems.add(format!("governance.{scope}.{name}"), problem);
+            }
+        }
         let set = optional
             .into_iter()
             .filter_map(|(field, range, value)| Some((field, range, value?)));

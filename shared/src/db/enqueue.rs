@@ -6,15 +6,20 @@
 //! spec of its agent as it is now (the run executes that spec, whatever happens to the agent
 //! later), and a NOTIFY that wakes the workers when the transaction commits. A `202` therefore means all of it
 //! is committed, and any error before the commit leaves nothing behind. The partial unique index
-//! on active runs refuses a second one on the thread (invariant 2).
+//! on active runs refuses a second one on the thread (invariant 2). When quotas apply, the run
+//! carries its counters and the COMMIT counts it in them (`db::quota`): commit with
+//! [`commit`], which answers a run over a limit with [`EnqueueError::Refused`], everything
+//! rolled back.
 
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
+use crate::db::quota::{self, Refusal};
 use crate::db::runs::{self, NewRun};
 use crate::db::threads::{self, Owner};
 use crate::db::{agents, is_unique_violation, messages, notify_runs};
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
+use crate::quota::{Quotas, counters};
 use crate::status::{MessageStatus, Role};
 
 /// A user's message to enqueue.
@@ -34,6 +39,8 @@ pub struct NewMessage<'a> {
     pub idempotency_key: Option<&'a str>,
     /// The request's W3C traceparent, so the worker's attempts join its trace.
     pub trace_context: Option<&'a str>,
+    /// The server's quotas (`SPOOL_QUOTA_*`).
+    pub quotas: &'a Quotas,
 }
 
 /// What the enqueue made.
@@ -62,6 +69,9 @@ pub enum EnqueueError {
     /// The thread already has an active run.
     #[error("the thread already has an active run")]
     ThreadBusy,
+    /// A quota refuses the run.
+    #[error("{}", .0.message())]
+    Refused(Refusal),
     /// Postgres failed.
     #[error(transparent)]
     Db(#[from] sqlx::Error),
@@ -97,6 +107,8 @@ pub async fn enqueue(
         message_id: MessageId::new(),
     };
     let workflow_id = enqueued.workflow_id;
+    let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
+    let quota = counters(message.quotas, governance, &message.owner.user_id);
     messages::insert(
         &mut *tx,
         enqueued.user_message_id,
@@ -129,6 +141,7 @@ pub async fn enqueue(
         assistant_message_id: enqueued.message_id,
         idempotency_key: message.idempotency_key,
         trace_context: message.trace_context,
+        quota: quota.as_ref(),
     };
     if let Err(err) = runs::insert(&mut *tx, &run).await {
         if is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) {
@@ -138,4 +151,12 @@ pub async fn enqueue(
     }
     notify_runs(&mut *tx).await?;
     Ok(enqueued)
+}
+
+/// Commits an enqueue's transaction: quotas are checked here (see the module doc).
+pub async fn commit(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), EnqueueError> {
+    tx.commit().await.map_err(|err| match quota::refusal(&err) {
+        Some(refusal) => EnqueueError::Refused(refusal),
+        None => EnqueueError::Db(err),
+    })
 }

@@ -28,6 +28,7 @@ use crate::db::page::{self, Cursor, Page, Scope};
 use crate::db::steps::{self, SavedStep};
 use crate::db::threads::Owner;
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
+use crate::quota::RunQuota;
 use crate::run::{MessagePart, PendingAction, RunFailure, Usage};
 use crate::status::RunStatus;
 
@@ -96,6 +97,8 @@ pub struct Run {
     pub queued_at: DateTime<Utc>,
     /// The agent's spec as it was at enqueue (`None`: the worker's default agent).
     pub agent_spec: Option<Json<AgentSpec>>,
+    /// The quota counters it was admitted against (`None`: no quota applied).
+    pub quota: Option<Json<RunQuota>>,
 }
 
 // One list for every statement that returns whole runs (`r.`-prefixed where a join needs it).
@@ -106,7 +109,7 @@ macro_rules! columns {
          status, attempt, reclaims, lease_owner, lease_expires_at, heartbeat_at, \
          cancel_requested_at, error, usage, trace_context, created_at, started_at, finished_at, \
          updated_at, pending_action, pause_expires_at, resumed, overrides, cancel_reason, \
-         cancelled_by, queued_at, agent_spec"
+         cancelled_by, queued_at, agent_spec, quota"
     };
     ("r.") => {
         "r.id, r.thread_id, r.tenant_id, r.owner_id, r.agent_id, r.user_message_id, \
@@ -114,7 +117,7 @@ macro_rules! columns {
          r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage, \
          r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at, \
          r.pending_action, r.pause_expires_at, r.resumed, r.overrides, r.cancel_reason, \
-         r.cancelled_by, r.queued_at, r.agent_spec"
+         r.cancelled_by, r.queued_at, r.agent_spec, r.quota"
     };
 }
 
@@ -139,6 +142,8 @@ pub struct NewRun<'a> {
     pub idempotency_key: Option<&'a str>,
     /// The request's W3C traceparent, if any.
     pub trace_context: Option<&'a str>,
+    /// The quota counters it is admitted against, if any.
+    pub quota: Option<&'a RunQuota>,
 }
 
 /// Inserts a queued run. Fails with a unique violation of [`ONE_ACTIVE_PER_THREAD`] if the
@@ -146,8 +151,9 @@ pub struct NewRun<'a> {
 pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                           assistant_message_id, idempotency_key, trace_context, agent_spec)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                           assistant_message_id, idempotency_key, trace_context, agent_spec,
+                           quota)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(run.id)
     .bind(run.thread_id)
@@ -159,6 +165,7 @@ pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Re
     .bind(run.idempotency_key)
     .bind(run.trace_context)
     .bind(run.agent_spec.map(Json))
+    .bind(run.quota.map(Json))
     .execute(executor)
     .await?;
     Ok(())
@@ -856,6 +863,7 @@ mod tests {
             metadata: &json!({}),
             idempotency_key: None,
             trace_context: None,
+            quotas: &crate::quota::Quotas::default(),
         };
         let mut tx = db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");

@@ -1,0 +1,242 @@
+//! The quota counters (`quota_counters`, see its migration): admission at enqueue, the token
+//! charge of a model call, and the budget check of a running run.
+//!
+//! Admission is the `runs_quota_admit` trigger, deferred to the enqueue's COMMIT (see the
+//! migration `20261124000005_quotas.sql`): it checks each counter of `runs.quota` and takes
+//! room for the run in a shard of it, and fails the COMMIT with SQLSTATE [`REFUSED`] when a
+//! budget is spent or a counter has no room, which rolls everything back; [`refusal`] reads
+//! why. Quotas therefore cost the enqueue no extra round trip, and enqueues of one tenant do
+//! not queue behind each other's commits.
+
+use sqlx::PgExecutor;
+
+use crate::quota::{Counter, QuotaScope, RunQuota};
+
+/// Why a run was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// Which limit: `rate_limited`, `concurrency_limited` or `budget_exceeded`.
+    pub code: &'static str,
+    /// Whom the counter counts.
+    pub scope: QuotaScope,
+    /// The agent whose runs it counts (its `governance`), if only one's.
+    pub agent_id: Option<String>,
+    /// The limit.
+    pub limit: u64,
+    /// Seconds until a retry may pass (the window's or the day's end; a hint for concurrency).
+    pub retry_after: u32,
+}
+
+impl Refusal {
+    /// A sentence for people.
+    pub fn message(&self) -> String {
+        let whose = whose(self.scope, self.agent_id.as_deref());
+        let what = match self.code {
+            "rate_limited" => format!("{} runs per hour", self.limit),
+            "concurrency_limited" => format!("{} active runs at once", self.limit),
+            _ => format!("a budget of {} tokens a day", self.limit),
+        };
+        format!(
+            "{whose} quota of {what} is reached; retry after {} s",
+            self.retry_after
+        )
+    }
+}
+
+/// Whose counter it is, for messages: `the user's`, `the tenant's (agent …)`.
+fn whose(scope: QuotaScope, agent_id: Option<&str>) -> String {
+    match agent_id {
+        None => format!("the {}'s", scope.as_str()),
+        Some(agent) => format!("the {}'s (agent {agent})", scope.as_str()),
+    }
+}
+
+/// Seconds a refusal for concurrency suggests waiting: no run's end can be foreseen.
+pub const CONCURRENCY_RETRY_SECS: u32 = 5;
+
+/// The SQLSTATE with which `spool_quota_admit` refuses a run at COMMIT.
+pub const REFUSED: &str = "SQ429";
+
+/// The refusal JSON `spool_quota_admit` puts in the error's DETAIL.
+#[derive(serde::Deserialize)]
+struct Detail {
+    code: String,
+    limit: u64,
+    #[serde(default)]
+    retry_after: Option<f64>,
+    owner_id: String,
+    agent_id: String,
+}
+
+/// The refusal a failed COMMIT carries, if a quota refused the run.
+pub fn refusal(err: &sqlx::Error) -> Option<Refusal> {
+    let sqlx::Error::Database(db) = err else {
+        return None;
+    };
+    if db.code().as_deref() != Some(REFUSED) {
+        return None;
+    }
+    let detail = db
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?
+        .detail()?;
+    let detail: Detail = serde_json::from_str(detail).ok()?;
+    let code = match detail.code.as_str() {
+        "rate_limited" => "rate_limited",
+        "concurrency_limited" => "concurrency_limited",
+        "budget_exceeded" => "budget_exceeded",
+        _ => return None,
+    };
+    let counter = Counter {
+        owner_id: detail.owner_id,
+        agent_id: detail.agent_id,
+        limits: Default::default(),
+    };
+    let retry_after = detail.retry_after.map_or(CONCURRENCY_RETRY_SECS, |secs| {
+        secs.ceil().clamp(1.0, 86_400.0) as u32
+    });
+    Some(Refusal {
+        code,
+        scope: counter.scope(),
+        agent_id: counter.agent().map(str::to_owned),
+        limit: detail.limit,
+        retry_after,
+    })
+}
+
+/// A counter whose daily budget is spent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spent {
+    /// Whom it counts.
+    pub scope: QuotaScope,
+    /// The agent whose runs it counts, if only one's.
+    pub agent_id: Option<String>,
+    /// The budget.
+    pub budget: u64,
+    /// Tokens spent today.
+    pub tokens: i64,
+}
+
+impl Spent {
+    /// A sentence for people.
+    pub fn message(&self) -> String {
+        let whose = whose(self.scope, self.agent_id.as_deref());
+        format!(
+            "{whose} daily token budget of {} is spent ({} tokens today)",
+            self.budget, self.tokens
+        )
+    }
+}
+
+// The UTC day of a counter's tokens.
+macro_rules! today {
+    () => {
+        "(now() AT TIME ZONE 'UTC')::date"
+    };
+}
+
+#[derive(sqlx::FromRow)]
+struct DayTokens {
+    owner_id: String,
+    agent_id: String,
+    day_tokens: i64,
+}
+
+/// Adds `tokens` to today's tokens of `quota`'s budgeted counters of `tenant_id` (with 0, only
+/// reads them) and returns the first counter whose budget is spent. Not part of any run
+/// transaction: a model call's tokens are spent once it answered, whatever happens next.
+pub async fn charge(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    quota: &RunQuota,
+    tokens: u64,
+) -> sqlx::Result<Option<Spent>> {
+    let budgets: Vec<&Counter> = quota.budgets().collect();
+    if budgets.is_empty() {
+        return Ok(None);
+    }
+    let owners: Vec<&str> = budgets.iter().map(|c| c.owner_id.as_str()).collect();
+    let agents: Vec<&str> = budgets.iter().map(|c| c.agent_id.as_str()).collect();
+    let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+    let rows: Vec<DayTokens> = if tokens == 0 {
+        sqlx::query_as(concat!(
+            "SELECT owner_id, agent_id,
+                    CASE WHEN day = ",
+            today!(),
+            " THEN day_tokens ELSE 0 END AS day_tokens
+               FROM quota_counters
+              WHERE tenant_id = $1
+                AND (owner_id, agent_id) IN (SELECT * FROM unnest($2::text[], $3::text[]))"
+        ))
+        .bind(tenant_id)
+        .bind(&owners)
+        .bind(&agents)
+        .fetch_all(executor)
+        .await?
+    } else {
+        sqlx::query_as(concat!(
+            "INSERT INTO quota_counters AS q (tenant_id, owner_id, agent_id, day, day_tokens)
+             SELECT $1, k.o, k.a, ",
+            today!(),
+            ", $4
+               FROM unnest($2::text[], $3::text[]) AS k(o, a)
+              ORDER BY k.o, k.a
+             ON CONFLICT (tenant_id, owner_id, agent_id) DO UPDATE SET
+                day_tokens = CASE WHEN q.day = excluded.day THEN q.day_tokens ELSE 0 END
+                             + excluded.day_tokens,
+                day = excluded.day
+             RETURNING q.owner_id, q.agent_id, q.day_tokens"
+        ))
+        .bind(tenant_id)
+        .bind(&owners)
+        .bind(&agents)
+        .bind(tokens)
+        .fetch_all(executor)
+        .await?
+    };
+    Ok(budgets.into_iter().find_map(|counter| {
+        let budget = counter.limits.daily_token_budget?;
+        let row = rows
+            .iter()
+            .find(|r| r.owner_id == counter.owner_id && r.agent_id == counter.agent_id)?;
+        (row.day_tokens >= i64::try_from(budget).unwrap_or(i64::MAX)).then(|| Spent {
+            scope: counter.scope(),
+            agent_id: counter.agent().map(str::to_owned),
+            budget,
+            tokens: row.day_tokens,
+        })
+    }))
+}
+
+/// One counter as stored, for operators and tests.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct CounterRow {
+    /// The user, or `""` for the tenant.
+    pub owner_id: String,
+    /// The agent, or `""` for every agent.
+    pub agent_id: String,
+    /// Active runs counted (over its shards).
+    pub active_runs: i64,
+    /// Tokens of today (UTC).
+    pub day_tokens: i64,
+}
+
+/// The tenant's counters.
+pub async fn counters(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+) -> sqlx::Result<Vec<CounterRow>> {
+    sqlx::query_as(concat!(
+        "SELECT owner_id, agent_id, coalesce(s.active_runs, 0) AS active_runs,
+                coalesce(c.day_tokens, 0) AS day_tokens
+           FROM (SELECT owner_id, agent_id, sum(active_runs)::bigint AS active_runs
+                   FROM quota_slots WHERE tenant_id = $1 GROUP BY 1, 2) s
+           FULL JOIN (SELECT owner_id, agent_id, day_tokens FROM quota_counters
+                       WHERE tenant_id = $1 AND day = ",
+        today!(),
+        ") c USING (owner_id, agent_id)
+          ORDER BY owner_id, agent_id"
+    ))
+    .bind(tenant_id)
+    .fetch_all(executor)
+    .await
+}
