@@ -24,6 +24,8 @@ pub struct ApiConfig {
     pub cors_origins: Vec<String>,
     /// How long events stay replayable after a run ends (for events the API publishes).
     pub stream_retention: std::time::Duration,
+    /// The server's quotas (`SPOOL_QUOTA_*`).
+    pub quotas: spool_shared::quota::Quotas,
     /// The tools' network policy, which webhook URLs must pass too.
     pub network_policy: Arc<spool_worker::agent::tools::ssrf::NetworkPolicy>,
 }

@@ -9,6 +9,9 @@ use secrecy::{ExposeSecret as _, SecretString};
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::config::{DbArgs, RedisArgs, StreamArgs};
+use spool_shared::quota::{
+    CONCURRENT_RUNS_RANGE, DAILY_TOKENS_RANGE, QuotaLimits, Quotas, RUNS_PER_HOUR_RANGE,
+};
 use spool_shared::stream::StreamKeys;
 use spool_shared::telemetry::{self, LogFormat};
 
@@ -84,7 +87,82 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub quota: QuotaArgs,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub worker: spool_worker::WorkerArgs,
+}
+
+/// The server's quotas (DESIGN §8), checked at enqueue for every run; unset is unlimited.
+/// A value that does not parse, or is out of range, stops the process with the variable named.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct QuotaArgs {
+    /// Runs one user may start per hour (1 to 1,000,000).
+    #[arg(long, env = "SPOOL_QUOTA_USER_RUNS_PER_HOUR",
+          value_parser = limit("SPOOL_QUOTA_USER_RUNS_PER_HOUR", RUNS_PER_HOUR_RANGE))]
+    pub quota_user_runs_per_hour: Option<u64>,
+
+    /// Runs one tenant may start per hour (1 to 1,000,000).
+    #[arg(long, env = "SPOOL_QUOTA_TENANT_RUNS_PER_HOUR",
+          value_parser = limit("SPOOL_QUOTA_TENANT_RUNS_PER_HOUR", RUNS_PER_HOUR_RANGE))]
+    pub quota_tenant_runs_per_hour: Option<u64>,
+
+    /// Active runs one user may have at once (1 to 100,000).
+    #[arg(long, env = "SPOOL_QUOTA_USER_CONCURRENT_RUNS",
+          value_parser = limit("SPOOL_QUOTA_USER_CONCURRENT_RUNS", CONCURRENT_RUNS_RANGE))]
+    pub quota_user_concurrent_runs: Option<u64>,
+
+    /// Active runs one tenant may have at once (1 to 100,000).
+    #[arg(long, env = "SPOOL_QUOTA_TENANT_CONCURRENT_RUNS",
+          value_parser = limit("SPOOL_QUOTA_TENANT_CONCURRENT_RUNS", CONCURRENT_RUNS_RANGE))]
+    pub quota_tenant_concurrent_runs: Option<u64>,
+
+    /// Tokens (prompt + generated) one user's runs may use per UTC day (1 to 10^12).
+    #[arg(long, env = "SPOOL_QUOTA_USER_DAILY_TOKENS",
+          value_parser = limit("SPOOL_QUOTA_USER_DAILY_TOKENS", DAILY_TOKENS_RANGE))]
+    pub quota_user_daily_tokens: Option<u64>,
+
+    /// Tokens (prompt + generated) one tenant's runs may use per UTC day (1 to 10^12).
+    #[arg(long, env = "SPOOL_QUOTA_TENANT_DAILY_TOKENS",
+          value_parser = limit("SPOOL_QUOTA_TENANT_DAILY_TOKENS", DAILY_TOKENS_RANGE))]
+    pub quota_tenant_daily_tokens: Option<u64>,
+}
+
+/// A parser of a whole number in `range` whose errors name `variable`.
+fn limit(
+    variable: &'static str,
+    range: std::ops::RangeInclusive<u64>,
+) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |text| {
+        let (low, high) = (range.start(), range.end());
+        match text.trim().parse::<u64>() {
+            Ok(value) if range.contains(&value) => Ok(value),
+            _ => Err(format!(
+                "{variable} must be a whole number from {low} to {high} (unset: unlimited), \
+                 not `{text}`"
+            )),
+        }
+    }
+}
+
+impl QuotaArgs {
+    /// The quotas they set.
+    pub fn quotas(&self) -> Quotas {
+        let small = |value: Option<u64>| value.map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+        Quotas {
+            user: QuotaLimits {
+                runs_per_hour: small(self.quota_user_runs_per_hour),
+                max_concurrent_runs: small(self.quota_user_concurrent_runs),
+                daily_token_budget: self.quota_user_daily_tokens,
+            },
+            tenant: QuotaLimits {
+                runs_per_hour: small(self.quota_tenant_runs_per_hour),
+                max_concurrent_runs: small(self.quota_tenant_concurrent_runs),
+                daily_token_budget: self.quota_tenant_daily_tokens,
+            },
+        }
+    }
 }
 
 /// Settings of `spool-api token`.
@@ -190,6 +268,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_body_bytes: args.max_body_bytes,
             cors_origins: args.cors_origins.clone(),
             stream_retention: args.stream.retention(),
+            quotas: args.quota.quotas(),
             network_policy: Arc::new(
                 spool_worker::agent::tools::ssrf::NetworkPolicy::parse(
                     &args.worker.tools_allow_networks,
@@ -252,5 +331,26 @@ mod tests {
         assert!(!dev);
         let (secret, dev) = secret_or_dev(None).expect("development secret");
         assert!(dev && secret.expose_secret().len() >= MIN_SECRET_BYTES);
+    }
+
+    #[test]
+    fn a_quota_that_does_not_parse_stops_the_start_with_the_variable_named() {
+        use clap::Parser as _;
+        for (value, ok) in [("10", true), ("0", false), ("ten", false), ("1.5", false)] {
+            let parsed =
+                Cli::try_parse_from(["spool-api", "serve", "--quota-user-runs-per-hour", value]);
+            match parsed {
+                Ok(Cli::Serve(args)) => {
+                    assert!(ok, "{value} accepted");
+                    assert_eq!(args.quota.quotas().user.runs_per_hour, Some(10));
+                }
+                Ok(_) => unreachable!("serve parses as serve"),
+                Err(err) => {
+                    assert!(!ok, "{value} refused: {err}");
+                    let err = err.to_string();
+                    assert!(err.contains("SPOOL_QUOTA_USER_RUNS_PER_HOUR"), "{err}");
+                }
+            }
+        }
     }
 }

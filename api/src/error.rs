@@ -36,6 +36,17 @@ pub struct ErrorDetail {
     pub errors: Option<Vec<FieldError>>,
     /// `missing_tool_outputs`: the pending calls without an output.
     pub missing: Option<Vec<String>>,
+    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`: whose quota (`user` or
+    /// `tenant`).
+    #[schema(pattern = "^(user|tenant)$")]
+    pub scope: Option<String>,
+    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`: the limit reached.
+    pub limit: Option<u64>,
+    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`: the agent whose own quota
+    /// (its `governance`) is reached; absent for the server's quotas.
+    pub agent_id: Option<String>,
+    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`: the `Retry-After` seconds.
+    pub retry_after: Option<u32>,
 }
 
 /// The answers of a route that takes a JSON body to a body it cannot read, for its OpenAPI
@@ -111,6 +122,19 @@ pub enum ApiError {
         /// Extra fields of the error object.
         details: Map<String, Value>,
     },
+    /// A quota refuses the request (429); retry after the given seconds. `details` are merged
+    /// into the body.
+    #[error("{message}")]
+    TooManyRequests {
+        /// Machine-readable code.
+        code: &'static str,
+        /// Human text.
+        message: String,
+        /// Seconds for `Retry-After`.
+        retry_after: u32,
+        /// Extra fields of the error object.
+        details: Map<String, Value>,
+    },
     /// A dependency is down; retry after the given seconds.
     #[error("{message}")]
     Unavailable {
@@ -166,7 +190,10 @@ impl ApiError {
     /// The same error with `key: value` in its body (conflicts and invalid requests; other
     /// kinds carry no extra fields).
     pub fn with(mut self, key: &str, value: impl Serialize) -> Self {
-        if let Self::Conflict { details, .. } | Self::Invalid { details, .. } = &mut self {
+        if let Self::Conflict { details, .. }
+        | Self::Invalid { details, .. }
+        | Self::TooManyRequests { details, .. } = &mut self
+        {
             details.insert(key.into(), json!(value));
         }
         self
@@ -220,6 +247,18 @@ impl IntoResponse for ApiError {
                 message,
                 details,
             } => (status, code, message, details, None),
+            Self::TooManyRequests {
+                code,
+                message,
+                retry_after,
+                details,
+            } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                code,
+                message,
+                details,
+                Some(retry_after),
+            ),
             Self::Unavailable {
                 code,
                 message,

@@ -14,8 +14,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use spool_shared::db::enqueue::{EnqueueError, NewMessage, enqueue};
+use spool_shared::db::enqueue::{EnqueueError, NewMessage, commit, enqueue};
 use spool_shared::db::messages::{self, Message};
+use spool_shared::db::quota::Refusal;
 use spool_shared::db::runs;
 use spool_shared::db::threads::{self, Thread};
 use spool_shared::db::{agents, idempotency};
@@ -371,6 +372,9 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
         (status = 413, description = "`input_too_large`, `body_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`", body = ErrorBody),
+        (status = 429, description = "A quota refuses the run: `rate_limited` (runs per hour), `concurrency_limited` (active runs), `budget_exceeded` (daily tokens); with `scope`, `limit`, `agent_id` (an agent's own quota) and `retry_after`. Nothing is created.",
+            body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds until the window or the UTC day ends (5 for `concurrency_limited`: a hint)."))),
     )
 )]
 async fn post_user_message(
@@ -417,6 +421,7 @@ async fn post_user_message(
         metadata: &metadata,
         idempotency_key: key,
         trace_context: trace_context.as_deref(),
+        quotas: &state.config.quotas,
     };
     let enqueued = match enqueue(&mut tx, &message).await {
         Ok(enqueued) => enqueued,
@@ -434,6 +439,7 @@ async fn post_user_message(
             tx.rollback().await?;
             return Err(thread_busy(&state, thread_id).await);
         }
+        Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
         Err(EnqueueError::Db(err)) => return Err(err.into()),
     };
     let workflow_id = enqueued.workflow_id;
@@ -449,9 +455,30 @@ async fn post_user_message(
     if let Some(key) = key {
         idempotency::record(&mut *tx, &owner.tenant_id, key, 202, &body, workflow_id).await?;
     }
-    tx.commit().await?;
+    match commit(tx).await {
+        Ok(()) => {}
+        Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
+        Err(err) => return Err(anyhow::Error::from(err).into()),
+    }
     tracing::info!(thread.id = %thread_id, workflow.id = %workflow_id, "run enqueued");
     Ok(accepted(StatusCode::ACCEPTED, body, workflow_id))
+}
+
+/// The 429 of a quota's refusal.
+fn refused(refusal: &Refusal) -> ApiError {
+    let error = ApiError::TooManyRequests {
+        code: refusal.code,
+        message: refusal.message(),
+        retry_after: refusal.retry_after,
+        details: serde_json::Map::new(),
+    }
+    .with("scope", refusal.scope.as_str())
+    .with("limit", refusal.limit)
+    .with("retry_after", refusal.retry_after);
+    match &refusal.agent_id {
+        Some(agent_id) => error.with("agent_id", agent_id),
+        None => error,
+    }
 }
 
 /// The input must not be blank, nor longer than `max_bytes`.

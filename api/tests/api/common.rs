@@ -107,6 +107,7 @@ impl TestApp {
                 max_body_bytes: 1 << 20,
                 cors_origins: vec!["https://app.example".into()],
                 stream_retention: Duration::from_secs(retention_secs),
+                quotas: spool_shared::quota::Quotas::default(),
                 // As `SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8` would: receivers in the tests
                 // listen on loopback.
                 network_policy: Arc::new(
