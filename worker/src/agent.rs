@@ -42,9 +42,10 @@ use sqlx::PgPool;
 
 use spool_shared::agent::{AgentSpec, HookEvent};
 use spool_shared::db::agents;
+use spool_shared::db::quota::{self, Spent};
 use spool_shared::db::runs::Run;
 use spool_shared::event::EventType;
-use spool_shared::run::{FailureCode, RunFailure};
+use spool_shared::run::{FailureCode, RunFailure, Usage};
 use spool_shared::status::RunStatus;
 
 use answer::{Answer, Exit, LoopEnd};
@@ -86,6 +87,17 @@ pub(crate) async fn run(a: &Attempt<'_>, spec: &AgentSpec) -> anyhow::Result<Loo
     }
 }
 
+/// Charges a model call's tokens to the run's budgeted quota counters (with no tokens, only
+/// reads them); a budget found spent, if any. Runs under no budget make no query.
+async fn charge(a: &Attempt<'_>, usage: Usage) -> sqlx::Result<Option<Spent>> {
+    let run = a.claimed.run();
+    let Some(quota) = &run.quota else {
+        return Ok(None);
+    };
+    let tokens = usage.input_tokens.saturating_add(usage.output_tokens);
+    quota::charge(a.db, &run.tenant_id, &quota.0, tokens).await
+}
+
 /// What the loop carries from step to step.
 pub(crate) struct Loop<'a> {
     /// The agent as this run executes it (the run's overrides applied).
@@ -101,6 +113,8 @@ pub(crate) struct Loop<'a> {
     /// Whether the run was claimed because its presented approval ran out of time (settling
     /// the step denies it).
     approval_expired: bool,
+    /// A daily token budget of the run's counters found spent: the next step fails the run.
+    spent: Option<Spent>,
 }
 
 impl<'a> Loop<'a> {
@@ -166,6 +180,7 @@ impl<'a> Loop<'a> {
             return Err(LoopEnd::Failed(Box::new(failure), answer).into());
         }
         let tools = ToolSet::build(a.engine, &spec, a.engine.identity(a.claimed.run())).await;
+        let spent = charge(a, Usage::default()).await?;
         let state = Self {
             buffer: hooks.has(HookEvent::PreResponse),
             approval_expired: a.claimed.previous_status() == RunStatus::AwaitingApproval,
@@ -176,6 +191,7 @@ impl<'a> Loop<'a> {
             tools,
             conversation,
             answer,
+            spent,
         };
         Ok((state, checkpoint))
     }
@@ -210,6 +226,9 @@ impl<'a> Loop<'a> {
         if let Some(halt) = a.stop.now() {
             return Err(self.halted(halt));
         }
+        if let Some(spent) = self.spent.take() {
+            return Err(self.failed(FailureCode::BudgetExceeded, spent.message()));
+        }
         let request = self.request(step);
         let offered = request.callable();
         let mut output = match call_model(a, self.model.as_ref(), request, step, self.buffer).await
@@ -229,6 +248,7 @@ impl<'a> Loop<'a> {
             }
         };
         self.answer.usage.add(output.usage);
+        self.spent = charge(a, output.usage).await?;
         if output.tool_calls.is_empty() {
             self.answer.final_step = Some(Box::new(output.saved(Vec::new(), Vec::new())));
             return Err(self.final_answer(a, step, output.text).await);

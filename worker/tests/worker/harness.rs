@@ -13,6 +13,7 @@ use spool_shared::db::enqueue::{NewMessage, enqueue};
 use spool_shared::db::runs::Run;
 use spool_shared::db::threads::{self, Owner};
 use spool_shared::db::{agents, messages};
+use spool_shared::quota::Quotas;
 use spool_shared::stream::{self, EntryId, StreamKeys};
 use spool_shared::{AgentId, ThreadId, WorkflowId};
 use spool_tests::TestDb;
@@ -130,6 +131,18 @@ impl Harness {
 
     /// Enqueues alice's message to `thread` (its own agent if `agent` is `None`).
     pub(crate) async fn send(&self, thread: Uuid, agent: Option<&str>, text: &str) -> Value {
+        self.send_under(thread, agent, text, &Quotas::default())
+            .await
+    }
+
+    /// The same, under the server quotas `quotas`.
+    pub(crate) async fn send_under(
+        &self,
+        thread: Uuid,
+        agent: Option<&str>,
+        text: &str,
+        quotas: &Quotas,
+    ) -> Value {
         let owner = alice();
         let message = NewMessage {
             thread_id: ThreadId(thread),
@@ -139,6 +152,7 @@ impl Harness {
             metadata: &json!({}),
             idempotency_key: None,
             trace_context: None,
+            quotas,
         };
         let mut tx = self.db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");

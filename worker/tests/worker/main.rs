@@ -9,4 +9,5 @@ mod identity;
 mod limits;
 mod mcp;
 mod provider;
+mod quotas;
 mod ssrf;
