@@ -13,6 +13,9 @@
 -- Not issued on this path: agents::exists (only with an agent_id) and idempotency::find /
 -- reserve / record (only with an Idempotency-Key). The auth extractor does no SQL.
 --
+-- With SPOOL_QUOTA_* set, the run carries its quota counters and the COMMIT counts it in them
+-- (the deferred trigger runs_quota_admit, migrations/20261124000005_quotas.sql).
+--
 -- KEEP IN SYNC with those functions: when their SQL changes, change this file and the copy of
 -- this transaction at the top of tests/bench/lifecycle.sql.
 --
@@ -62,9 +65,11 @@ VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-run'), 13))::uuid);
 
 -- runs::insert: agent_id NULL (the new thread's agent: the default), idempotency_key NULL (no
--- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry)
+-- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry),
+-- agent_spec NULL (the default agent), quota NULL (no SPOOL_QUOTA_*; spool-bench's quota
+-- variant of this script puts the counters here)
 INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                  assistant_message_id, idempotency_key, trace_context)
+                  assistant_message_id, idempotency_key, trace_context, agent_spec, quota)
 VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-run'), 13))::uuid,
         (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
@@ -74,7 +79,7 @@ VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
         (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-        NULL, NULL);
+        NULL, NULL, NULL, /* quota */ NULL);
 
 -- db::notify_runs (RUNS_CHANNEL = 'spool_runs', empty payload)
 SELECT pg_notify('spool_runs', '');

@@ -87,7 +87,7 @@ VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
 -- runs::insert: agent_id NULL (the new thread's agent: the default), idempotency_key NULL (no
 -- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry)
 INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                  assistant_message_id, idempotency_key, trace_context)
+                  assistant_message_id, idempotency_key, trace_context, agent_spec, quota)
 VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-run'), 13))::uuid,
         (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
@@ -97,7 +97,7 @@ VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
         (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-        NULL, NULL);
+        NULL, NULL, NULL, /* quota */ NULL);
 
 -- db::notify_runs (RUNS_CHANNEL = 'spool_runs', empty payload)
 SELECT pg_notify('spool_runs', '');

@@ -5,5 +5,6 @@
 mod agent;
 mod crash;
 mod queue;
+mod quotas;
 mod stack;
 mod stream;

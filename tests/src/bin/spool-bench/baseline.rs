@@ -12,6 +12,31 @@ use crate::report::histogram;
 
 /// `POST user_message`'s transaction for a new thread (see the file's header).
 pub(crate) const ENQUEUE_SQL: &str = include_str!("../../../bench/enqueue.sql");
+/// The counters a bench run carries with every `SPOOL_QUOTA_*` set ([`QUOTA_SETTINGS`]), as
+/// `runs.quota` stores them.
+const QUOTA_JSON: &str = r#"'{"counters": [{"owner_id": "", "agent_id": "", "limits": {"runs_per_hour": 1000000, "max_concurrent_runs": 100000, "daily_token_budget": 1000000000000}}, {"owner_id": "bench-user", "agent_id": "", "limits": {"runs_per_hour": 1000000, "max_concurrent_runs": 100000, "daily_token_budget": 1000000000000}}]}'::jsonb"#;
+
+/// Every quota, each at its highest (so none refuses a bench request).
+pub(crate) const QUOTA_SETTINGS: [(&str, &str); 6] = [
+    ("SPOOL_QUOTA_USER_RUNS_PER_HOUR", "1000000"),
+    ("SPOOL_QUOTA_TENANT_RUNS_PER_HOUR", "1000000"),
+    ("SPOOL_QUOTA_USER_CONCURRENT_RUNS", "100000"),
+    ("SPOOL_QUOTA_TENANT_CONCURRENT_RUNS", "100000"),
+    ("SPOOL_QUOTA_USER_DAILY_TOKENS", "1000000000000"),
+    ("SPOOL_QUOTA_TENANT_DAILY_TOKENS", "1000000000000"),
+];
+
+/// [`ENQUEUE_SQL`] as the enqueue runs it under [`QUOTA_SETTINGS`]: the run carries its
+/// counters, and the `runs_quota_admit` trigger counts it in them at COMMIT.
+pub(crate) fn enqueue_sql_with_quotas() -> anyhow::Result<String> {
+    const QUOTA: &str = "/* quota */ NULL";
+    anyhow::ensure!(
+        ENQUEUE_SQL.matches(QUOTA).count() == 1,
+        "tests/bench/enqueue.sql no longer has one quota column"
+    );
+    Ok(ENQUEUE_SQL.replace(QUOTA, QUOTA_JSON))
+}
+
 /// One no-op run's whole SQL lifecycle (see the file's header).
 pub(crate) const LIFECYCLE_SQL: &str = include_str!("../../../bench/lifecycle.sql");
 

@@ -12,7 +12,10 @@ use spool_tests::TestDb;
 use spool_tests::sse::{Frame, SseReader};
 use tokio::task::JoinSet;
 
-use crate::baseline::{ENQUEUE_SQL, LIFECYCLE_SQL, hop_chain, pgbench, xadd_per_second};
+use crate::baseline::{
+    ENQUEUE_SQL, LIFECYCLE_SQL, QUOTA_SETTINGS, enqueue_sql_with_quotas, hop_chain, pgbench,
+    xadd_per_second,
+};
 use crate::count::{Counter, End};
 use crate::cpu::{Groups, Perf, Snapshot, machine_busy_secs, pids_named, rss_kib};
 use crate::load::{Until, enqueue};
@@ -63,12 +66,19 @@ fn groups(stack: &Stack) -> Groups {
 pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()> {
     const S: &str = "P1 enqueue";
     let stack = Stack::start(&[]).await?;
+    // The same API with every quota set (none refusing): its enqueue counts each run in the
+    // tenant's and the user's counters.
+    let quota_stack = Stack::start(&QUOTA_SETTINGS).await?;
+    let quota_sql = enqueue_sql_with_quotas()?;
     let c = sizes.concurrency;
     let round = Duration::from_secs(sizes.seconds);
     enqueue(&stack, c, Until::Elapsed(Duration::from_millis(500))).await?;
+    enqueue(&quota_stack, c, Until::Elapsed(Duration::from_millis(500))).await?;
     pgbench(&stack.db.url, ENQUEUE_SQL, c, Duration::from_secs(1)).await?;
+    pgbench(&quota_stack.db.url, &quota_sql, c, Duration::from_secs(1)).await?;
     let (mut rate, mut p50, mut p99) = (vec![], vec![], vec![]);
     let (mut b_rate, mut b_p50, mut b_p99) = (vec![], vec![], vec![]);
+    let (mut q_rate, mut q_p99, mut qb_rate) = (vec![], vec![], vec![]);
     for i in 0..sizes.rounds {
         let busy = machine_busy_secs();
         let before = Snapshot::take(&groups(&stack));
@@ -92,6 +102,14 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         b_rate.push(base.tps);
         b_p50.push(ms(&base.latency, 0.5));
         b_p99.push(ms(&base.latency, 0.99));
+        let quota_load = enqueue(&quota_stack, c, Until::Elapsed(round)).await?;
+        q_rate.push(quota_load.rate);
+        q_p99.push(ms(&quota_load.latency, 0.99));
+        qb_rate.push(
+            pgbench(&quota_stack.db.url, &quota_sql, c, round)
+                .await?
+                .tps,
+        );
         if i == 0 {
             report.note(
                 S,
@@ -108,13 +126,40 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
             );
         }
     }
-    report.add(Figure::new(S, "requests/s", "req/s", rate).against(
+    report.add(Figure::new(S, "requests/s", "req/s", rate.clone()).against(
         "pgbench, same SQL transaction",
         b_rate,
         Some(0.8),
     ));
     report.add(Figure::new(S, "latency p50", "ms", p50).against("pgbench p50", b_p50, None));
-    report.add(Figure::new(S, "latency p99", "ms", p99).against("pgbench p99", b_p99, None));
+    report.add(Figure::new(S, "latency p99", "ms", p99.clone()).against(
+        "pgbench p99",
+        b_p99,
+        None,
+    ));
+    report.add(
+        Figure::new(S, "requests/s, every quota set", "req/s", q_rate.clone()).against(
+            "Spool without quotas, same run",
+            rate,
+            Some(0.9),
+        ),
+    );
+    report.add(
+        Figure::new(S, "latency p99, every quota set", "ms", q_p99).against(
+            "Spool p99 without quotas",
+            p99,
+            None,
+        ),
+    );
+    report.add(
+        Figure::new(
+            S,
+            "requests/s, every quota set (vs pgbench)",
+            "req/s",
+            q_rate,
+        )
+        .against("pgbench, same SQL transaction with quotas", qb_rate, None),
+    );
     Ok(())
 }
 
