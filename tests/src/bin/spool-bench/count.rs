@@ -27,6 +27,14 @@ pub(crate) struct Counter {
 }
 
 impl Counter {
+    /// A counter resuming after `cursor`.
+    pub(crate) fn after(cursor: &str) -> Self {
+        Self {
+            last_id: Some(cursor.to_owned()),
+            ..Self::default()
+        }
+    }
+
     /// Reads `response` until `done` or until the server closes it.
     pub(crate) async fn read(
         &mut self,
