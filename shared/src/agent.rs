@@ -59,6 +59,10 @@ pub struct AgentSpec {
     /// Conditions that end the run after a step.
     #[serde(default)]
     pub stop_conditions: Vec<StopCondition>,
+    /// The tools offered on every step (names; default all), unless a step rule or the
+    /// run's overrides say otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_tools: Option<Vec<String>>,
     /// Per-step overrides of `tool_choice` and the active tools.
     #[serde(default)]
     pub step_rules: Vec<StepRule>,
@@ -84,6 +88,82 @@ pub struct AgentSpec {
     /// `agent_disabled`); runs already enqueued finish.
     #[serde(default, skip_serializing_if = "AgentStatus::is_active")]
     pub status: AgentStatus,
+    /// What the final answer must be: JSON valid against a schema. The answer is held back
+    /// until it validates (one repair round), then shown and stored as the message's `output`;
+    /// a run whose answer never validates fails with `invalid_output`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// The form of an agent's final answer (`response_format`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    /// A JSON value valid against `schema` (sent to the provider as OpenAI's `json_schema`
+    /// response format).
+    JsonSchema {
+        /// The schema's name for the provider (1 to 64 of a-z, A-Z, 0-9, `_` or `-`; default
+        /// `response`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// The JSON Schema the answer must validate against.
+        #[schema(value_type = Object)]
+        schema: Value,
+        /// Asks the provider to adhere to the schema strictly (OpenAI's `strict`); the answer is
+        /// validated here either way.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strict: Option<bool>,
+    },
+}
+
+impl ResponseFormat {
+    /// The schema's name for the provider.
+    pub fn name(&self) -> &str {
+        let Self::JsonSchema { name, .. } = self;
+        name.as_deref().unwrap_or("response")
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Value {
+        let Self::JsonSchema { schema, .. } = self;
+        schema
+    }
+
+    /// `strict`, if set.
+    pub fn strict(&self) -> Option<bool> {
+        let Self::JsonSchema { strict, .. } = self;
+        *strict
+    }
+
+    /// The answer `text` as JSON valid against the schema, or what is wrong with it (at most
+    /// five problems, each with where in the answer). A fence around the JSON (```` ```json ````)
+    /// is tolerated: models add one.
+    pub fn check(&self, text: &str) -> Result<Value, String> {
+        let trimmed = text.trim();
+        let unfenced = trimmed
+            .strip_prefix("```")
+            .and_then(|rest| rest.strip_suffix("```"))
+            .map(|inner| inner.strip_prefix("json").unwrap_or(inner))
+            .unwrap_or(trimmed);
+        let value: Value = serde_json::from_str(unfenced.trim())
+            .map_err(|err| format!("the answer is not JSON: {err}"))?;
+        let validator = jsonschema::validator_for(self.schema())
+            .map_err(|err| format!("the schema does not compile: {err}"))?;
+        let problems: Vec<String> = validator
+            .iter_errors(&value)
+            .take(5)
+            .map(|err| {
+                let at = err.instance_path().to_string();
+                let at = if at.is_empty() { "/".to_owned() } else { at };
+                format!("at {at}: {err}")
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(value)
+        } else {
+            Err(problems.join("; "))
+        }
+    }
 }
 
 /// Whether an agent takes new runs.
@@ -456,6 +536,7 @@ impl AgentSpec {
             tool_choice: ToolChoice::Auto,
             tools: Vec::new(),
             stop_conditions: Vec::new(),
+            active_tools: None,
             step_rules: Vec::new(),
             context_budget_tokens: default_context_budget(),
             approval_timeout_secs: default_approval_timeout(),
@@ -463,6 +544,7 @@ impl AgentSpec {
             limits: Limits::default(),
             governance: Quotas::default(),
             status: AgentStatus::Active,
+            response_format: None,
         }
     }
 
@@ -479,11 +561,13 @@ impl AgentSpec {
 
     /// What the rules of `step` decide: each field from the first of its rules that sets it
     /// (so a rule posted later that only narrows the tools keeps an earlier rule's tool choice),
-    /// else the agent's own tool choice and all its tools.
+    /// else the agent's own tool choice and active tools (all of them when it names none).
     pub fn rules_for(&self, step: u32) -> StepPlan<'_> {
         let of_step = || self.step_rules.iter().filter(move |r| r.step == step);
         StepPlan {
-            active: of_step().find_map(|r| r.active_tools.as_deref()),
+            active: of_step()
+                .find_map(|r| r.active_tools.as_deref())
+                .or(self.active_tools.as_deref()),
             choice: of_step()
                 .find_map(|r| r.tool_choice.as_ref())
                 .unwrap_or(&self.tool_choice),

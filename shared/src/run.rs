@@ -42,7 +42,8 @@ pub enum FailureCode {
     ModelError,
     /// An `on_run_start` hook blocked the run.
     BlockedByHook,
-    /// A `pre_response` hook blocked the final answer.
+    /// A `pre_response` hook blocked the final answer (runs that ended before hooks' denials
+    /// became answers: a denial now completes the run with `blocked: true` on its message).
     ResponseBlocked,
     /// The model called the same tool with the same arguments three times in a row.
     DoomLoop,
@@ -62,11 +63,14 @@ pub enum FailureCode {
     /// A daily token budget of the run's user or tenant (`SPOOL_QUOTA_*_DAILY_TOKENS`, or its
     /// agent's `governance`) was spent: the run stopped before its next model call.
     BudgetExceeded,
+    /// The agent has a `response_format` and the final answer did not validate against its
+    /// schema, even after one repair round.
+    InvalidOutput,
 }
 
 impl FailureCode {
     /// Every code, in the order the documentation lists them.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::AgentNotFound,
         Self::ModelUnavailable,
         Self::ModelError,
@@ -79,6 +83,7 @@ impl FailureCode {
         Self::Timeout,
         Self::MaxToolCallsExceeded,
         Self::BudgetExceeded,
+        Self::InvalidOutput,
     ];
 
     /// The code as stored and shown.
@@ -96,6 +101,7 @@ impl FailureCode {
             Self::Timeout => "timeout",
             Self::MaxToolCallsExceeded => "max_tool_calls_exceeded",
             Self::BudgetExceeded => "budget_exceeded",
+            Self::InvalidOutput => "invalid_output",
         }
     }
 }

@@ -67,9 +67,10 @@ VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
 -- runs::insert: agent_id NULL (the new thread's agent: the default), idempotency_key NULL (no
 -- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry),
 -- agent_spec NULL (the default agent), quota NULL (no SPOOL_QUOTA_*; spool-bench's quota
--- variant of this script puts the counters here)
+-- variant of this script puts the counters here), overrides NULL (the message posts none)
 INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                  assistant_message_id, idempotency_key, trace_context, agent_spec, quota)
+                  assistant_message_id, idempotency_key, trace_context, agent_spec, quota,
+                  overrides)
 VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-run'), 13))::uuid,
         (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
@@ -79,7 +80,7 @@ VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
         (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-        NULL, NULL, NULL, /* quota */ NULL);
+        NULL, NULL, NULL, /* quota */ NULL, NULL);
 
 -- db::notify_runs (RUNS_CHANNEL = 'spool_runs', empty payload)
 SELECT pg_notify('spool_runs', '');

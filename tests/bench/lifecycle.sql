@@ -87,7 +87,8 @@ VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
 -- runs::insert: agent_id NULL (the new thread's agent: the default), idempotency_key NULL (no
 -- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry)
 INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                  assistant_message_id, idempotency_key, trace_context, agent_spec, quota)
+                  assistant_message_id, idempotency_key, trace_context, agent_spec, quota,
+                  overrides)
 VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-run'), 13))::uuid,
         (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
@@ -97,7 +98,7 @@ VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
         (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-        NULL, NULL, NULL, /* quota */ NULL);
+        NULL, NULL, NULL, /* quota */ NULL, NULL);
 
 -- db::notify_runs (RUNS_CHANNEL = 'spool_runs', empty payload)
 SELECT pg_notify('spool_runs', '');
@@ -218,7 +219,7 @@ WITH finished AS (
     SET content = '[demo] You said "Hello!". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole',
         parts = '[{"text":"[demo] You said \"Hello!\". This is Spool''s built-in demo model, streaming a deterministic reply so the whole pipeline runs without a provider. This is Spool''s built-in demo model, streaming a deterministic reply so the whole","type":"text"}]'::jsonb,
         usage = '{"input_tokens":1,"output_tokens":32}'::jsonb,
-        status = 'completed', updated_at = now()
+        status = 'completed', updated_at = now(), output = NULL, blocked = false
    FROM finished
   WHERE m.id = finished.assistant_message_id
 RETURNING m.id;

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use serde_json::json;
 use sqlx::PgPool;
 
-use spool_shared::agent::{AgentSpec, HookEvent};
+use spool_shared::agent::{AgentSpec, HookEvent, ResponseFormat};
 use spool_shared::db::agents;
 use spool_shared::db::quota::{self, Spent};
 use spool_shared::db::runs::Run;
@@ -53,7 +53,7 @@ use checkpoint::{Checkpoint, Unsettled};
 use context::{Attempt, block_id};
 use engine::Engine;
 pub(crate) use hooks::Hooks;
-use llm::{ChatMessage, ChatModel, ChatRequest};
+use llm::{ChatMessage, ChatModel, ChatRequest, Choice};
 use model_call::{LlmEnd, call_model};
 use step::Recent;
 use tools::ToolSet;
@@ -108,8 +108,11 @@ pub(crate) struct Loop<'a> {
     conversation: Vec<ChatMessage>,
     answer: Answer,
     recent: Recent,
-    /// Whether the final text is held back until `pre_response` hooks decide.
+    /// Whether the final text is held back until it is decided: by `pre_response` hooks, or
+    /// by validation against the agent's `response_format`.
     buffer: bool,
+    /// Whether `pre_response` hooks screen the final text.
+    screened: bool,
     /// Whether the run was claimed because its presented approval ran out of time (settling
     /// the step denies it).
     approval_expired: bool,
@@ -153,8 +156,6 @@ impl<'a> Loop<'a> {
                 return Err(LoopEnd::Failed(Box::new(failure), checkpoint.answer).into());
             }
         };
-        let (mut conversation, input) = prompt::start(a.db, run, spec).await?;
-        conversation.append(&mut checkpoint.conversation);
         let mut spec = spec.clone();
         if let Some(max_steps) = spec.limits.max_steps {
             spec.max_steps = max_steps;
@@ -163,6 +164,8 @@ impl<'a> Loop<'a> {
             // Checked and pinned to their steps by the API.
             overrides.0.clone().apply(&mut spec);
         }
+        let (mut conversation, input) = prompt::start(a.db, run, &spec).await?;
+        conversation.append(&mut checkpoint.conversation);
         let answer = std::mem::take(&mut checkpoint.answer);
         if a.claimed.previous_status() == RunStatus::RequiresAction {
             // Claimed because nobody posted the client tools' outputs in time.
@@ -181,8 +184,10 @@ impl<'a> Loop<'a> {
         }
         let tools = ToolSet::build(a.engine, &spec, a.engine.identity(a.claimed.run())).await;
         let spent = charge(a, Usage::default()).await?;
+        let screened = hooks.has(HookEvent::PreResponse);
         let state = Self {
-            buffer: hooks.has(HookEvent::PreResponse),
+            buffer: screened || spec.response_format.is_some(),
+            screened,
             approval_expired: a.claimed.previous_status() == RunStatus::AwaitingApproval,
             recent: std::mem::take(&mut checkpoint.recent),
             spec,
@@ -234,18 +239,7 @@ impl<'a> Loop<'a> {
         let mut output = match call_model(a, self.model.as_ref(), request, step, self.buffer).await
         {
             Ok(output) => output,
-            Err(LlmEnd::Halt(halt, partial)) => {
-                self.answer.add_text(&partial);
-                return Err(self.halted(halt));
-            }
-            Err(LlmEnd::Error(err)) => {
-                let code = if err.is_retryable() {
-                    FailureCode::ModelUnavailable
-                } else {
-                    FailureCode::ModelError
-                };
-                return Err(self.failed(code, err.to_string()));
-            }
+            Err(end) => return Err(self.model_failed(end)),
         };
         self.answer.usage.add(output.usage);
         self.spent = charge(a, output.usage).await?;
@@ -294,24 +288,115 @@ impl<'a> Loop<'a> {
             tool_choice,
             temperature: self.spec.temperature,
             max_output_tokens: self.spec.limits.max_output_tokens,
+            response_format: self.spec.response_format.clone(),
         }
     }
 
-    /// The final answer; with `pre_response` hooks it was held back until they decide.
-    async fn final_answer(&mut self, a: &Attempt<'_>, step: u32, text: String) -> Exit {
-        let text = if self.buffer {
-            match self.hooks.pre_response(step, &text).await {
-                Ok(text) => {
-                    a.emit_text(&block_id(step), &text);
-                    text
-                }
-                Err(reason) => return self.failed(FailureCode::ResponseBlocked, reason),
+    /// The end a model call that did not answer makes: a halt, or a failure (after the retries
+    /// of a retryable error).
+    fn model_failed(&mut self, end: LlmEnd) -> Exit {
+        match end {
+            LlmEnd::Halt(halt, partial) => {
+                self.answer.add_text(&partial);
+                self.halted(halt)
             }
-        } else {
-            text
-        };
+            LlmEnd::Error(err) => {
+                let code = if err.is_retryable() {
+                    FailureCode::ModelUnavailable
+                } else {
+                    FailureCode::ModelError
+                };
+                self.failed(code, err.to_string())
+            }
+        }
+    }
+
+    /// The final answer. Held back (not streamed) while it is decided: validated against the
+    /// agent's `response_format` (one repair round), then screened by `pre_response` hooks (a
+    /// rewrite must validate too; a denial answers with the hook's text, `blocked`).
+    async fn final_answer(&mut self, a: &Attempt<'_>, step: u32, text: String) -> Exit {
+        let (mut text, mut output) = (text, None);
+        if let Some(format) = self.spec.response_format.clone() {
+            match self.validated(a, step, &format, text).await {
+                Ok((valid, value)) => (text, output) = (valid, Some(value)),
+                Err(exit) => return exit,
+            }
+        }
+        if self.screened {
+            match self.hooks.pre_response(step, &text).await {
+                Ok(rewritten) if rewritten == text => {}
+                Ok(rewritten) => {
+                    if let Some(format) = &self.spec.response_format {
+                        match format.check(&rewritten) {
+                            Ok(value) => output = Some(value),
+                            Err(problems) => {
+                                let message = format!(
+                                    "a pre_response hook's rewrite of the answer does not \
+                                     validate against response_format: {problems}"
+                                );
+                                return self.failed(FailureCode::InvalidOutput, message);
+                            }
+                        }
+                    }
+                    text = rewritten;
+                }
+                Err(instead) => {
+                    (text, output) = (instead, None);
+                    self.answer.blocked = true;
+                }
+            }
+        }
+        if self.buffer {
+            a.emit_text(&block_id(step), &text);
+        }
         self.answer.add_text(&text);
+        self.answer.output = output.map(Box::new);
         LoopEnd::Completed(std::mem::take(&mut self.answer)).into()
+    }
+
+    /// `text` as JSON valid against `format`; else one repair round: the model sees its answer
+    /// and what is wrong with it, with no tools, and answers again (that call's text stands).
+    /// An answer that still does not validate fails the run with `invalid_output`.
+    async fn validated(
+        &mut self,
+        a: &Attempt<'_>,
+        step: u32,
+        format: &ResponseFormat,
+        text: String,
+    ) -> Result<(String, serde_json::Value), Exit> {
+        let problems = match format.check(&text) {
+            Ok(value) => return Ok((text, value)),
+            Err(problems) => problems,
+        };
+        tracing::info!(%problems, "the answer does not validate against response_format; repairing");
+        let mut request = self.request(step);
+        request.tools.clear();
+        request.tool_choice = Choice::None;
+        request.messages.push(ChatMessage::Assistant {
+            content: Some(text),
+            tool_calls: Vec::new(),
+        });
+        request.messages.push(ChatMessage::User {
+            content: format!(
+                "Your answer does not match the required JSON Schema: {problems}. Answer again \
+                 with only the JSON value, nothing else."
+            ),
+        });
+        let repaired = match call_model(a, self.model.as_ref(), request, step, true).await {
+            Ok(output) => output,
+            Err(end) => return Err(self.model_failed(end)),
+        };
+        self.answer.usage.add(repaired.usage);
+        self.spent = charge(a, repaired.usage).await?;
+        let value = format.check(&repaired.text).map_err(|problems| {
+            let message = format!(
+                "the answer does not validate against response_format, even after a repair \
+                 round: {problems}"
+            );
+            self.failed(FailureCode::InvalidOutput, message)
+        })?;
+        self.answer.final_step = Some(Box::new(repaired.saved(Vec::new(), Vec::new())));
+        Ok((repaired.text, value))
     }
 
     /// The end a halt makes, with what was produced so far.

@@ -322,11 +322,22 @@ async fn end(
         usage: answer.usage,
         error,
         final_step: answer.final_step.as_deref(),
+        output: answer.output.as_deref(),
+        blocked: answer.blocked,
     };
     if a.claimed.finish(a.db, &outcome).await?.is_lost() {
         return Ok(Ended::LeaseLost);
     }
-    for (kind, data) in end_of_message(status, answer.usage, error) {
+    for (kind, mut data) in end_of_message(status, answer.usage, error) {
+        // `message_end` carries what the stored message says beyond its text.
+        if kind == EventType::MessageEnd {
+            if answer.blocked {
+                data["blocked"] = json!(true);
+            }
+            if let Some(output) = &answer.output {
+                data["output"] = (**output).clone();
+            }
+        }
         a.events.send(kind, data);
     }
     if let Some(spec) = spec {

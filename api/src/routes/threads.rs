@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use spool_shared::agent::{RunDefaults, RunOverrides, ToolChoice};
 use spool_shared::db::enqueue::{EnqueueError, NewMessage, commit, enqueue};
 use spool_shared::db::messages::{self, Message};
 use spool_shared::db::quota::Refusal;
@@ -235,6 +236,11 @@ pub struct MessageResponse {
     pub created_at: DateTime<Utc>,
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
+    /// The answer as JSON, valid against the agent's `response_format` (assistant messages of
+    /// agents that have one, once their run has completed; else null).
+    pub output: Option<Value>,
+    /// Whether a `pre_response` hook denied the answer (the content is then the hook's text).
+    pub blocked: bool,
 }
 
 impl From<Message> for MessageResponse {
@@ -251,6 +257,8 @@ impl From<Message> for MessageResponse {
             workflow_id: message.workflow_id,
             created_at: message.created_at,
             updated_at: message.updated_at,
+            output: message.output.map(|o| o.0),
+            blocked: message.blocked,
         }
     }
 }
@@ -312,6 +320,38 @@ pub struct UserMessageRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
+    /// The tool choice of this run's steps (in place of the agent's; step rules still apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// The tools offered in this run's steps (names of the agent's tools; in place of its
+    /// `active_tools`; step rules still apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_tools: Option<Vec<String>>,
+    /// Model calls of this run at most (1 to 200; only lowers the agent's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 200)]
+    pub max_steps: Option<u32>,
+    /// The system prompt of this run in place of the agent's (admin tokens only: 403
+    /// `admin_required` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+}
+
+impl UserMessageRequest {
+    /// What the message posts to steer its run, if anything.
+    fn overrides(&self) -> Option<RunOverrides> {
+        let defaults = RunDefaults {
+            tool_choice: self.tool_choice.clone(),
+            active_tools: self.active_tools.clone(),
+        };
+        let overrides = RunOverrides {
+            defaults: (defaults != RunDefaults::default()).then_some(defaults),
+            max_steps: self.max_steps,
+            instructions: self.instructions.clone(),
+            ..RunOverrides::default()
+        };
+        (overrides != RunOverrides::default()).then_some(overrides)
+    }
 }
 
 /// The `202` body of `POST user_message`.
@@ -371,7 +411,8 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
         (status = 409, description = "`thread_busy`, with `active_workflow_id` and `stream_url`; `agent_disabled`", body = ErrorBody),
         (status = 413, description = "`input_too_large`, `body_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`", body = ErrorBody),
+        (status = 403, description = "`admin_required`: `instructions` with a token that is not an admin's", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`, `invalid_overrides` (`tool_choice`, `active_tools`, `max_steps` or `instructions` that do not fit the agent that answers; with `errors: [{field, message}]`)", body = ErrorBody),
         (status = 429, description = "A quota refuses the run: `rate_limited` (runs per hour), `concurrency_limited` (active runs), `budget_exceeded` (daily tokens); with `scope`, `limit`, `agent_id` (an agent's own quota) and `retry_after`. Nothing is created.",
             body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds until the window or the UTC day ends (5 for `concurrency_limited`: a hint)."))),
@@ -385,6 +426,10 @@ async fn post_user_message(
     ApiJson(request): ApiJson<UserMessageRequest>,
 ) -> Result<Response, ApiError> {
     check_input(&request.input_text, state.config.max_input_bytes)?;
+    if request.instructions.is_some() {
+        caller.require_admin()?;
+    }
+    let overrides = request.overrides();
     let key = idempotency_key(&headers)?;
     check_agent(&state, &caller, request.agent_id).await?;
     let owner = &caller.owner;
@@ -422,6 +467,7 @@ async fn post_user_message(
         idempotency_key: key,
         trace_context: trace_context.as_deref(),
         quotas: &state.config.quotas,
+        overrides: overrides.as_ref(),
     };
     let enqueued = match enqueue(&mut tx, &message).await {
         Ok(enqueued) => enqueued,
@@ -440,6 +486,13 @@ async fn post_user_message(
             return Err(thread_busy(&state, thread_id).await);
         }
         Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
+        Err(EnqueueError::InvalidOverrides(errors)) => {
+            return Err(ApiError::invalid_fields(
+                "invalid_overrides",
+                "the message's overrides",
+                errors,
+            ));
+        }
         Err(EnqueueError::Db(err)) => return Err(err.into()),
     };
     let workflow_id = enqueued.workflow_id;

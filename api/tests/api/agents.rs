@@ -114,7 +114,8 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
             {"type": "http", "name": "dup", "url": "http://", "parameters": {"type": 12}},
             {"type": "client", "name": "dup"},
             {"type": "mcp", "name": "gh", "url": "https://mcp.example.com/mcp"},
-            {"type": "http", "name": "gh_search", "url": "https://x.example.com"}]});
+            {"type": "http", "name": "gh_search", "url": "https://x.example.com"}],
+        "response_format": {"type": "json_schema", "schema": {"type": "banana"}}});
     let (status, body) = app.post(&admin("acme"), "/v1/agents", &spec).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["code"], "invalid_agent");
@@ -131,6 +132,7 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
         "tools[0].parameters",
         "tools[1].name",
         "tools[3].name",
+        "response_format.schema",
     ] {
         assert!(fields.contains(&field), "{field} not in {fields:?}");
     }

@@ -8,6 +8,7 @@ mod enqueue;
 mod isolation;
 mod metrics;
 mod openapi;
+mod overrides;
 mod pauses;
 mod stream;
 mod traces;

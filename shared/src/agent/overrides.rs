@@ -1,5 +1,8 @@
-//! Overrides: the steering a pause's answer posts (`tool_outputs`), kept on the run.
+//! Overrides: the steering a message (`user_message`) or a pause's answer (`tool_outputs`)
+//! posts, kept on the run.
 //!
+//! A message may set the run's tool choice and active tools (as `defaults`), lower its
+//! `max_steps`, and (with an admin token) replace its instructions.
 //! A pause's answer may set the next model call's tool choice and tools, rules for later steps
 //! and a default tool choice for the rest of the run. The run keeps what every pause posted
 //! ([`RunOverrides::accumulate`]: the next-step choices pinned to their steps, the newest rules
@@ -27,7 +30,16 @@ pub struct RunOverrides {
     /// Defaults for the rest of the run.
     #[serde(default)]
     pub defaults: Option<RunDefaults>,
+    /// Model calls of the run at most (posted with its message; only lowers the agent's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
+    /// The run's system prompt in place of the agent's (posted with its message, by an admin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
 }
+
+/// The longest `instructions` a message may post, in bytes.
+pub const MAX_INSTRUCTIONS_BYTES: usize = 65_536;
 
 /// Defaults for the rest of a run.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -36,6 +48,10 @@ pub struct RunDefaults {
     /// The tool choice of every later step without a rule.
     #[serde(default)]
     pub tool_choice: Option<ToolChoice>,
+    /// The tools offered in every later step without a rule (names; replaces the agent's
+    /// `active_tools`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_tools: Option<Vec<String>>,
 }
 
 impl RunOverrides {
@@ -56,17 +72,22 @@ impl RunOverrides {
         }
         rules.extend(self.step_rules.into_iter().flatten());
         rules.extend(earlier.step_rules.into_iter().flatten());
-        let defaults = match self.defaults.and_then(|d| d.tool_choice) {
-            Some(choice) => Some(RunDefaults {
-                tool_choice: Some(choice),
-            }),
-            None => earlier.defaults,
+        // Each default from the newest overrides that set it.
+        let (new, old) = (
+            self.defaults.unwrap_or_default(),
+            earlier.defaults.unwrap_or_default(),
+        );
+        let defaults = RunDefaults {
+            tool_choice: new.tool_choice.or(old.tool_choice),
+            active_tools: new.active_tools.or(old.active_tools),
         };
         Self {
             tool_choice: None,
             active_tools: None,
             step_rules: (!rules.is_empty()).then_some(rules),
-            defaults,
+            defaults: (defaults != RunDefaults::default()).then_some(defaults),
+            max_steps: self.max_steps.or(earlier.max_steps),
+            instructions: self.instructions.or(earlier.instructions),
         }
     }
 
@@ -85,7 +106,7 @@ impl RunOverrides {
             .collect();
         steps.sort_unstable();
         steps.dedup();
-        steps
+        let mut clashes: Vec<FieldError> = steps
             .into_iter()
             .filter_map(|step| {
                 let name = spec.rules_for(step).clash()?;
@@ -97,7 +118,18 @@ impl RunOverrides {
                     ),
                 })
             })
-            .collect()
+            .collect();
+        // The steps without rules: the (default) tool choice against the active tools.
+        if let Some(name) = spec.rules_for(u32::MAX).clash() {
+            clashes.push(FieldError {
+                field: "defaults".into(),
+                message: format!(
+                    "`{name}` would be chosen on steps without rules but is not among the \
+                     active tools"
+                ),
+            });
+        }
+        clashes
     }
 
     /// Applies what a run keeps (see [`Self::accumulate`], which pinned every next-step choice
@@ -107,8 +139,18 @@ impl RunOverrides {
         if let Some(rules) = self.step_rules {
             spec.step_rules.splice(0..0, rules);
         }
-        if let Some(choice) = self.defaults.and_then(|d| d.tool_choice) {
+        let defaults = self.defaults.unwrap_or_default();
+        if let Some(choice) = defaults.tool_choice {
             spec.tool_choice = choice;
+        }
+        if let Some(active) = defaults.active_tools {
+            spec.active_tools = Some(active);
+        }
+        if let Some(max_steps) = self.max_steps {
+            spec.max_steps = spec.max_steps.min(max_steps);
+        }
+        if let Some(instructions) = self.instructions {
+            spec.instructions = instructions;
         }
     }
 }
@@ -155,6 +197,36 @@ mod tests {
             Some(ToolChoice::Required),
             "the defaults of the first pause last"
         );
+    }
+
+    #[test]
+    fn a_message_s_overrides_last_through_later_pauses_and_apply_to_every_step() {
+        let agent = spec(json!({"name": "a", "model": "demo", "max_steps": 10,
+            "instructions": "agent", "active_tools": ["read"],
+            "tools": [{"type": "client", "name": "read"}, {"type": "client", "name": "list"}]}));
+        let message = overrides(json!({"defaults": {"active_tools": ["list"]},
+            "max_steps": 4, "instructions": "message"}));
+        assert_eq!(message.validate(&agent, 1), []);
+        let paused = overrides(json!({"defaults": {"tool_choice": "list"}}))
+            .accumulate(Some(message.accumulate(None, 1)), 3);
+        let defaults = paused.defaults.clone().unwrap_or_default();
+        assert_eq!(defaults.active_tools, Some(vec!["list".to_owned()]));
+        assert_eq!(defaults.tool_choice, Some(ToolChoice::Tool("list".into())));
+        assert_eq!(paused.clashes(&agent, 3), []);
+        let mut run = agent.clone();
+        paused.apply(&mut run);
+        assert_eq!((run.max_steps, run.instructions.as_str()), (4, "message"));
+        assert_eq!(run.rules_for(2).active, Some(&["list".to_owned()][..]));
+        // A max_steps above the agent's does not raise it.
+        let mut capped = agent.clone();
+        overrides(json!({"max_steps": 50})).apply(&mut capped);
+        assert_eq!(capped.max_steps, 10);
+        // A default choice outside the default tools clashes on the steps without rules.
+        let clash = overrides(json!({"defaults": {"tool_choice": "read"}})).accumulate(
+            Some(overrides(json!({"defaults": {"active_tools": ["list"]}}))),
+            2,
+        );
+        assert_eq!(clash.clashes(&agent, 2)[0].field, "defaults");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::overrides::RunOverrides;
+use super::overrides::{MAX_INSTRUCTIONS_BYTES, RunOverrides};
 use super::{
     AgentSpec, HISTORY_DEPTH_RANGE, HookEvent, HookKind, HookSpec, MAX_STEPS_RANGE, RuleCondition,
     RuleOperator, StepRule, StopCondition, ToolChoice, ToolSpec,
@@ -69,6 +69,25 @@ impl AgentSpec {
         self.validate_step_rules(&mut problems);
         for (i, hook) in self.hooks.iter().enumerate() {
             validate_hook(i, hook, &mut problems);
+        }
+        if let Some(format) = &self.response_format {
+            if !valid_tool_name(format.name()) {
+                problems.add(
+                    "response_format.name",
+                    "must be 1 to 64 characters of a-z, A-Z, 0-9, _ or -",
+                );
+            }
+            let schema = format.schema();
+            if !schema.is_object() {
+                problems.add("response_format.schema", "must be a JSON Schema object");
+            } else if let Err(err) = jsonschema::meta::validate(schema) {
+                problems.add(
+                    "response_format.schema",
+                    format!("not a valid JSON Schema: {err}"),
+                );
+            } else if let Err(err) = jsonschema::validator_for(schema) {
+                problems.add("response_format.schema", format!("does not compile: {err}"));
+            }
         }
         problems.0
     }
@@ -194,6 +213,14 @@ impl AgentSpec {
         if let ToolChoice::Tool(name) = &self.tool_choice {
             problems.unknown_tool(self, "tool_choice", name);
         }
+        for (j, name) in self.active_tools.iter().flatten().enumerate() {
+            problems.unknown_tool(self, format!("active_tools[{j}]"), name);
+        }
+        problems.choice_outside(
+            "tool_choice",
+            Some(&self.tool_choice),
+            self.active_tools.as_ref(),
+        );
         for (i, condition) in self.stop_conditions.iter().enumerate() {
             let StopCondition::HasToolCall { tool_name } = condition;
             problems.unknown_tool(self, format!("stop_conditions[{i}].tool_name"), tool_name);
@@ -315,20 +342,45 @@ impl RunOverrides {
     /// `next_step`, by field path in the request that posts them; empty if they are valid.
     pub fn validate(&self, agent: &AgentSpec, next_step: u32) -> Vec<FieldError> {
         let mut problems = Problems::default();
+        let defaults = self.defaults.clone().unwrap_or_default();
         let choices = [
             ("tool_choice", self.tool_choice.as_ref()),
-            (
-                "defaults.tool_choice",
-                self.defaults.as_ref().and_then(|d| d.tool_choice.as_ref()),
-            ),
+            ("defaults.tool_choice", defaults.tool_choice.as_ref()),
         ];
         for (field, choice) in choices {
             if let Some(ToolChoice::Tool(name)) = choice {
                 problems.unknown_tool(agent, field, name);
             }
         }
-        for (j, name) in self.active_tools.iter().flatten().enumerate() {
-            problems.unknown_tool(agent, format!("active_tools[{j}]"), name);
+        let actives = [
+            ("active_tools", self.active_tools.as_ref()),
+            ("defaults.active_tools", defaults.active_tools.as_ref()),
+        ];
+        for (field, names) in actives {
+            for (j, name) in names.into_iter().flatten().enumerate() {
+                problems.unknown_tool(agent, format!("{field}[{j}]"), name);
+            }
+        }
+        problems.choice_outside(
+            "defaults.tool_choice",
+            defaults.tool_choice.as_ref(),
+            defaults.active_tools.as_ref(),
+        );
+        if let Some(max_steps) = self.max_steps
+            && !MAX_STEPS_RANGE.contains(&max_steps)
+        {
+            let (low, high) = (MAX_STEPS_RANGE.start(), MAX_STEPS_RANGE.end());
+            problems.add("max_steps", format!("must be between {low} and {high}"));
+        }
+        if self
+            .instructions
+            .as_ref()
+            .is_some_and(|i| i.len() > MAX_INSTRUCTIONS_BYTES)
+        {
+            problems.add(
+                "instructions",
+                format!("must be at most {MAX_INSTRUCTIONS_BYTES} bytes"),
+            );
         }
         let rules = self.step_rules.as_deref().unwrap_or_default();
         for (i, rule) in rules.iter().enumerate() {
@@ -417,6 +469,30 @@ mod tests {
         let minimal = spec(json!({"name": "m", "model": "demo"}));
         assert_eq!((minimal.max_steps, minimal.history_depth), (25, 10));
         assert_eq!(minimal.tool_choice, ToolChoice::Auto);
+    }
+
+    #[test]
+    fn a_response_format_needs_a_valid_schema_and_name() {
+        let good = spec(json!({"name": "m", "model": "demo", "response_format":
+            {"type": "json_schema", "schema": {"type": "object", "required": ["city"]}}}));
+        assert_eq!(good.validate(), []);
+        let format = good.response_format.expect("set");
+        assert_eq!(format.name(), "response");
+        assert_eq!(
+            format.check("```json\n{\"city\": \"Oslo\"}\n```"),
+            Ok(json!({"city": "Oslo"}))
+        );
+        let missing = format.check("{}").expect_err("city is required");
+        assert!(missing.contains("city"), "{missing}");
+        let prose = format.check("Oslo").expect_err("not JSON");
+        assert!(prose.starts_with("the answer is not JSON"), "{prose}");
+        let bad = spec(json!({"name": "m", "model": "demo", "response_format":
+            {"type": "json_schema", "name": "a b", "schema": {"type": "banana"}}}));
+        let fields: Vec<String> = bad.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["response_format.name", "response_format.schema"]);
+        let not_object = spec(json!({"name": "m", "model": "demo", "response_format":
+            {"type": "json_schema", "schema": true}}));
+        assert_eq!(not_object.validate()[0].field, "response_format.schema");
     }
 
     #[test]

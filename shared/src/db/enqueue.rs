@@ -14,6 +14,7 @@
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
+use crate::agent::{AgentSpec, FieldError, RunOverrides};
 use crate::db::quota::{self, Refusal};
 use crate::db::runs::{self, NewRun};
 use crate::db::threads::{self, Owner};
@@ -41,6 +42,8 @@ pub struct NewMessage<'a> {
     pub trace_context: Option<&'a str>,
     /// The server's quotas (`SPOOL_QUOTA_*`).
     pub quotas: &'a Quotas,
+    /// What the message posts to steer its run (checked against the agent that answers).
+    pub overrides: Option<&'a RunOverrides>,
 }
 
 /// What the enqueue made.
@@ -72,6 +75,9 @@ pub enum EnqueueError {
     /// A quota refuses the run.
     #[error("{}", .0.message())]
     Refused(Refusal),
+    /// The message's overrides do not fit the agent that answers (by field).
+    #[error("the overrides do not fit the agent")]
+    InvalidOverrides(Vec<FieldError>),
     /// Postgres failed.
     #[error(transparent)]
     Db(#[from] sqlx::Error),
@@ -101,6 +107,26 @@ pub async fn enqueue(
         }
         None => None,
     };
+    if let Some(overrides) = message.overrides {
+        // The server's default agent has no tools: only tool choices that name none fit it.
+        let agent = agent_spec
+            .clone()
+            .unwrap_or_else(|| AgentSpec::default_agent("default", ""));
+        let mut problems = overrides.validate(&agent, 1);
+        problems.extend(overrides.clashes(&agent, 1));
+        if !problems.is_empty() {
+            // Named as the message posts them: its tool choice and tools are the run's
+            // defaults.
+            for problem in &mut problems {
+                if problem.field == "defaults" {
+                    problem.field = "tool_choice".into();
+                } else if let Some(field) = problem.field.strip_prefix("defaults.") {
+                    problem.field = field.to_owned();
+                }
+            }
+            return Err(EnqueueError::InvalidOverrides(problems));
+        }
+    }
     let enqueued = Enqueued {
         workflow_id: WorkflowId::new(),
         user_message_id: MessageId::new(),
@@ -142,6 +168,7 @@ pub async fn enqueue(
         idempotency_key: message.idempotency_key,
         trace_context: message.trace_context,
         quota: quota.as_ref(),
+        overrides: message.overrides,
     };
     if let Err(err) = runs::insert(&mut *tx, &run).await {
         if is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) {

@@ -35,12 +35,17 @@ pub struct Message {
     pub created_at: DateTime<Utc>,
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
+    /// The answer as JSON valid against its agent's `response_format` (assistant messages of
+    /// agents that have one, once their run has completed).
+    pub output: Option<Json<Value>>,
+    /// Whether a `pre_response` hook denied the answer (the content is then the hook's text).
+    pub blocked: bool,
 }
 
 macro_rules! columns {
     () => {
         "id, thread_id, role, content, parts, status, usage, metadata, workflow_id, created_at, \
-         updated_at"
+         updated_at, output, blocked"
     };
 }
 

@@ -19,6 +19,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 use sqlx::PgExecutor;
 use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
@@ -144,6 +145,8 @@ pub struct NewRun<'a> {
     pub trace_context: Option<&'a str>,
     /// The quota counters it is admitted against, if any.
     pub quota: Option<&'a RunQuota>,
+    /// What its message posted to steer it (`user_message` overrides), if anything.
+    pub overrides: Option<&'a RunOverrides>,
 }
 
 /// Inserts a queued run. Fails with a unique violation of [`ONE_ACTIVE_PER_THREAD`] if the
@@ -152,8 +155,8 @@ pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Re
     sqlx::query(
         "INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
                            assistant_message_id, idempotency_key, trace_context, agent_spec,
-                           quota)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                           quota, overrides)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(run.id)
     .bind(run.thread_id)
@@ -166,6 +169,7 @@ pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Re
     .bind(run.trace_context)
     .bind(run.agent_spec.map(Json))
     .bind(run.quota.map(Json))
+    .bind(run.overrides.map(Json))
     .execute(executor)
     .await?;
     Ok(())
@@ -770,6 +774,10 @@ pub struct Outcome<'a> {
     /// timeline: a row of its own in `run_steps` cost a fifth of the run lifecycle's SQL
     /// throughput (pgbench, tests/bench/lifecycle.sql).
     pub final_step: Option<&'a SavedStep>,
+    /// The answer as JSON, when the agent has a `response_format` and it validated.
+    pub output: Option<&'a Value>,
+    /// Whether a `pre_response` hook denied the answer (its text is the content).
+    pub blocked: bool,
 }
 
 /// Finishes the run and writes its assistant message, in one statement fenced on the attempt:
@@ -790,7 +798,8 @@ async fn finish(
               WHERE id = $1 AND attempt = $2 AND status = 'running'
           RETURNING assistant_message_id)
          UPDATE messages m
-            SET content = $4, parts = $5, usage = $6, status = $3, updated_at = now()
+            SET content = $4, parts = $5, usage = $6, status = $3, updated_at = now(),
+                output = $9, blocked = $10
            FROM finished
           WHERE m.id = finished.assistant_message_id
       RETURNING m.id",
@@ -803,6 +812,8 @@ async fn finish(
     .bind(Json(outcome.usage))
     .bind(outcome.error.map(super::storable).transpose()?)
     .bind(outcome.final_step.map(super::storable).transpose()?)
+    .bind(outcome.output.map(Json))
+    .bind(outcome.blocked)
     .fetch_optional(executor)
     .await?;
     Ok(updated.is_some())
@@ -864,6 +875,7 @@ mod tests {
             idempotency_key: None,
             trace_context: None,
             quotas: &crate::quota::Quotas::default(),
+            overrides: None,
         };
         let mut tx = db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");
@@ -879,6 +891,8 @@ mod tests {
             usage: Usage::default(),
             error: None,
             final_step: None,
+            output: None,
+            blocked: false,
         }
     }
 

@@ -2,7 +2,7 @@
 //!
 //! Events: `on_run_start` (may block the run), `pre_tool_use` (may block a call, hold it for
 //! approval, or rewrite its arguments), `post_tool_use` (may rewrite a result), `pre_response`
-//! (may block or rewrite the final answer), `on_run_complete` (fire and forget). Kinds: `http`
+//! (may rewrite the final answer, or deny it: its `text` then answers instead), `on_run_complete` (fire and forget). Kinds: `http`
 //! (POST the event; the JSON answer decides; an error, a timeout or an unreadable answer allows:
 //! fail-open, logged), `rule` (deny a call whose arguments meet every condition; the first
 //! matching deny wins), `approval` (hold the call for a person). Hooks run in the order the
@@ -27,6 +27,9 @@ use super::llm::ToolCall;
 use super::tools::http::{self, HttpTool};
 use super::tools::identity::Identity;
 use super::tools::ssrf::GuardedClients;
+
+/// The answer a `pre_response` hook's denial gives when the hook sends no `text`.
+pub(crate) const BLOCKED_TEXT: &str = "Sorry, I can't help with that.";
 
 /// What `pre_tool_use` hooks decided for one call.
 #[derive(Debug, PartialEq)]
@@ -161,7 +164,8 @@ impl<'a> Hooks<'a> {
         output
     }
 
-    /// `pre_response`: the final text (rewritten if a hook says so), or the reason it is blocked.
+    /// `pre_response`: the final text (rewritten if a hook says so), or, when a hook denies
+    /// it, the text that answers instead (the hook's `text`, else [`BLOCKED_TEXT`]).
     pub(crate) async fn pre_response(&self, step: u32, text: &str) -> Result<String, String> {
         let scope = format!("{}:{step}", self.workflow);
         let mut text = text.to_owned();
@@ -170,7 +174,15 @@ impl<'a> Hooks<'a> {
                 continue;
             };
             match answer["decision"].as_str() {
-                Some("deny") => return Err(reason(&answer, "the response was blocked by a hook")),
+                Some("deny") => {
+                    tracing::info!(
+                        hook = i,
+                        reason = %reason(&answer, "none given"),
+                        "a pre_response hook denied the answer"
+                    );
+                    let instead = answer["text"].as_str().unwrap_or(BLOCKED_TEXT);
+                    return Err(instead.to_owned());
+                }
                 Some("modify") => {
                     if let Some(rewritten) = answer["text"].as_str() {
                         text = rewritten.to_owned();

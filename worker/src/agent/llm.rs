@@ -92,6 +92,8 @@ pub struct ChatRequest {
     pub temperature: Option<f64>,
     /// Tokens the model may generate (`max_tokens`).
     pub max_output_tokens: Option<u32>,
+    /// The form the answer must take (a JSON Schema), for providers that support it.
+    pub response_format: Option<spool_shared::agent::ResponseFormat>,
 }
 
 impl ChatRequest {

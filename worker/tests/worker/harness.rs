@@ -153,6 +153,7 @@ impl Harness {
             idempotency_key: None,
             trace_context: None,
             quotas,
+            overrides: None,
         };
         let mut tx = self.db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");
@@ -220,7 +221,8 @@ impl Harness {
             .into_iter()
             .map(|m| {
                 json!({"id": m.id, "role": m.role, "content": m.content, "parts": m.parts.0,
-                    "status": m.status, "usage": m.usage.map(|u| u.0)})
+                    "status": m.status, "usage": m.usage.map(|u| u.0),
+                    "output": m.output.map(|o| o.0), "blocked": m.blocked})
             })
             .collect();
         json!({ "messages": messages })

@@ -244,7 +244,7 @@ async fn on_run_start_can_block_the_run_before_any_model_call() {
 }
 
 #[tokio::test]
-async fn pre_response_rewrites_or_blocks_the_final_text_before_anyone_sees_it() {
+async fn pre_response_rewrites_or_replaces_the_final_text_before_anyone_sees_it() {
     let fake = FakeLlm::start(|request, _| {
         let text = request["messages"]
             .as_array()
@@ -258,7 +258,11 @@ async fn pre_response_rewrites_or_blocks_the_final_text_before_anyone_sees_it() 
     let (_, hook) = hook_server(|event| {
         let text = event["text"].as_str().unwrap_or("");
         if text.contains("block") {
-            (200, json!({"decision": "deny", "reason": "leaks a secret"}))
+            let said = json!({"decision": "deny", "reason": "leaks a secret",
+                              "text": "I can't share that."});
+            (200, said)
+        } else if text.contains("quiet") {
+            (200, json!({"decision": "deny"}))
         } else {
             (
                 200,
@@ -288,10 +292,33 @@ async fn pre_response_rewrites_or_blocks_the_final_text_before_anyone_sees_it() 
     let page = app.messages(thread).await;
     assert_eq!(page["messages"][1]["content"], "[redacted] answer to q1");
 
-    let (_, blocked) = app.ask(&agent, "block me").await;
-    let run = app.finished(&blocked).await;
-    assert_eq!(run["status"], "failed");
-    assert_eq!(run["error"]["code"], "response_blocked");
+    // A denial answers with the hook's text (else a default), and the run completes.
+    for (input, answer) in [
+        ("block me", "I can't share that."),
+        ("quiet please", "Sorry, I can't help with that."),
+    ] {
+        let (thread, blocked) = app.ask(&agent, input).await;
+        let run = app.finished(&blocked).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        assert!(run["error"].is_null(), "{run}");
+        let page = app.messages(thread).await;
+        let message = &page["messages"][1];
+        assert_eq!(message["content"], answer);
+        assert_eq!(message["blocked"], true);
+        let events = app.events(thread).await;
+        let streamed: String = events
+            .iter()
+            .filter(|e| e.event == "text_delta")
+            .filter_map(|e| e.json()["data"]["delta"].as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(streamed, answer, "the model's text never went out");
+        let end = events
+            .iter()
+            .find(|e| e.event == "message_end")
+            .expect("message_end");
+        assert_eq!(end.json()["data"]["blocked"], true);
+    }
+    assert_eq!(page["messages"][1]["blocked"], false);
 }
 
 #[tokio::test]

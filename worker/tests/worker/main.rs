@@ -11,3 +11,4 @@ mod mcp;
 mod provider;
 mod quotas;
 mod ssrf;
+mod structured;

@@ -30,6 +30,7 @@ fn request() -> ChatRequest {
         tool_choice: Choice::Auto,
         temperature: None,
         max_output_tokens: None,
+        response_format: None,
     }
 }
 

@@ -131,6 +131,8 @@ pub(crate) async fn post_tool_outputs(
         active_tools: request.active_tools,
         step_rules: request.step_rules,
         defaults: request.defaults,
+        max_steps: None,
+        instructions: None,
     };
     // Checked against the agent as the worker will run it: a tool the agent does not have
     // would otherwise fail the run at its next model call, after the outputs were accepted.

@@ -145,6 +145,13 @@ pub fn body(request: &ChatRequest) -> Value {
     if let Some(temperature) = request.temperature {
         body["temperature"] = json!(temperature);
     }
+    if let Some(format) = &request.response_format {
+        let mut schema = json!({"name": format.name(), "schema": format.schema()});
+        if let Some(strict) = format.strict() {
+            schema["strict"] = json!(strict);
+        }
+        body["response_format"] = json!({"type": "json_schema", "json_schema": schema});
+    }
     body
 }
 
@@ -408,6 +415,11 @@ data: [DONE]"#;
             tool_choice: Choice::Tool("f".into()),
             temperature: Some(0.5),
             max_output_tokens: Some(64),
+            response_format: Some(spool_shared::agent::ResponseFormat::JsonSchema {
+                name: Some("city".into()),
+                schema: json!({"type": "object"}),
+                strict: Some(true),
+            }),
         };
         let body = body(&request);
         assert_eq!(body["stream"], true);
@@ -420,6 +432,11 @@ data: [DONE]"#;
         assert_eq!(body["tools"][0]["type"], "function");
         assert_eq!(body["temperature"], 0.5);
         assert_eq!(body["max_tokens"], 64);
+        assert_eq!(
+            body["response_format"],
+            json!({"type": "json_schema",
+                   "json_schema": {"name": "city", "schema": {"type": "object"}, "strict": true}})
+        );
     }
 
     #[test]
