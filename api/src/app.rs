@@ -26,6 +26,8 @@ pub struct ApiConfig {
     pub stream_retention: std::time::Duration,
     /// The server's quotas (`SPOOL_QUOTA_*`).
     pub quotas: spool_shared::quota::Quotas,
+    /// The named model providers (`SPOOL_PROVIDERS`), for agents' `provider`.
+    pub providers: spool_shared::provider::Providers,
     /// The tools' network policy, which webhook URLs must pass too.
     pub network_policy: Arc<spool_worker::agent::tools::ssrf::NetworkPolicy>,
 }

@@ -269,6 +269,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             cors_origins: args.cors_origins.clone(),
             stream_retention: args.stream.retention(),
             quotas: args.quota.quotas(),
+            providers: args.worker.providers.clone().unwrap_or_default(),
             network_policy: Arc::new(
                 spool_worker::agent::tools::ssrf::NetworkPolicy::parse(
                     &args.worker.tools_allow_networks,

@@ -38,6 +38,16 @@ pub struct AgentSpec {
     /// The model name sent to the provider (`demo` is the built-in model).
     #[schema(min_length = 1)]
     pub model: String,
+    /// The provider that serves the model: a name from the server's `SPOOL_PROVIDERS`. Unset:
+    /// the first configured provider that lists the model, else `SPOOL_LLM_BASE_URL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Models of the same provider asked in order when the model keeps failing (its retries
+    /// of a 429, 5xx or timeout spent before any text was shown); the step records which one
+    /// answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 5)]
+    pub fallback_models: Vec<String>,
     /// Sampling temperature (0 to 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0.0, maximum = 2.0)]
@@ -530,6 +540,8 @@ impl AgentSpec {
             name: "default".into(),
             instructions: instructions.into(),
             model: model.into(),
+            provider: None,
+            fallback_models: Vec::new(),
             temperature: None,
             max_steps: default_max_steps(),
             history_depth: default_history_depth(),

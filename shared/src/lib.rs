@@ -14,6 +14,7 @@ pub mod db;
 pub mod event;
 pub mod ids;
 pub mod metrics;
+pub mod provider;
 pub mod quota;
 pub mod run;
 pub mod shutdown;

@@ -53,6 +53,8 @@ impl FakeLlm {
         let requests = shared.requests.clone();
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(complete))
+            // The Anthropic Messages API: the handler answers in its format (`anthropic_*`).
+            .route("/v1/messages", post(complete))
             .with_state(shared);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -153,6 +155,42 @@ fn chunk(delta: Value, finish_reason: Option<&str>) -> Value {
 /// A text answer split into `pieces` deltas, with usage.
 pub fn text(answer: &str, pieces: usize) -> Reply {
     text_with_finish(answer, pieces, "stop")
+}
+
+/// Anthropic Messages stream events, framed as the API frames them (`event: {type}`, then
+/// `data:`), for [`Reply::Raw`].
+pub fn anthropic_events(events: &[Value]) -> Reply {
+    Reply::Raw(
+        events
+            .iter()
+            .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap_or("")))
+            .collect(),
+    )
+}
+
+/// An Anthropic Messages text answer in `pieces` deltas.
+pub fn anthropic_text(answer: &str, pieces: usize) -> Reply {
+    let chars: Vec<char> = answer.chars().collect();
+    let size = chars.len().div_ceil(pieces.max(1)).max(1);
+    let mut events = vec![
+        json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message",
+            "role": "assistant", "content": [], "model": "fake", "stop_reason": null,
+            "usage": {"input_tokens": 9, "output_tokens": 1}}}),
+        json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+    ];
+    for piece in chars.chunks(size) {
+        let text: String = piece.iter().collect();
+        events.push(json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": text}}));
+    }
+    events.extend([
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": pieces}}),
+        json!({"type": "message_stop"}),
+    ]);
+    anthropic_events(&events)
 }
 
 /// A text answer that ends with `finish_reason`.

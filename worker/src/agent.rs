@@ -35,8 +35,6 @@ pub mod prompt;
 pub mod step;
 pub mod tools;
 
-use std::sync::Arc;
-
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -53,8 +51,8 @@ use checkpoint::{Checkpoint, Unsettled};
 use context::{Attempt, block_id};
 use engine::Engine;
 pub(crate) use hooks::Hooks;
-use llm::{ChatMessage, ChatModel, ChatRequest, Choice};
-use model_call::{LlmEnd, call_model};
+use llm::{ChatMessage, ChatRequest, Choice};
+use model_call::{Candidate, LlmEnd, call_model};
 use step::Recent;
 use tools::ToolSet;
 
@@ -102,7 +100,8 @@ async fn charge(a: &Attempt<'_>, usage: Usage) -> sqlx::Result<Option<Spent>> {
 pub(crate) struct Loop<'a> {
     /// The agent as this run executes it (the run's overrides applied).
     spec: AgentSpec,
-    model: Arc<dyn ChatModel>,
+    /// The agent's model, then its fallbacks.
+    models: Vec<Candidate>,
     hooks: Hooks<'a>,
     tools: ToolSet,
     conversation: Vec<ChatMessage>,
@@ -149,8 +148,8 @@ impl<'a> Loop<'a> {
         if let Some(halt) = a.stop.now() {
             return Err(LoopEnd::halted(halt, checkpoint.answer).into());
         }
-        let model = match a.engine.model(&spec.model) {
-            Ok(model) => model,
+        let models = match a.engine.models(spec) {
+            Ok(models) => models,
             Err(err) => {
                 let failure = RunFailure::new(FailureCode::ModelUnavailable, err.to_string());
                 return Err(LoopEnd::Failed(Box::new(failure), checkpoint.answer).into());
@@ -191,7 +190,7 @@ impl<'a> Loop<'a> {
             approval_expired: a.claimed.previous_status() == RunStatus::AwaitingApproval,
             recent: std::mem::take(&mut checkpoint.recent),
             spec,
-            model,
+            models,
             hooks,
             tools,
             conversation,
@@ -236,8 +235,7 @@ impl<'a> Loop<'a> {
         }
         let request = self.request(step);
         let offered = request.callable();
-        let mut output = match call_model(a, self.model.as_ref(), request, step, self.buffer).await
-        {
+        let mut output = match call_model(a, &self.models, request, step, self.buffer).await {
             Ok(output) => output,
             Err(end) => return Err(self.model_failed(end)),
         };
@@ -382,7 +380,7 @@ impl<'a> Loop<'a> {
                  with only the JSON value, nothing else."
             ),
         });
-        let repaired = match call_model(a, self.model.as_ref(), request, step, true).await {
+        let repaired = match call_model(a, &self.models, request, step, true).await {
             Ok(output) => output,
             Err(end) => return Err(self.model_failed(end)),
         };

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use spool_shared::config::LeaseArgs;
+use spool_shared::provider::Providers;
 
 /// Settings of `spool-worker run` (and of `spool-api serve --embedded-worker`).
 #[derive(clap::Args, Clone, Debug)]
@@ -45,6 +46,12 @@ pub struct WorkerArgs {
     /// API key of the provider.
     #[arg(long, env = "SPOOL_LLM_API_KEY", hide_env_values = true)]
     pub llm_api_key: Option<String>,
+
+    /// Named model providers that agents choose with `provider` (JSON):
+    /// `[{"name", "kind": "openai" | "anthropic", "base_url", "api_key_env"?, "models"?}]`.
+    /// Read by the API too (it checks agents' `provider` at save).
+    #[arg(long, env = "SPOOL_PROVIDERS", value_parser = Providers::parse)]
+    pub providers: Option<Providers>,
 
     /// HS256 secret (at least 32 bytes) that signs the `X-Spool-Identity` token every tool,
     /// MCP and hook call carries. Unset: calls carry `X-Spool-Tenant` and `X-Spool-User` only.

@@ -67,9 +67,14 @@ pub struct AgentsResponse {
 
 /// The spec to store: `"<redacted>"` header values replaced by what `stored` holds for them,
 /// then validated.
-fn validated(mut spec: AgentSpec, stored: Option<&AgentSpec>) -> Result<AgentSpec, ApiError> {
+fn validated(
+    state: &AppState,
+    mut spec: AgentSpec,
+    stored: Option<&AgentSpec>,
+) -> Result<AgentSpec, ApiError> {
     let mut errors = spec.keep_redacted(stored);
     errors.extend(spec.validate());
+    errors.extend(state.config.providers.problems(&spec));
     if errors.is_empty() {
         return Ok(spec);
     }
@@ -113,7 +118,7 @@ async fn post_agent(
     ApiJson(spec): ApiJson<AgentSpec>,
 ) -> Result<(StatusCode, Json<AgentResponse>), ApiError> {
     caller.require_admin()?;
-    let spec = validated(spec, None)?;
+    let spec = validated(&state, spec, None)?;
     let agent = agents::insert(&state.db, AgentId::new(), &caller.owner.tenant_id, &spec).await?;
     Ok((StatusCode::CREATED, Json(agent.into())))
 }
@@ -191,7 +196,7 @@ async fn put_agent(
     let stored = agents::find(&state.db, agent_id, tenant)
         .await?
         .ok_or_else(not_found)?;
-    let spec = validated(spec, Some(&stored.spec.0))?;
+    let spec = validated(&state, spec, Some(&stored.spec.0))?;
     let agent = agents::update(&state.db, agent_id, tenant, &spec)
         .await?
         .ok_or_else(not_found)?;

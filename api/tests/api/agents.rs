@@ -115,7 +115,8 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
             {"type": "client", "name": "dup"},
             {"type": "mcp", "name": "gh", "url": "https://mcp.example.com/mcp"},
             {"type": "http", "name": "gh_search", "url": "https://x.example.com"}],
-        "response_format": {"type": "json_schema", "schema": {"type": "banana"}}});
+        "response_format": {"type": "json_schema", "schema": {"type": "banana"}},
+        "provider": "ghost", "fallback_models": [""]});
     let (status, body) = app.post(&admin("acme"), "/v1/agents", &spec).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["code"], "invalid_agent");
@@ -133,6 +134,8 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
         "tools[1].name",
         "tools[3].name",
         "response_format.schema",
+        "provider",
+        "fallback_models[0]",
     ] {
         assert!(fields.contains(&field), "{field} not in {fields:?}");
     }

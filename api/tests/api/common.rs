@@ -108,6 +108,7 @@ impl TestApp {
                 cors_origins: vec!["https://app.example".into()],
                 stream_retention: Duration::from_secs(retention_secs),
                 quotas: spool_shared::quota::Quotas::default(),
+                providers: args.providers.clone().unwrap_or_default(),
                 // As `SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8` would: receivers in the tests
                 // listen on loopback.
                 network_policy: Arc::new(

@@ -99,6 +99,14 @@ impl AgentSpec {
         if self.model.trim().is_empty() {
             problems.add("model", "must not be empty");
         }
+        if self.fallback_models.len() > 5 {
+            problems.add("fallback_models", "at most 5 models");
+        }
+        for (i, model) in self.fallback_models.iter().enumerate() {
+            if model.trim().is_empty() {
+                problems.add(format!("fallback_models[{i}]"), "must not be empty");
+            }
+        }
         if let Some(t) = self.temperature
             && !(0.0..=2.0).contains(&t)
         {

@@ -4,6 +4,7 @@
 
 mod agent;
 mod crash;
+mod providers;
 mod queue;
 mod quotas;
 mod stack;

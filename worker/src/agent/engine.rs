@@ -8,9 +8,14 @@ use secrecy::ExposeSecret as _;
 use spool_shared::agent::AgentSpec;
 use spool_shared::db::runs::Run;
 
+use anyhow::Context as _;
+use spool_shared::provider::{ProviderKind, ProviderSpec};
+
+use super::llm::anthropic::AnthropicClient;
 use super::llm::demo::DemoModel;
 use super::llm::openai::OpenAiClient;
 use super::llm::{ChatModel, LlmError};
+use super::model_call::Candidate;
 use super::tools::identity::{Identity, IdentitySigner};
 use super::tools::ssrf::{GuardedClients, NetworkPolicy};
 use crate::config::WorkerArgs;
@@ -18,7 +23,10 @@ use crate::config::WorkerArgs;
 /// Models, tools' HTTP client and defaults, built once per worker.
 pub struct Engine {
     demo: Arc<DemoModel>,
+    /// The unnamed provider (`SPOOL_LLM_BASE_URL`).
     provider: Option<Arc<OpenAiClient>>,
+    /// The named providers (`SPOOL_PROVIDERS`), with their clients.
+    providers: Vec<(ProviderSpec, Arc<dyn ChatModel>)>,
     /// The agent that answers threads without one.
     pub default_agent: AgentSpec,
     /// HTTP clients that enforce the network policy of tools, MCP servers and hooks.
@@ -47,6 +55,13 @@ impl Engine {
             )?)),
             None => None,
         };
+        let idle = Duration::from_secs(args.llm_timeout_secs.max(1));
+        let providers = args
+            .providers
+            .iter()
+            .flat_map(|p| p.0.iter())
+            .map(|spec| Ok((spec.clone(), named_client(spec, idle)?)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let model = if provider.is_some() {
             args.llm_model.as_str()
         } else {
@@ -73,6 +88,7 @@ impl Engine {
                 delay: Duration::from_millis(args.demo_delay_ms),
             }),
             provider,
+            providers,
             default_agent: AgentSpec::default_agent(model, &args.default_instructions),
             http,
             tool_timeout: args.tool_timeout(),
@@ -90,16 +106,69 @@ impl Engine {
         )
     }
 
-    /// The model that serves `name`: `demo` is built in; anything else needs a provider.
-    pub fn model(&self, name: &str) -> Result<Arc<dyn ChatModel>, LlmError> {
+    /// The models a run of `spec` may call: its model, then its `fallback_models`, each with
+    /// the client that serves it.
+    pub(crate) fn models(&self, spec: &AgentSpec) -> Result<Vec<Candidate>, LlmError> {
+        std::iter::once(&spec.model)
+            .chain(&spec.fallback_models)
+            .map(|name| {
+                Ok(Candidate {
+                    name: name.clone(),
+                    model: self.model(spec.provider.as_deref(), name)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The client that serves `name`: the named provider's; else `demo` (built in), the first
+    /// named provider that lists the model, or the unnamed provider.
+    fn model(&self, provider: Option<&str>, name: &str) -> Result<Arc<dyn ChatModel>, LlmError> {
+        let named =
+            |found: Option<&(ProviderSpec, Arc<dyn ChatModel>)>| found.map(|(_, c)| c.clone());
+        if let Some(provider) = provider {
+            return named(self.providers.iter().find(|(p, _)| p.name == provider)).ok_or_else(
+                || {
+                    LlmError::Unavailable(format!(
+                        "no provider `{provider}` is configured on this worker (SPOOL_PROVIDERS)"
+                    ))
+                },
+            );
+        }
         if name == super::llm::demo::MODEL_NAME {
             return Ok(self.demo.clone());
+        }
+        let listing = self
+            .providers
+            .iter()
+            .find(|(p, _)| p.models.iter().flatten().any(|m| m == name));
+        if let Some(client) = named(listing) {
+            return Ok(client);
         }
         match &self.provider {
             Some(provider) => Ok(provider.clone()),
             None => Err(LlmError::Unavailable(format!(
-                "no model provider is configured (SPOOL_LLM_BASE_URL) to serve model `{name}`"
+                "no model provider is configured (SPOOL_LLM_BASE_URL, or one in SPOOL_PROVIDERS \
+                 listing it) to serve model `{name}`"
             ))),
         }
     }
+}
+
+/// The client of a named provider, its key read from the variable it names.
+fn named_client(spec: &ProviderSpec, idle: Duration) -> anyhow::Result<Arc<dyn ChatModel>> {
+    let key = match &spec.api_key_env {
+        Some(var) => Some(std::env::var(var).ok().filter(|k| !k.trim().is_empty()).with_context(
+            || {
+                format!(
+                    "SPOOL_PROVIDERS: provider `{}` reads its API key from {var}, which is not set",
+                    spec.name
+                )
+            },
+        )?),
+        None => None,
+    };
+    Ok(match spec.kind {
+        ProviderKind::Openai => Arc::new(OpenAiClient::new(&spec.base_url, key, idle)?),
+        ProviderKind::Anthropic => Arc::new(AnthropicClient::new(&spec.base_url, key, idle)?),
+    })
 }

@@ -2,22 +2,29 @@
 //!
 //! A [`ChatModel`] takes a [`ChatRequest`] and streams [`ChatChunk`]s: text deltas as they
 //! arrive, then one [`ChatChunk::Done`] with the assembled [`ChatResponse`] (text, tool calls
-//! assembled by index, usage, finish reason). Two implementations: [`openai::OpenAiClient`]
-//! (any OpenAI-compatible Chat Completions endpoint) and [`demo::DemoModel`] (built in).
+//! assembled by index, usage, finish reason). Three implementations: [`openai::OpenAiClient`]
+//! (any OpenAI-compatible Chat Completions endpoint), [`anthropic::AnthropicClient`] (the
+//! Anthropic Messages API) and [`demo::DemoModel`] (built in). The two remote clients share
+//! the HTTP and SSE plumbing here ([`send`], [`sse_chunks`]) and differ in their wire formats
+//! (an [`Assemble`] each).
 //!
 //! Errors are sorted once, here: [`LlmError::is_retryable`] says whether the same request may
 //! succeed later (429, 5xx, timeouts, broken connections, a stream cut short).
 
+pub mod anthropic;
 pub mod demo;
 pub mod openai;
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures::Stream;
 use futures::future::BoxFuture;
+use futures::{Stream, StreamExt as _};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sse_stream::SseStream;
 
 pub use spool_shared::db::steps::ToolCall;
 use spool_shared::run::Usage;
@@ -238,4 +245,100 @@ impl LlmError {
             _ => None,
         }
     }
+}
+
+/// A provider's wire format, fed one SSE `data:` payload at a time.
+pub(crate) trait Assemble: Send + 'static {
+    /// The chunks `data` completes (text deltas; the end, assembled).
+    fn feed(&mut self, data: &str) -> Result<Vec<ChatChunk>, LlmError>;
+    /// Whether the stream has ended (its end marker, or an error).
+    fn finished(&self) -> bool;
+    /// Marks the stream ended by an error.
+    fn fail(&mut self);
+}
+
+/// Sends a provider request: the response if its status is a success, else the provider's
+/// error (with its message and the wait it asked for).
+pub(crate) async fn send(call: reqwest::RequestBuilder) -> Result<reqwest::Response, LlmError> {
+    let response = call
+        .send()
+        .await
+        // Never the URL: the message reaches the run's error, which end users read.
+        .map_err(|e| LlmError::Transport(e.without_url().to_string()))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let retry_after = retry_after(response.headers());
+    let text = response.text().await.unwrap_or_default();
+    Err(LlmError::Status {
+        status: status.as_u16(),
+        message: provider_message(&text),
+        retry_after,
+    })
+}
+
+/// The chunks of a streamed response, parsed by `sse-stream` (the parser `rmcp` uses too) and
+/// assembled by `asm`. A stream that ends before the format's end marker is
+/// [`LlmError::Incomplete`], never a short answer.
+pub(crate) fn sse_chunks(response: reqwest::Response, asm: impl Assemble) -> ChatStream {
+    let body = response
+        .bytes_stream()
+        .map(|chunk| chunk.map_err(reqwest::Error::without_url));
+    let events = SseStream::from_bytes_stream(body);
+    let state = (events, asm, VecDeque::new());
+    let stream = futures::stream::unfold(state, |(mut events, mut asm, mut queue)| async move {
+        loop {
+            if let Some(chunk) = queue.pop_front() {
+                return Some((Ok(chunk), (events, asm, queue)));
+            }
+            if asm.finished() {
+                return None;
+            }
+            let failure = match events.next().await {
+                Some(Ok(event)) => {
+                    let Some(data) = event.data else { continue };
+                    match asm.feed(&data) {
+                        Ok(chunks) => {
+                            queue.extend(chunks);
+                            continue;
+                        }
+                        Err(err) => err,
+                    }
+                }
+                Some(Err(err)) => LlmError::Transport(err.to_string()),
+                None => LlmError::Incomplete,
+            };
+            asm.fail();
+            return Some((Err(failure), (events, asm, queue)));
+        }
+    });
+    stream.boxed()
+}
+
+/// The longest wait a provider's `Retry-After` may ask for: the attempt holds its lease and a
+/// worker slot meanwhile.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The wait a provider asks for (`retry-after-ms`, else `Retry-After` in seconds), at most
+/// [`MAX_RETRY_AFTER`]; a value that is not a number is ignored.
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let number = |name| {
+        header(name)
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|n| !n.is_nan())
+    };
+    let secs = number("retry-after-ms")
+        .map(|ms| ms / 1000.0)
+        .or_else(|| number(RETRY_AFTER.as_str()))?;
+    let secs = secs.clamp(0.0, MAX_RETRY_AFTER.as_secs_f64());
+    Some(Duration::try_from_secs_f64(secs).unwrap_or(MAX_RETRY_AFTER))
+}
+
+pub(crate) fn provider_message(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.chars().take(500).collect())
 }

@@ -4,12 +4,16 @@
 //!   [`MODEL_RETRIES`] times with exponential backoff and jitter, waiting at least what the
 //!   provider asked (`Retry-After`); only while no text of that try has been shown, so a client
 //!   never sees text twice.
+//! - Fallbacks: when the retries of a retryable failure are spent before any text of the call
+//!   was shown, the agent's next `fallback_models` entry is asked the same request; the step's
+//!   model call records the model that answered (continuations stay with it).
 //! - Continuations: `finish_reason: length` without tool calls continues up to
 //!   [`MAX_CONTINUATIONS`] times; the text of every part goes into one block.
 //! - Held text: with `pre_response` hooks the text is not published as it streams; the loop
 //!   shows it once the hooks have decided.
 //! - A stop (cancel, lost lease, shutdown) ends the call at once with the text streamed so far.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder as _, ExponentialBuilder};
@@ -71,7 +75,7 @@ pub(crate) enum LlmEnd {
 /// model, and the tokens used, summed over retries and continuations).
 pub(crate) async fn call_model(
     a: &Attempt<'_>,
-    model: &dyn ChatModel,
+    models: &[Candidate],
     request: ChatRequest,
     step: u32,
     buffer: bool,
@@ -81,7 +85,7 @@ pub(crate) async fn call_model(
         otel.kind = "client",
         otel.status_code = tracing::field::Empty,
         gen_ai.operation.name = "chat",
-        gen_ai.system = model.system(),
+        gen_ai.system = models.first().map_or("openai", |c| c.model.system()),
         gen_ai.request.model = %request.model,
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
@@ -95,7 +99,7 @@ pub(crate) async fn call_model(
         text: String::new(),
         streamed: false,
     };
-    let result = continued(model, request, &mut out)
+    let result = continued(models, request, &mut out)
         .instrument(span.clone())
         .await;
     match &result {
@@ -124,7 +128,7 @@ pub(crate) async fn call_model(
 /// The call, continued after `finish_reason: length`; the block's `text_end` goes out however
 /// it ends.
 async fn continued(
-    model: &dyn ChatModel,
+    mut models: &[Candidate],
     mut request: ChatRequest,
     out: &mut Streamed<'_, '_>,
 ) -> Result<ModelOutput, LlmEnd> {
@@ -134,8 +138,13 @@ async fn continued(
     loop {
         let part_start = out.text.len();
         let started = Instant::now();
-        let response = match retried(model, &request, out).await {
-            Ok(response) => response,
+        let response = match retried(models, &request, out).await {
+            Ok((response, answered)) => {
+                // Later parts go to the model that answered.
+                models = &models[answered..];
+                request.model.clone_from(&models[0].name);
+                response
+            }
             Err(end) => {
                 out.close();
                 return Err(match end {
@@ -175,8 +184,43 @@ async fn continued(
     }
 }
 
-/// One request, retried while it fails retryably before any of its text was shown.
+/// A model the call may use: the agent's, then its fallbacks in order.
+pub(crate) struct Candidate {
+    /// The model's name (sent as the request's `model`).
+    pub(crate) name: String,
+    /// The client that serves it.
+    pub(crate) model: Arc<dyn ChatModel>,
+}
+
+/// One request, retried while it fails retryably before any of its text was shown; when the
+/// retries are spent, asked of the next candidate. The response, and the index of the
+/// candidate that gave it.
 async fn retried(
+    models: &[Candidate],
+    request: &ChatRequest,
+    out: &mut Streamed<'_, '_>,
+) -> Result<(ChatResponse, usize), LlmEnd> {
+    let mut last = None;
+    for (index, candidate) in models.iter().enumerate() {
+        if let Some(err) = last.take() {
+            tracing::warn!(error = %err, model = %candidate.name, "the model kept failing; falling back");
+        }
+        let mut request = request.clone();
+        request.model.clone_from(&candidate.name);
+        match retried_one(candidate.model.as_ref(), &request, out).await {
+            Ok(response) => return Ok((response, index)),
+            Err(LlmEnd::Error(err)) if err.is_retryable() && !out.streamed => last = Some(err),
+            Err(end) => return Err(end),
+        }
+    }
+    Err(LlmEnd::Error(last.unwrap_or_else(|| {
+        LlmError::Unavailable("no model to call".into())
+    })))
+}
+
+/// One request to one model, retried while it fails retryably before any of its text was
+/// shown.
+async fn retried_one(
     model: &dyn ChatModel,
     request: &ChatRequest,
     out: &mut Streamed<'_, '_>,

@@ -3,12 +3,14 @@
 //! transcripts, tools against real local servers (HTTP, MCP), the network policy.
 
 mod agent_loop;
+mod anthropic;
 mod harness;
 mod hooks;
 mod identity;
 mod limits;
 mod mcp;
 mod provider;
+mod providers;
 mod quotas;
 mod ssrf;
 mod structured;

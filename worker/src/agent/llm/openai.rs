@@ -1,6 +1,6 @@
 //! An OpenAI-compatible Chat Completions client (OpenAI, vLLM, Ollama, llama.cpp, LiteLLM, ...):
-//! streaming over reqwest, SSE parsed by `sse-stream` (the parser `rmcp` uses too), chunks
-//! assembled by [`Assembler`].
+//! streaming over reqwest (the SSE plumbing is [`super::sse_chunks`]), chunks assembled by
+//! [`Assembler`].
 //!
 //! Lenient where compatible servers differ: missing `index` fields, ids repeated on every
 //! fragment, whole arguments in one fragment, `refusal` instead of `content`, usage in its own
@@ -8,14 +8,12 @@
 //! hide a failure: a stream that ends without `[DONE]` is [`LlmError::Incomplete`], never a
 //! short answer.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use futures::{FutureExt as _, StreamExt as _};
-use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde_json::{Value, json};
-use sse_stream::SseStream;
 
 use spool_shared::run::Usage;
 
@@ -56,59 +54,8 @@ impl ChatModel for OpenAiClient {
             if let Some(key) = &self.api_key {
                 call = call.bearer_auth(key);
             }
-            let response = call
-                .send()
-                .await
-                // Never the URL: the message reaches the run's error, which end users read.
-                .map_err(|e| LlmError::Transport(e.without_url().to_string()))?;
-            let status = response.status();
-            if !status.is_success() {
-                let retry_after = retry_after(response.headers());
-                let text = response.text().await.unwrap_or_default();
-                return Err(LlmError::Status {
-                    status: status.as_u16(),
-                    message: provider_message(&text),
-                    retry_after,
-                });
-            }
-            let body = response
-                .bytes_stream()
-                .map(|chunk| chunk.map_err(reqwest::Error::without_url));
-            let events = SseStream::from_bytes_stream(body);
-            let state = (events, Assembler::default(), VecDeque::new());
-            let stream =
-                futures::stream::unfold(state, |(mut events, mut asm, mut queue)| async move {
-                    loop {
-                        if let Some(chunk) = queue.pop_front() {
-                            return Some((Ok(chunk), (events, asm, queue)));
-                        }
-                        if asm.finished() {
-                            return None;
-                        }
-                        match events.next().await {
-                            Some(Ok(event)) => {
-                                let Some(data) = event.data else { continue };
-                                match asm.feed(&data) {
-                                    Ok(chunks) => queue.extend(chunks),
-                                    Err(err) => {
-                                        return Some((Err(err), (events, asm.fail(), queue)));
-                                    }
-                                }
-                            }
-                            Some(Err(err)) => {
-                                let err = LlmError::Transport(err.to_string());
-                                return Some((Err(err), (events, asm.fail(), queue)));
-                            }
-                            None => {
-                                return Some((
-                                    Err(LlmError::Incomplete),
-                                    (events, asm.fail(), queue),
-                                ));
-                            }
-                        }
-                    }
-                });
-            Ok(stream.boxed() as ChatStream)
+            let response = super::send(call).await?;
+            Ok(super::sse_chunks(response, Assembler::default()))
         }
         .boxed()
     }
@@ -184,33 +131,6 @@ fn wire_message(message: &ChatMessage) -> Value {
     }
 }
 
-/// The longest wait a provider's `Retry-After` may ask for: the attempt holds its lease and a
-/// worker slot meanwhile.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
-
-/// The wait a provider asks for (`retry-after-ms`, else `Retry-After` in seconds), at most
-/// [`MAX_RETRY_AFTER`]; a value that is not a number is ignored.
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    let number = |name| {
-        header(name)
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|n| !n.is_nan())
-    };
-    let secs = number("retry-after-ms")
-        .map(|ms| ms / 1000.0)
-        .or_else(|| number(RETRY_AFTER.as_str()))?;
-    let secs = secs.clamp(0.0, MAX_RETRY_AFTER.as_secs_f64());
-    Some(Duration::try_from_secs_f64(secs).unwrap_or(MAX_RETRY_AFTER))
-}
-
-fn provider_message(body: &str) -> String {
-    serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| body.chars().take(500).collect())
-}
-
 /// Assembles streamed chunks into text deltas and one final [`ChatResponse`].
 #[derive(Debug, Default)]
 pub struct Assembler {
@@ -221,17 +141,21 @@ pub struct Assembler {
     done: bool,
 }
 
-impl Assembler {
-    /// Whether `[DONE]` (or an error) has ended the stream.
-    pub fn finished(&self) -> bool {
+impl super::Assemble for Assembler {
+    fn finished(&self) -> bool {
         self.done
     }
 
-    fn fail(mut self) -> Self {
+    fn fail(&mut self) {
         self.done = true;
-        self
     }
 
+    fn feed(&mut self, data: &str) -> Result<Vec<ChatChunk>, LlmError> {
+        Assembler::feed(self, data)
+    }
+}
+
+impl Assembler {
     /// Feeds one SSE `data:` payload; returns the chunks it completes.
     ///
     /// One function on purpose (about 85 lines): it is the wire format's state machine (done,
@@ -343,6 +267,8 @@ fn give_unique_ids(calls: &mut [ToolCall]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::llm::{MAX_RETRY_AFTER, retry_after};
+    use reqwest::header::HeaderMap;
 
     fn feed_all(transcript: &str) -> (Vec<String>, ChatResponse) {
         let mut asm = Assembler::default();
