@@ -11,6 +11,7 @@
 //! Tests are quiet unless `TEST_LOG=1`.
 
 pub mod fake_llm;
+pub mod peers;
 pub mod process;
 pub mod servers;
 pub mod sse;

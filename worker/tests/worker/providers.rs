@@ -138,3 +138,34 @@ async fn a_fallback_model_answers_when_the_agent_s_model_keeps_failing() {
     let run = app.finished(&accepted).await;
     assert_eq!(run["error"]["code"], "model_unavailable", "{run}");
 }
+
+#[tokio::test]
+async fn an_anthropic_agent_runs_a_tool_round_trip_against_aimock() {
+    // aimock, a third-party mock upstream, speaks the Messages API on `/v1/messages`.
+    let aimock = spool_tests::peers::Aimock::start(&json!({"fixtures": [
+        {"match": {"hasToolResult": true}, "response": {"content": "It is sunny in Oslo."}},
+        {"match": {"userMessage": "Weather in Oslo?"},
+         "response": {"toolCalls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}}
+    ]}))
+    .await
+    .expect("aimock");
+    let (tools, base) = Tools::start().await;
+    let settings = json!([{"name": "claude", "kind": "anthropic", "base_url": aimock.base_url}]);
+    let app = Harness::start_with(&aimock.base_url, &["--providers", &settings.to_string()]).await;
+    let agent = app
+        .create_agent(
+            &json!({"name": "claude", "model": "claude-sonnet-4-5", "provider": "claude",
+            "tools": [http_tool("get_weather", format!("{base}/weather"))]}),
+        )
+        .await;
+    let (thread, accepted) = app.ask(&agent, "Weather in Oslo?").await;
+    let run = app.finished(&accepted).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(
+        app.messages(thread).await["messages"][1]["content"],
+        "It is sunny in Oslo."
+    );
+    let calls = tools.calls();
+    assert_eq!(calls.len(), 1, "the tool ran once: {calls:?}");
+    assert_eq!(calls[0].2["city"], "Oslo");
+}

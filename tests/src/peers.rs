@@ -1,0 +1,93 @@
+//! Third-party servers the tests run against as real processes, pinned in `tests/peers/`
+//! (`package.json` and its lock): `@copilotkit/aimock`, a mock LLM upstream that speaks the
+//! OpenAI and Anthropic APIs. They are installed with `npm ci` the first time a test needs
+//! them (this machine reaches the npm registry), so `cargo test --workspace` alone runs them.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+/// One install at a time within a test binary.
+static INSTALL: Mutex<()> = Mutex::new(());
+
+/// The directory of the pinned peers, installed.
+fn installed() -> anyhow::Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
+    let _guard = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !dir
+        .join("node_modules/@copilotkit/aimock/package.json")
+        .exists()
+    {
+        let output = std::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .context("running npm (Node 20 and npm are needed for the peer tests)")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "npm ci in {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(dir)
+}
+
+/// A running aimock (its `llmock` server) on loopback, answering from fixtures.
+pub struct Aimock {
+    /// The base URL to configure (`http://127.0.0.1:PORT/v1`).
+    pub base_url: String,
+    _child: tokio::process::Child,
+    fixtures: PathBuf,
+}
+
+impl Aimock {
+    /// Starts aimock with `fixtures` (its fixture file format: `{"fixtures": [{match,
+    /// response}]}`); answers once it accepts connections.
+    pub async fn start(fixtures: &Value) -> anyhow::Result<Self> {
+        let dir = installed()?;
+        let file = std::env::temp_dir().join(format!("aimock-{}.json", uuid::Uuid::new_v4()));
+        std::fs::write(&file, fixtures.to_string())?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = tokio::process::Command::new("node")
+            .arg(dir.join("node_modules/@copilotkit/aimock/dist/cli.js"))
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--fixtures")
+            .arg(&file)
+            .args(["--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting aimock")?;
+        let address = format!("127.0.0.1:{port}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(&address).await.is_err() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "aimock did not listen on {address} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(Self {
+            base_url: format!("http://{address}/v1"),
+            _child: child,
+            fixtures: file,
+        })
+    }
+}
+
+impl Drop for Aimock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.fixtures);
+    }
+}
