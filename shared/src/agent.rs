@@ -80,6 +80,16 @@ pub struct AgentSpec {
     #[serde(default = "default_context_budget")]
     #[schema(default = 100_000)]
     pub context_budget_tokens: u32,
+    /// The model's context window in tokens: a prompt estimated larger (4 characters a token),
+    /// or one the provider refuses as too long, has the thread's oldest turns summarised into
+    /// a stored summary (up to 3 times; then the run fails with `context_overflow`). Unset:
+    /// only a provider's refusal summarises.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 256, maximum = 10_000_000)]
+    pub context_window_tokens: Option<u32>,
+    /// The model (of the agent's provider) that writes those summaries; default the agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_model: Option<String>,
     /// Seconds a tool call waits for approval before it counts as denied.
     #[serde(default = "default_approval_timeout")]
     #[schema(minimum = 1, maximum = 86_400, default = 300)]
@@ -551,6 +561,8 @@ impl AgentSpec {
             active_tools: None,
             step_rules: Vec::new(),
             context_budget_tokens: default_context_budget(),
+            context_window_tokens: None,
+            summary_model: None,
             approval_timeout_secs: default_approval_timeout(),
             hooks: Vec::new(),
             limits: Limits::default(),

@@ -66,11 +66,14 @@ pub enum FailureCode {
     /// The agent has a `response_format` and the final answer did not validate against its
     /// schema, even after one repair round.
     InvalidOutput,
+    /// The prompt did not fit the model's context window even after the thread's oldest turns
+    /// were summarised (3 times at most), or nothing was left to summarise.
+    ContextOverflow,
 }
 
 impl FailureCode {
     /// Every code, in the order the documentation lists them.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::AgentNotFound,
         Self::ModelUnavailable,
         Self::ModelError,
@@ -84,6 +87,7 @@ impl FailureCode {
         Self::MaxToolCallsExceeded,
         Self::BudgetExceeded,
         Self::InvalidOutput,
+        Self::ContextOverflow,
     ];
 
     /// The code as stored and shown.
@@ -102,6 +106,7 @@ impl FailureCode {
             Self::MaxToolCallsExceeded => "max_tool_calls_exceeded",
             Self::BudgetExceeded => "budget_exceeded",
             Self::InvalidOutput => "invalid_output",
+            Self::ContextOverflow => "context_overflow",
         }
     }
 }

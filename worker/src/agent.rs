@@ -39,9 +39,9 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use spool_shared::agent::{AgentSpec, HookEvent, ResponseFormat};
-use spool_shared::db::agents;
 use spool_shared::db::quota::{self, Spent};
 use spool_shared::db::runs::Run;
+use spool_shared::db::{agents, messages};
 use spool_shared::event::EventType;
 use spool_shared::run::{FailureCode, RunFailure, Usage};
 use spool_shared::status::RunStatus;
@@ -117,7 +117,18 @@ pub(crate) struct Loop<'a> {
     approval_expired: bool,
     /// A daily token budget of the run's counters found spent: the next step fails the run.
     spent: Option<Spent>,
+    /// The length of the conversation's start (instructions, summary, history): what a
+    /// compaction rebuilds; the run's own steps follow it.
+    prefix: usize,
+    /// The thread's messages the start replays, and the summary it starts after.
+    history: Vec<messages::HistoryMessage>,
+    summary: Option<messages::Summary>,
+    /// Summaries written by this attempt (at most [`MAX_COMPACTIONS`]).
+    compactions: u32,
 }
+
+/// Summaries one attempt may write to fit its prompt before it fails with `context_overflow`.
+const MAX_COMPACTIONS: u32 = 3;
 
 impl<'a> Loop<'a> {
     async fn run(a: &Attempt<'a>, spec: &AgentSpec) -> Result<LoopEnd, Exit> {
@@ -163,7 +174,13 @@ impl<'a> Loop<'a> {
             // Checked and pinned to their steps by the API.
             overrides.0.clone().apply(&mut spec);
         }
-        let (mut conversation, input) = prompt::start(a.db, run, &spec).await?;
+        let prompt::Prompt {
+            mut conversation,
+            input,
+            history,
+            summary,
+        } = prompt::start(a.db, run, &spec).await?;
+        let prefix = conversation.len();
         conversation.append(&mut checkpoint.conversation);
         let answer = std::mem::take(&mut checkpoint.answer);
         if a.claimed.previous_status() == RunStatus::RequiresAction {
@@ -196,6 +213,10 @@ impl<'a> Loop<'a> {
             conversation,
             answer,
             spent,
+            prefix,
+            history,
+            summary,
+            compactions: 0,
         };
         Ok((state, checkpoint))
     }
@@ -233,11 +254,22 @@ impl<'a> Loop<'a> {
         if let Some(spent) = self.spent.take() {
             return Err(self.failed(FailureCode::BudgetExceeded, spent.message()));
         }
-        let request = self.request(step);
-        let offered = request.callable();
-        let mut output = match call_model(a, &self.models, request, step, self.buffer).await {
-            Ok(output) => output,
-            Err(end) => return Err(self.model_failed(end)),
+        let (mut output, offered) = loop {
+            let request = self.request(step);
+            let window = self.spec.context_window_tokens.map(|w| w as usize);
+            if window.is_some_and(|w| prompt::estimate_tokens(&request.messages) > w) {
+                self.compact(a).await?;
+                continue;
+            }
+            let offered = request.callable();
+            match call_model(a, &self.models, request, step, self.buffer).await {
+                Ok(output) => break (output, offered),
+                Err(LlmEnd::Error(err)) if err.is_context_overflow() => {
+                    tracing::info!(error = %err, "the provider found the prompt too long");
+                    self.compact(a).await?;
+                }
+                Err(end) => return Err(self.model_failed(end)),
+            }
         };
         self.answer.usage.add(output.usage);
         self.spent = charge(a, output.usage).await?;
@@ -288,6 +320,48 @@ impl<'a> Loop<'a> {
             max_output_tokens: self.spec.limits.max_output_tokens,
             response_format: self.spec.response_format.clone(),
         }
+    }
+
+    /// Makes the prompt smaller: the oldest half of the replayed history (with the summary it
+    /// started after) is summarised into a stored summary, and the conversation's start is
+    /// rebuilt from it. Fails the run with `context_overflow` past [`MAX_COMPACTIONS`] or when
+    /// no earlier turn is left to summarise.
+    async fn compact(&mut self, a: &Attempt<'_>) -> Result<(), Exit> {
+        let older = prompt::older(&self.history).filter(|_| self.compactions < MAX_COMPACTIONS);
+        let Some(older) = older.map(<[_]>::to_vec) else {
+            let message = format!(
+                "the prompt does not fit the model's context window (context_window_tokens: \
+                 {:?}) after {} summaries of the thread's earlier turns",
+                self.spec.context_window_tokens, self.compactions
+            );
+            return Err(self.failed(FailureCode::ContextOverflow, message));
+        };
+        self.compactions += 1;
+        let summarizer = match a.engine.summarizer(&self.spec) {
+            Ok(summarizer) => summarizer,
+            Err(err) => return Err(self.failed(FailureCode::ModelUnavailable, err.to_string())),
+        };
+        let through = older.last().map_or(0, |m| m.seq);
+        let summary = prompt::summarise(&summarizer, self.summary.as_ref(), &older).await;
+        let (text, usage) = match summary {
+            Ok(summary) => summary,
+            Err(err) => return Err(self.model_failed(LlmEnd::Error(err))),
+        };
+        self.answer.usage.add(usage);
+        self.spent = charge(a, usage).await?;
+        let run = a.claimed.run();
+        messages::save_summary(a.db, run.thread_id, through, &text, &summarizer.name).await?;
+        tracing::info!(
+            through_seq = through,
+            "summarised the thread's oldest turns"
+        );
+        let steps = self.conversation.split_off(self.prefix);
+        let start = prompt::start(a.db, run, &self.spec).await?;
+        self.prefix = start.conversation.len();
+        self.conversation = start.conversation;
+        self.conversation.extend(steps);
+        (self.history, self.summary) = (start.history, start.summary);
+        Ok(())
     }
 
     /// The end a model call that did not answer makes: a halt, or a failure (after the retries

@@ -116,7 +116,7 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
             {"type": "mcp", "name": "gh", "url": "https://mcp.example.com/mcp"},
             {"type": "http", "name": "gh_search", "url": "https://x.example.com"}],
         "response_format": {"type": "json_schema", "schema": {"type": "banana"}},
-        "provider": "ghost", "fallback_models": [""]});
+        "provider": "ghost", "fallback_models": [""], "context_window_tokens": 10});
     let (status, body) = app.post(&admin("acme"), "/v1/agents", &spec).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["code"], "invalid_agent");
@@ -136,6 +136,7 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
         "response_format.schema",
         "provider",
         "fallback_models[0]",
+        "context_window_tokens",
     ] {
         assert!(fields.contains(&field), "{field} not in {fields:?}");
     }

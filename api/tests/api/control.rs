@@ -234,6 +234,10 @@ async fn left_in_postgres(app: &TestApp, thread: Uuid, runs: &[String]) -> Vec<(
             "SELECT count(*) FROM webhook_deliveries WHERE thread_id = $1",
         ),
         (
+            "thread_summaries",
+            "SELECT count(*) FROM thread_summaries WHERE thread_id = $1",
+        ),
+        (
             "threads (content)",
             "SELECT count(*) FROM threads WHERE id = $1
               AND (tenant_id <> '' OR owner_id <> '' OR metadata <> '{}' OR title IS NOT NULL
@@ -288,6 +292,16 @@ async fn erasing_a_thread_stops_its_run_and_its_stream_leaves_nothing_and_the_id
     )
     .await;
 
+    // A summary of its older turns, as a worker stores one when a prompt outgrows its window.
+    spool_shared::db::messages::save_summary(
+        &app.db.pool,
+        spool_shared::ThreadId(thread),
+        1,
+        "what was said",
+        "gpt-4o-mini",
+    )
+    .await
+    .expect("a summary");
     // A client following the stream while the thread is erased.
     let mut follower = app.stream(&alice, thread, "", None).await;
     let path = format!("/v1/threads/{thread}");

@@ -99,6 +99,18 @@ impl AgentSpec {
         if self.model.trim().is_empty() {
             problems.add("model", "must not be empty");
         }
+        if let Some(window) = self.context_window_tokens
+            && !(256..=10_000_000).contains(&window)
+        {
+            problems.add("context_window_tokens", "must be between 256 and 10000000");
+        }
+        if self
+            .summary_model
+            .as_ref()
+            .is_some_and(|m| m.trim().is_empty())
+        {
+            problems.add("summary_model", "must not be empty");
+        }
         if self.fallback_models.len() > 5 {
             problems.add("fallback_models", "at most 5 models");
         }

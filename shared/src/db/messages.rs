@@ -132,12 +132,14 @@ pub async fn history(
     thread_id: ThreadId,
     user_message_id: MessageId,
     depth: i64,
-) -> sqlx::Result<Vec<(Role, String)>> {
+    after_seq: i64,
+) -> sqlx::Result<Vec<HistoryMessage>> {
     sqlx::query_as(
-        "SELECT role, content FROM (
-             SELECT role, content, seq FROM messages
+        "SELECT role, content, parts, seq FROM (
+             SELECT role, content, parts, seq FROM messages
               WHERE thread_id = $1
                 AND seq <= (SELECT seq FROM messages WHERE id = $2)
+                AND seq > $4
                 AND status = 'completed' AND content <> ''
               ORDER BY seq DESC
               LIMIT $3) recent
@@ -146,6 +148,71 @@ pub async fn history(
     .bind(thread_id)
     .bind(user_message_id)
     .bind(depth.max(1))
+    .bind(after_seq)
     .fetch_all(executor)
     .await
+}
+
+/// A message as a run's prompt replays it.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct HistoryMessage {
+    /// Who wrote it.
+    pub role: Role,
+    /// Its text.
+    pub content: String,
+    /// Its parts (an assistant's tool calls and results among them).
+    pub parts: Json<Vec<MessagePart>>,
+    /// Its place in the thread.
+    pub seq: i64,
+}
+
+/// A summary of a thread's messages up to `through_seq`.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Summary {
+    /// The last message it covers.
+    pub through_seq: i64,
+    /// The summary.
+    pub content: String,
+}
+
+/// The newest summary of the thread that covers only messages before `user_message_id`.
+pub async fn summary_before(
+    executor: impl PgExecutor<'_>,
+    thread_id: ThreadId,
+    user_message_id: MessageId,
+) -> sqlx::Result<Option<Summary>> {
+    sqlx::query_as(
+        "SELECT through_seq, content FROM thread_summaries
+          WHERE thread_id = $1
+            AND through_seq < (SELECT seq FROM messages WHERE id = $2)
+          ORDER BY through_seq DESC
+          LIMIT 1",
+    )
+    .bind(thread_id)
+    .bind(user_message_id)
+    .fetch_optional(executor)
+    .await
+}
+
+/// Stores a summary of the thread's messages through `through_seq` (a concurrent writer of the
+/// same one wins; either is a summary of the same messages).
+pub async fn save_summary(
+    executor: impl PgExecutor<'_>,
+    thread_id: ThreadId,
+    through_seq: i64,
+    content: &str,
+    model: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO thread_summaries (thread_id, through_seq, content, model)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (thread_id, through_seq) DO NOTHING",
+    )
+    .bind(thread_id)
+    .bind(through_seq)
+    .bind(content)
+    .bind(model)
+    .execute(executor)
+    .await?;
+    Ok(())
 }

@@ -287,6 +287,10 @@ pub async fn erase(conn: &mut PgConnection, id: ThreadId) -> sqlx::Result<()> {
         .bind(id)
         .execute(&mut *conn)
         .await?;
+    sqlx::query("DELETE FROM thread_summaries WHERE thread_id = $1")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
     sqlx::query(
         "UPDATE threads
             SET tenant_id = '', owner_id = '', agent_id = NULL, metadata = '{}', title = NULL,

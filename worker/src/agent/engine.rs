@@ -120,6 +120,16 @@ impl Engine {
             .collect()
     }
 
+    /// The model that writes the summaries of a thread's older turns: the agent's
+    /// `summary_model` (else its model), served as its model is.
+    pub(crate) fn summarizer(&self, spec: &AgentSpec) -> Result<Candidate, LlmError> {
+        let name = spec.summary_model.as_ref().unwrap_or(&spec.model);
+        Ok(Candidate {
+            name: name.clone(),
+            model: self.model(spec.provider.as_deref(), name)?,
+        })
+    }
+
     /// The client that serves `name`: the named provider's; else `demo` (built in), the first
     /// named provider that lists the model, or the unnamed provider.
     fn model(&self, provider: Option<&str>, name: &str) -> Result<Arc<dyn ChatModel>, LlmError> {

@@ -227,6 +227,29 @@ impl LlmError {
         }
     }
 
+    /// Whether the provider refused the request because the prompt is longer than the model's
+    /// context window (OpenAI: `context_length_exceeded`, "maximum context length"; Anthropic:
+    /// "prompt is too long").
+    pub fn is_context_overflow(&self) -> bool {
+        let Self::Status {
+            status: 400 | 413,
+            message,
+            ..
+        } = self
+        else {
+            return false;
+        };
+        let message = message.to_lowercase();
+        [
+            "context_length_exceeded",
+            "maximum context length",
+            "context window",
+            "prompt is too long",
+        ]
+        .iter()
+        .any(|said| message.contains(said))
+    }
+
     /// A short stable name of the failure, for the `error.type` span field.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -1,34 +1,61 @@
 //! The prompt: the agent's instructions and the thread's recent messages, kept within the
-//! agent's context budget.
+//! agent's context budget and the model's context window.
 //!
-//! The conversation starts from the instructions and the last `history_depth` completed
-//! messages of the thread, ending with the run's user message; the loop appends each step's
-//! model output and tool results. Before each model call, [`prune`] keeps the estimated prompt
+//! The conversation starts from the instructions, the newest stored summary of the thread's
+//! older turns, and the last `history_depth` completed messages after it (earlier answers with
+//! their tool calls and results), ending with the run's user message; the loop appends each
+//! step's model output and tool results. When a prompt would not fit the model's context
+//! window, the loop has the oldest turns summarised ([`summarise`]) into a stored summary that
+//! every later run reuses. Before each model call, [`prune`] keeps the estimated prompt
 //! (4 characters a token) within `context_budget_tokens`: old tool results become placeholders
 //! first, then messages before the last 3 user turns.
 
+use futures::StreamExt as _;
 use sqlx::PgPool;
 
 use spool_shared::agent::AgentSpec;
-use spool_shared::db::messages;
+use spool_shared::db::messages::{self, HistoryMessage, Summary};
 use spool_shared::db::runs::Run;
+use spool_shared::run::{MessagePart, Usage};
 use spool_shared::status::Role;
 
-use super::llm::ChatMessage;
+use super::llm::{ChatChunk, ChatMessage, ChatRequest, Choice, LlmError, ToolCall};
+use super::model_call::Candidate;
 
 /// What replaces a tool result pruned to fit the context window.
 pub(crate) const PRUNED: &str = "[earlier tool result omitted to fit the context window]";
 
-/// The conversation a run starts from, and its user's input (the last message).
-pub(crate) async fn start(
-    db: &PgPool,
-    run: &Run,
-    spec: &AgentSpec,
-) -> sqlx::Result<(Vec<ChatMessage>, String)> {
+/// The longest tool result an earlier turn replays, in characters.
+pub(crate) const HISTORY_RESULT_CHARS: usize = 2_000;
+
+/// What a run's prompt starts from.
+pub(crate) struct Prompt {
+    /// The instructions, the summary of older turns if there is one, and the replayed history
+    /// ending with the run's user message.
+    pub(crate) conversation: Vec<ChatMessage>,
+    /// The user's input (the run's message).
+    pub(crate) input: String,
+    /// The thread's messages replayed (the run's own last).
+    pub(crate) history: Vec<HistoryMessage>,
+    /// The summary the history starts after, if any.
+    pub(crate) summary: Option<Summary>,
+}
+
+/// The conversation a run starts from: the agent's instructions, the newest stored summary
+/// of the thread's older turns, then its last `history_depth` messages after that summary
+/// (an assistant's with its tool calls and their results, each result cut to
+/// [`HISTORY_RESULT_CHARS`]), ending with the run's user message.
+pub(crate) async fn start(db: &PgPool, run: &Run, spec: &AgentSpec) -> sqlx::Result<Prompt> {
     let mut conversation = Vec::new();
     if !spec.instructions.is_empty() {
         conversation.push(ChatMessage::System {
             content: spec.instructions.clone(),
+        });
+    }
+    let summary = messages::summary_before(db, run.thread_id, run.user_message_id).await?;
+    if let Some(summary) = &summary {
+        conversation.push(ChatMessage::System {
+            content: format!("Summary of the earlier conversation:\n{}", summary.content),
         });
     }
     let history = messages::history(
@@ -36,26 +63,174 @@ pub(crate) async fn start(
         run.thread_id,
         run.user_message_id,
         i64::from(spec.history_depth),
+        summary.as_ref().map_or(0, |s| s.through_seq),
     )
     .await?;
     let input = history
         .last()
-        .map(|(_, content)| content.clone())
+        .map(|m| m.content.clone())
         .unwrap_or_default();
-    for (role, content) in history {
-        conversation.push(match role {
-            Role::User => ChatMessage::User { content },
-            Role::Assistant => ChatMessage::Assistant {
-                content: Some(content),
-                tool_calls: Vec::new(),
-            },
+    for message in &history {
+        match message.role {
+            Role::User => conversation.push(ChatMessage::User {
+                content: message.content.clone(),
+            }),
+            Role::Assistant => replay(&message.parts.0, &message.content, &mut conversation),
+        }
+    }
+    Ok(Prompt {
+        conversation,
+        input,
+        history,
+        summary,
+    })
+}
+
+/// An earlier assistant message as the model said it: each step's text and tool calls, then
+/// their results (calls without a result are left out: providers refuse them), then the final
+/// text. A message without parts replays its content.
+fn replay(parts: &[MessagePart], content: &str, conversation: &mut Vec<ChatMessage>) {
+    if parts.is_empty() {
+        conversation.push(ChatMessage::Assistant {
+            content: Some(content.to_owned()),
+            tool_calls: Vec::new(),
+        });
+        return;
+    }
+    let mut text = String::new();
+    let mut calls: Vec<ToolCall> = Vec::new();
+    let mut results: Vec<(String, String)> = Vec::new();
+    let mut step = None;
+    let flush = |text: &mut String,
+                 calls: &mut Vec<ToolCall>,
+                 results: &mut Vec<(String, String)>,
+                 conversation: &mut Vec<ChatMessage>| {
+        calls.retain(|c| results.iter().any(|(id, _)| *id == c.id));
+        results.retain(|(id, _)| calls.iter().any(|c| c.id == *id));
+        if calls.is_empty() {
+            return;
+        }
+        conversation.push(ChatMessage::Assistant {
+            content: (!text.is_empty()).then(|| std::mem::take(text)),
+            tool_calls: std::mem::take(calls),
+        });
+        for (tool_call_id, content) in results.drain(..) {
+            conversation.push(ChatMessage::Tool {
+                tool_call_id,
+                content,
+            });
+        }
+    };
+    for part in parts {
+        match part {
+            MessagePart::Text { text: more } => {
+                flush(&mut text, &mut calls, &mut results, conversation);
+                if !text.is_empty() {
+                    text.push_str("\n\n");
+                }
+                text.push_str(more);
+            }
+            MessagePart::ToolCall {
+                step: of,
+                tool_call_id,
+                name,
+                arguments,
+            } => {
+                if *of != step {
+                    flush(&mut text, &mut calls, &mut results, conversation);
+                    step = *of;
+                }
+                calls.push(ToolCall {
+                    id: tool_call_id.clone(),
+                    name: name.clone(),
+                    arguments: arguments.clone(),
+                });
+            }
+            MessagePart::ToolResult {
+                tool_call_id,
+                output,
+                ..
+            } => results.push((tool_call_id.clone(), cut(output))),
+            MessagePart::Citations { .. } => {}
+        }
+    }
+    flush(&mut text, &mut calls, &mut results, conversation);
+    if !text.is_empty() {
+        conversation.push(ChatMessage::Assistant {
+            content: Some(text),
+            tool_calls: Vec::new(),
         });
     }
-    Ok((conversation, input))
+}
+
+/// A replayed tool result, cut to [`HISTORY_RESULT_CHARS`] with a marker.
+fn cut(output: &str) -> String {
+    match output.char_indices().nth(HISTORY_RESULT_CHARS) {
+        Some((at, _)) => format!(
+            "{}\n[result cut to {HISTORY_RESULT_CHARS} characters]",
+            &output[..at]
+        ),
+        None => output.to_owned(),
+    }
+}
+
+/// What a summary is asked to keep.
+const SUMMARY_INSTRUCTIONS: &str = "Summarise the conversation below for an assistant that will \
+continue it without seeing it: keep every fact, name, number, decision, tool result that \
+matters and open question; drop pleasantries. At most 300 words, plain text.";
+
+/// The older messages a new summary covers: the first half of the history before the run's
+/// own message (at least one); `None` when there is none.
+pub(crate) fn older(history: &[HistoryMessage]) -> Option<&[HistoryMessage]> {
+    let earlier = history.len().checked_sub(1).filter(|n| *n > 0)?;
+    Some(&history[..earlier.div_ceil(2)])
+}
+
+/// A summary of `older` (continuing `summary`), written by `model` without streaming it to
+/// anyone; its text and the tokens it took.
+pub(crate) async fn summarise(
+    model: &Candidate,
+    summary: Option<&Summary>,
+    older: &[HistoryMessage],
+) -> Result<(String, Usage), LlmError> {
+    let mut transcript = String::new();
+    if let Some(summary) = summary {
+        transcript.push_str(&format!("Summary so far:\n{}\n\n", summary.content));
+    }
+    for message in older {
+        let who = match message.role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        };
+        transcript.push_str(&format!("{who}: {}\n\n", message.content));
+    }
+    let request = ChatRequest {
+        model: model.name.clone(),
+        messages: vec![
+            ChatMessage::System {
+                content: SUMMARY_INSTRUCTIONS.into(),
+            },
+            ChatMessage::User {
+                content: transcript,
+            },
+        ],
+        tools: Vec::new(),
+        tool_choice: Choice::Auto,
+        temperature: None,
+        max_output_tokens: Some(1024),
+        response_format: None,
+    };
+    let mut stream = model.model.stream(request).await?;
+    while let Some(chunk) = stream.next().await {
+        if let ChatChunk::Done(response) = chunk? {
+            return Ok((response.text, response.usage));
+        }
+    }
+    Err(LlmError::Incomplete)
 }
 
 /// Estimated tokens of the conversation (4 characters a token).
-fn estimate_tokens(conversation: &[ChatMessage]) -> usize {
+pub(crate) fn estimate_tokens(conversation: &[ChatMessage]) -> usize {
     conversation
         .iter()
         .map(|m| match m {

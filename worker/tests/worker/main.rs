@@ -4,6 +4,7 @@
 
 mod agent_loop;
 mod anthropic;
+mod context;
 mod harness;
 mod hooks;
 mod identity;

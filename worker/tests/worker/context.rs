@@ -1,0 +1,197 @@
+//! Context (DESIGN §9): earlier turns replay with their tool calls and results (cut), and a
+//! prompt over the model's context window, or one the provider refuses as too long, has the
+//! thread's oldest turns summarised into a stored summary that later runs reuse; past what
+//! summaries can do, `context_overflow`.
+
+use serde_json::{Value, json};
+
+use spool_tests::fake_llm::{self, FakeLlm, Reply, tool_results_in};
+use spool_tests::tools::{Tools, http_tool};
+
+use crate::harness::Harness;
+
+/// Whether the request asks for a summary.
+fn summary_request(request: &Value) -> bool {
+    request["messages"][0]["content"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("Summarise the conversation"))
+}
+
+/// The requests that were not summaries.
+fn answers(fake: &FakeLlm) -> Vec<Value> {
+    fake.requests()
+        .into_iter()
+        .filter(|r| !summary_request(r))
+        .collect()
+}
+
+async fn summaries(app: &Harness) -> Vec<(i64, String)> {
+    sqlx::query_as("SELECT through_seq, content FROM thread_summaries ORDER BY through_seq")
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("summaries")
+}
+
+#[tokio::test]
+async fn earlier_turns_replay_with_their_tool_calls_and_cut_results() {
+    let fake = FakeLlm::start(|request, _| {
+        let last = request["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or_default();
+        if last["role"] == "user" && last["content"] == "Look it up." {
+            fake_llm::tool_calls(&[("call_big", "big", "{}")])
+        } else if tool_results_in(request) > 0 && last["role"] == "tool" {
+            fake_llm::text("Found it.", 1)
+        } else {
+            fake_llm::text("Nothing to add.", 1)
+        }
+    })
+    .await;
+    let (_tools, base) = Tools::start().await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "memory", "model": "gpt-4o-mini",
+            "tools": [http_tool("big", format!("{base}/big"))]}))
+        .await;
+    let (thread, first) = app.ask(&agent, "Look it up.").await;
+    assert_eq!(app.finished(&first).await["status"], "completed");
+    let second = app.send(thread, None, "Anything else?").await;
+    assert_eq!(app.finished(&second).await["status"], "completed");
+
+    let request = fake
+        .requests()
+        .last()
+        .cloned()
+        .expect("the second run's call");
+    let messages = request["messages"].as_array().expect("messages");
+    let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant", "user"]);
+    assert_eq!(messages[1]["tool_calls"][0]["id"], "call_big");
+    assert_eq!(messages[1]["tool_calls"][0]["function"]["name"], "big");
+    assert_eq!(messages[2]["tool_call_id"], "call_big");
+    let result = messages[2]["content"].as_str().unwrap_or_default();
+    assert!(
+        result.starts_with(&"z".repeat(2_000))
+            && result.ends_with("[result cut to 2000 characters]"),
+        "{} characters",
+        result.len()
+    );
+    assert_eq!(messages[3]["content"], "Found it.");
+    assert_eq!(messages[4]["content"], "Anything else?");
+}
+
+#[tokio::test]
+async fn a_prompt_over_the_window_is_fitted_by_a_stored_summary_that_later_runs_reuse() {
+    let fake = FakeLlm::start(|request, n| {
+        if summary_request(request) {
+            fake_llm::text(&format!("SUMMARY of request {n}"), 1)
+        } else {
+            fake_llm::text(&"r".repeat(100), 2)
+        }
+    })
+    .await;
+    let app = Harness::start(&fake).await;
+    // 256 tokens: about 1,024 characters of prompt.
+    let agent = app
+        .create_agent(&json!({"name": "window", "model": "gpt-4o-mini",
+            "context_window_tokens": 256}))
+        .await;
+    let first_words = "a".repeat(500);
+    let (thread, first) = app.ask(&agent, &first_words).await;
+    assert_eq!(app.finished(&first).await["status"], "completed");
+    assert!(summaries(&app).await.is_empty(), "the first turn fits");
+
+    // 500 + 100 + 500 characters: over the window; the oldest turn is summarised.
+    let second = app.send(thread, None, &"b".repeat(500)).await;
+    let run = app.finished(&second).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let stored = summaries(&app).await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert!(stored[0].1.starts_with("SUMMARY"));
+    let asked = fake.requests();
+    let summary_asked = asked
+        .iter()
+        .find(|r| summary_request(r))
+        .expect("a summary call");
+    assert!(
+        summary_asked["messages"][1]["content"]
+            .as_str()
+            .is_some_and(|t| t.contains(&first_words))
+    );
+    let fitted = answers(&fake)
+        .last()
+        .cloned()
+        .expect("the second run's call");
+    let text = fitted["messages"].to_string();
+    assert!(
+        !text.contains(&first_words),
+        "the summarised turn is not replayed"
+    );
+    assert!(text.contains(&stored[0].1), "the summary is");
+
+    // The next run starts from the stored summary: no new one.
+    let third = app.send(thread, None, "short").await;
+    assert_eq!(app.finished(&third).await["status"], "completed");
+    assert_eq!(summaries(&app).await.len(), 1);
+    assert_eq!(
+        fake.requests()
+            .iter()
+            .filter(|r| summary_request(r))
+            .count(),
+        1
+    );
+    let reused = answers(&fake)
+        .last()
+        .cloned()
+        .expect("the third run's call");
+    assert_eq!(
+        reused["messages"][0]["content"],
+        format!("Summary of the earlier conversation:\n{}", stored[0].1)
+    );
+}
+
+#[tokio::test]
+async fn a_provider_s_too_long_answer_summarises_and_retries_and_overflow_fails_clearly() {
+    let old = "o".repeat(300);
+    let marker = old.clone();
+    let fake = FakeLlm::start(move |request, _| {
+        if summary_request(request) {
+            return fake_llm::text("SUMMARY", 1);
+        }
+        if request["messages"].to_string().contains(&marker) && request["messages"].as_array().is_some_and(|m| m.len() > 1) {
+            let said = "This model's maximum context length is 100 tokens. However, your messages resulted in 180 tokens.";
+            return Reply::Status(400, said.into(), None);
+        }
+        fake_llm::text("fine", 1)
+    })
+    .await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "refused", "model": "gpt-4o-mini"}))
+        .await;
+    let (thread, first) = app.ask(&agent, &old).await;
+    assert_eq!(app.finished(&first).await["status"], "completed");
+    let second = app.send(thread, None, "next").await;
+    let run = app.finished(&second).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(summaries(&app).await.len(), 1);
+
+    // A single message over the window: nothing earlier to summarise.
+    let small = app
+        .create_agent(
+            &json!({"name": "small", "model": "gpt-4o-mini", "context_window_tokens": 256}),
+        )
+        .await;
+    let before = fake.requests().len();
+    let (_, huge) = app.ask(&small, &"h".repeat(2_000)).await;
+    let run = app.finished(&huge).await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["error"]["code"], "context_overflow", "{run}");
+    assert_eq!(
+        fake.requests().len(),
+        before,
+        "no model call for a prompt that cannot fit"
+    );
+}
