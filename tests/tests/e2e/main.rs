@@ -9,3 +9,4 @@ mod queue;
 mod quotas;
 mod stack;
 mod stream;
+mod tls;
