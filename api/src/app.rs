@@ -68,23 +68,47 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(cors(&state.config.cors_origins))
-        .layer(TraceLayer::new_for_http().make_span_with(
-            |request: &axum::http::Request<axum::body::Body>| {
-                // The path only: the query may carry `access_token`, which is never logged.
-                let span = tracing::info_span!("http", http.method = %request.method(),
-                    http.path = %request.uri().path());
-                // A caller's `traceparent` makes this request (and the run it enqueues) part of
-                // the caller's trace.
-                if let Some(traceparent) = request
-                    .headers()
-                    .get("traceparent")
-                    .and_then(|value| value.to_str().ok())
-                {
-                    spool_shared::telemetry::set_parent_from_traceparent(&span, traceparent);
-                }
-                span
-            },
-        ))
+        .layer(
+            TraceLayer::new_for_http()
+                .on_response(
+                    |response: &axum::http::Response<axum::body::Body>,
+                     _latency: std::time::Duration,
+                     span: &tracing::Span| {
+                        // As i64: OpenTelemetry has no unsigned integers.
+                        span.record(
+                            "http.response.status_code",
+                            i64::from(response.status().as_u16()),
+                        );
+                    },
+                )
+                .make_span_with(|request: &axum::http::Request<axum::body::Body>| {
+                    // The path only: the query may carry `access_token`, which is never logged.
+                    // Named as the HTTP semantic conventions name them (`http.route` is the
+                    // matched template, so spans of one route group together).
+                    let route = request
+                        .extensions()
+                        .get::<axum::extract::MatchedPath>()
+                        .map_or("", |path| path.as_str())
+                        .to_owned();
+                    let span = tracing::info_span!("http",
+                    otel.name = %format!("{} {route}", request.method()).trim_end(),
+                    otel.kind = "server",
+                    http.request.method = %request.method(),
+                    http.route = %route,
+                    url.path = %request.uri().path(),
+                    http.response.status_code = tracing::field::Empty);
+                    // A caller's `traceparent` makes this request (and the run it enqueues) part of
+                    // the caller's trace.
+                    if let Some(traceparent) = request
+                        .headers()
+                        .get("traceparent")
+                        .and_then(|value| value.to_str().ok())
+                    {
+                        spool_shared::telemetry::set_parent_from_traceparent(&span, traceparent);
+                    }
+                    span
+                }),
+        )
         .with_state(state)
 }
 

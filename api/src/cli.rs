@@ -36,6 +36,8 @@ pub enum Cli {
     },
     /// Print a signed token for a user of a tenant.
     Token(TokenArgs),
+    /// Print the OpenAPI 3.1 document (what `GET /openapi.json` serves) and exit.
+    Openapi,
 }
 
 /// Settings of `spool-api serve`.
@@ -208,6 +210,15 @@ fn secret_or_dev(secret: Option<SecretString>) -> anyhow::Result<(SecretString, 
 pub async fn main(cli: Cli) -> anyhow::Result<()> {
     match cli {
         Cli::Serve(args) => serve(*args).await,
+        Cli::Openapi => {
+            use std::io::Write as _;
+            let json = crate::openapi::document().to_pretty_json()?;
+            match writeln!(std::io::stdout().lock(), "{json}") {
+                // A reader that stopped early (`| head`) is not an error.
+                Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => Err(err.into()),
+                _ => Ok(()),
+            }
+        }
         Cli::Migrate { db } => {
             let _telemetry = telemetry::init(LogFormat::Pretty, "spool-api");
             spool_shared::db::connect(&DbArgs {

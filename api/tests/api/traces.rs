@@ -128,10 +128,14 @@ async fn post_traced(app: &TestApp, trace: &str, body: &Value) -> Value {
     response.json().await.expect("json")
 }
 
+/// The request span of `POST user_message`, named `{method} {route}` as the HTTP semantic
+/// conventions name server spans.
+const USER_MESSAGE_SPAN: &str = "POST /v1/threads/{thread_id}/user_message";
+
 /// Checks the request → attempt links; returns the attempt span.
 fn check_request_and_attempt(spans: &HashMap<SpanId, SpanData>) -> &SpanData {
     let caller = SpanId::from_hex(CALLER_SPAN_ID).expect("span id");
-    let requests: Vec<&SpanData> = named(spans, "http")
+    let requests: Vec<&SpanData> = named(spans, USER_MESSAGE_SPAN)
         .into_iter()
         .filter(|span| span.parent_span_id == caller)
         .collect();
@@ -142,8 +146,16 @@ fn check_request_and_attempt(spans: &HashMap<SpanId, SpanData>) -> &SpanData {
     );
     let request = requests[0];
     assert_eq!(
-        attribute(request, "http.method"),
+        attribute(request, "http.request.method"),
         Some(&OtelValue::from("POST"))
+    );
+    assert_eq!(
+        attribute(request, "http.route"),
+        Some(&OtelValue::from("/v1/threads/{thread_id}/user_message"))
+    );
+    assert_eq!(
+        attribute(request, "http.response.status_code"),
+        Some(&OtelValue::I64(202))
     );
     let attempts = named(spans, "run");
     assert_eq!(attempts.len(), 1, "one attempt");
@@ -168,7 +180,7 @@ async fn a_run_is_one_trace_from_the_request_through_the_queue_to_its_model_call
     app.wait_for_status(&token("alice", "acme"), workflow, "completed")
         .await;
 
-    let spans = wait_for_spans(MODEL_TRACE, &["http", "run", "chat demo"]).await;
+    let spans = wait_for_spans(MODEL_TRACE, &[USER_MESSAGE_SPAN, "run", "chat demo"]).await;
     let attempt = check_request_and_attempt(&spans);
     assert_eq!(
         attribute(attempt, "workflow.id"),
@@ -234,7 +246,12 @@ async fn a_tool_call_is_a_child_span_of_the_attempt_with_its_outcome() {
 
     let spans = wait_for_spans(
         TOOL_TRACE,
-        &["http", "run", "chat gpt-4o-mini", "tool get_weather"],
+        &[
+            USER_MESSAGE_SPAN,
+            "run",
+            "chat gpt-4o-mini",
+            "tool get_weather",
+        ],
     )
     .await;
     let attempt = check_request_and_attempt(&spans);

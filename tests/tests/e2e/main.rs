@@ -3,6 +3,7 @@
 //! database.
 
 mod agent;
+mod cli;
 mod crash;
 mod providers;
 mod queue;
