@@ -280,6 +280,14 @@ pub(crate) trait Assemble: Send + 'static {
     fn fail(&mut self);
 }
 
+/// The HTTP client of a provider: `idle_timeout` bounds the wait for each piece of a response.
+pub(crate) fn http_client(idle_timeout: Duration) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(idle_timeout)
+        .build()?)
+}
+
 /// Sends a provider request: the response if its status is a success, else the provider's
 /// error (with its message and the wait it asked for).
 pub(crate) async fn send(call: reqwest::RequestBuilder) -> Result<reqwest::Response, LlmError> {

@@ -31,6 +31,9 @@ use super::{
 
 /// The API version sent as `anthropic-version`.
 pub const API_VERSION: &str = "2023-06-01";
+/// The user turn put first when the conversation starts with an answer (the API wants the
+/// user first).
+const CONTINUING: &str = "(The conversation continues.)";
 /// `max_tokens` when the agent sets no `limits.max_output_tokens` (the API requires one).
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
@@ -50,12 +53,11 @@ impl AnthropicClient {
         api_key: Option<String>,
         idle_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(idle_timeout)
-            .build()?;
-        let url = format!("{}/messages", base_url.trim_end_matches('/'));
-        Ok(Self { http, url, api_key })
+        Ok(Self {
+            http: super::http_client(idle_timeout)?,
+            url: format!("{}/messages", base_url.trim_end_matches('/')),
+            api_key,
+        })
     }
 }
 
@@ -121,6 +123,14 @@ pub fn body(request: &ChatRequest) -> Value {
                 json!({"type": "tool_result", "tool_use_id": tool_call_id, "content": content}),
             ),
         }
+    }
+    // The API wants the user first; a history cut by `history_depth` or a summary may start
+    // with an answer.
+    if turns.first().is_none_or(|(role, _)| *role == "assistant") {
+        turns.insert(
+            0,
+            ("user", vec![json!({"type": "text", "text": CONTINUING})]),
+        );
     }
     let messages: Vec<Value> = turns
         .into_iter()
@@ -403,6 +413,12 @@ mod tests {
         assert_eq!(messages[1]["content"][2]["input"], json!({}));
         assert_eq!(messages[2]["role"], "user");
         assert_eq!(messages[2]["content"][1]["tool_use_id"], "t2");
+
+        let mut answered_first = request.clone();
+        answered_first.messages.drain(..2);
+        let body = super::body(&answered_first);
+        assert_eq!(body["messages"][0]["role"], "user", "the user first");
+        assert_eq!(body["messages"][1]["role"], "assistant");
     }
 
     #[test]

@@ -38,12 +38,11 @@ impl OpenAiClient {
         api_key: Option<String>,
         idle_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(idle_timeout)
-            .build()?;
-        let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
-        Ok(Self { http, url, api_key })
+        Ok(Self {
+            http: super::http_client(idle_timeout)?,
+            url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
+            api_key,
+        })
     }
 }
 
