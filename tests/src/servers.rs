@@ -12,12 +12,22 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 /// A port below the ephemeral range that nothing listens on now, spread by process id so
-/// concurrent test processes rarely try the same one.
+/// concurrent test processes rarely try the same one, and never handed out twice by one
+/// process: a test that restarts a server on its port leaves it free meanwhile, and another
+/// test of the process must not take it (a Redis outage test once lost its port that way).
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let start = 20_000 + u16::try_from(std::process::id() % 5_000).unwrap_or(0);
-    (start..start + 2_000)
-        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
-        .unwrap_or(0)
+    loop {
+        let offset = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if offset >= 2_000 {
+            return 0;
+        }
+        let port = start + offset;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A Redis server of its own (nothing kept on disk), which a test may kill and restart on the
