@@ -70,8 +70,12 @@ pub fn init(format: LogFormat, service_name: &str) -> TelemetryGuard {
     let fmt = match format {
         LogFormat::Json => fmt
             .json()
-            .flatten_event(true)
-            .with_current_span(false)
+            .event_format(WithTraceId(
+                tracing_subscriber::fmt::format()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false),
+            ))
             .boxed(),
         LogFormat::Pretty => fmt.boxed(),
     };
@@ -103,6 +107,46 @@ pub fn init(format: LogFormat, service_name: &str) -> TelemetryGuard {
         opentelemetry::global::set_tracer_provider(provider.clone());
     }
     TelemetryGuard { provider }
+}
+
+/// A JSON line formatter that starts each line with the current trace's `trace_id` and
+/// `span_id` when spans are exported (so a log line leads to its trace); lines outside any
+/// traced span are the inner formatter's as they are.
+struct WithTraceId<F>(F);
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for WithTraceId<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let cx = tracing::Span::current().context();
+        let span = cx.span().span_context().clone();
+        if !span.is_valid() {
+            return self.0.format_event(ctx, writer, event);
+        }
+        let mut line = String::new();
+        self.0.format_event(
+            ctx,
+            tracing_subscriber::fmt::format::Writer::new(&mut line),
+            event,
+        )?;
+        match line.strip_prefix('{') {
+            Some(rest) => write!(
+                writer,
+                "{{\"trace_id\":\"{}\",\"span_id\":\"{}\",{rest}",
+                span.trace_id(),
+                span.span_id()
+            ),
+            None => writer.write_str(&line),
+        }
+    }
 }
 
 /// Builds the OTLP/HTTP tracer provider, or `None` when the `OTEL_*` variables do not ask for one.

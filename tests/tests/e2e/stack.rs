@@ -60,6 +60,11 @@ impl Stack {
         }
     }
 
+    /// What the API process has logged so far.
+    pub(crate) fn api_log(&self) -> String {
+        self._api.output()
+    }
+
     /// Starts a worker process with these settings on top of the stack's database.
     pub(crate) async fn worker(&self, settings: &[(&str, &str)]) -> Process {
         let defaults = [
