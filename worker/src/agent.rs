@@ -310,7 +310,15 @@ impl<'a> Loop<'a> {
     fn request(&mut self, step: u32) -> ChatRequest {
         let last = step == self.spec.max_steps;
         let (tools, tool_choice) = self.tools.offer(&self.spec, step, last);
-        prompt::prune(&mut self.conversation, self.spec.context_budget_tokens);
+        // The run's own old tool results go first, before any summary: within the budget, and
+        // within the model's window when that is smaller.
+        let budget = self
+            .spec
+            .context_window_tokens
+            .map_or(self.spec.context_budget_tokens, |window| {
+                window.min(self.spec.context_budget_tokens)
+            });
+        prompt::prune(&mut self.conversation, budget);
         ChatRequest {
             model: self.spec.model.clone(),
             messages: self.conversation.clone(),

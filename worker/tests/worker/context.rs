@@ -195,3 +195,35 @@ async fn a_provider_s_too_long_answer_summarises_and_retries_and_overflow_fails_
         "no model call for a prompt that cannot fit"
     );
 }
+
+#[tokio::test]
+async fn the_run_s_own_old_tool_results_make_room_within_the_window_before_any_summary() {
+    // Two results of 50,000 characters (the cut) do not fit a 20,000-token window together;
+    // the older one becomes a placeholder, and the run needs no summary.
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("call_1", "big", "{\"page\": 1}")]),
+        1 => fake_llm::tool_calls(&[("call_2", "big", "{\"page\": 2}")]),
+        _ => fake_llm::text("Read both.", 1),
+    })
+    .await;
+    let (_tools, base) = Tools::start().await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "pages", "model": "gpt-4o-mini",
+            "context_window_tokens": 20_000, "tools": [http_tool("big", format!("{base}/big"))]}))
+        .await;
+    let (_, accepted) = app.ask(&agent, "Read the pages.").await;
+    let run = app.finished(&accepted).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let last = fake.requests().last().cloned().expect("the last call");
+    let results: Vec<usize> = last["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().map_or(0, str::len))
+        .collect();
+    assert_eq!(results.len(), 2);
+    assert!(results[0] < 100 && results[1] > 40_000, "{results:?}");
+    assert!(summaries(&app).await.is_empty());
+}
