@@ -19,7 +19,7 @@
 --   9 UPDATE messages SET status='streaming' FROM runs
 --                                         runs::start_streaming      called by run::attempt
 --                                                                    worker/src/run.rs
---  10 SELECT role, content FROM (... messages ...)
+--  10 WITH summary AS (...) SELECT role, content, parts, seq, ... FROM (... messages ...)
 --                                         messages::history          called by agent::run
 --                                                                    worker/src/agent.rs
 --  11 SELECT step, ... FROM run_steps    steps::load                shared/src/db/steps.rs,
@@ -195,13 +195,22 @@ UPDATE messages m
    AND m.id = r.assistant_message_id;
 
 -- messages::history($1 thread_id, $2 user_message_id, $3 depth)
-SELECT role, content FROM (
-     SELECT role, content, seq FROM messages
+WITH summary AS (
+     SELECT through_seq, content FROM thread_summaries
       WHERE thread_id = :c_thread_id
-        AND seq <= (SELECT seq FROM messages WHERE id = :c_user_message_id)
-        AND status = 'completed' AND content <> ''
-      ORDER BY seq DESC
-      LIMIT :history_depth) recent
+        AND through_seq < (SELECT seq FROM messages WHERE id = :c_user_message_id)
+      ORDER BY through_seq DESC
+      LIMIT 1)
+SELECT role, content, parts, seq,
+       (SELECT through_seq FROM summary) AS summary_through,
+       (SELECT content FROM summary) AS summary
+  FROM (SELECT role, content, parts, seq FROM messages
+         WHERE thread_id = :c_thread_id
+           AND seq <= (SELECT seq FROM messages WHERE id = :c_user_message_id)
+           AND seq > COALESCE((SELECT through_seq FROM summary), 0)
+           AND status = 'completed' AND content <> ''
+         ORDER BY seq DESC
+         LIMIT :history_depth) recent
  ORDER BY seq;
 
 -- steps::load($1 workflow_id)

@@ -125,36 +125,70 @@ pub async fn find_in_thread(
     .await
 }
 
-/// The conversation a run answers: up to `depth` completed messages of the thread, oldest
-/// first, ending with the run's user message, as `(role, content)`.
+/// What a run's prompt replays: the newest summary of the thread that covers only messages
+/// before `user_message_id`, and the last `depth` completed messages after it, up to that
+/// message, oldest first. One statement: it runs at every run's start.
 pub async fn history(
     executor: impl PgExecutor<'_>,
     thread_id: ThreadId,
     user_message_id: MessageId,
     depth: i64,
-    after_seq: i64,
-) -> sqlx::Result<Vec<HistoryMessage>> {
-    sqlx::query_as(
-        "SELECT role, content, parts, seq FROM (
-             SELECT role, content, parts, seq FROM messages
+) -> sqlx::Result<(Vec<HistoryMessage>, Option<Summary>)> {
+    let rows: Vec<HistoryRow> = sqlx::query_as(
+        "WITH summary AS (
+             SELECT through_seq, content FROM thread_summaries
               WHERE thread_id = $1
-                AND seq <= (SELECT seq FROM messages WHERE id = $2)
-                AND seq > $4
-                AND status = 'completed' AND content <> ''
-              ORDER BY seq DESC
-              LIMIT $3) recent
+                AND through_seq < (SELECT seq FROM messages WHERE id = $2)
+              ORDER BY through_seq DESC
+              LIMIT 1)
+         SELECT role, content, parts, seq,
+                (SELECT through_seq FROM summary) AS summary_through,
+                (SELECT content FROM summary) AS summary
+           FROM (SELECT role, content, parts, seq FROM messages
+                  WHERE thread_id = $1
+                    AND seq <= (SELECT seq FROM messages WHERE id = $2)
+                    AND seq > COALESCE((SELECT through_seq FROM summary), 0)
+                    AND status = 'completed' AND content <> ''
+                  ORDER BY seq DESC
+                  LIMIT $3) recent
           ORDER BY seq",
     )
     .bind(thread_id)
     .bind(user_message_id)
     .bind(depth.max(1))
-    .bind(after_seq)
     .fetch_all(executor)
-    .await
+    .await?;
+    let summary = rows.first().and_then(|row| {
+        Some(Summary {
+            through_seq: row.summary_through?,
+            content: row.summary.clone()?,
+        })
+    });
+    let messages = rows
+        .into_iter()
+        .map(|row| HistoryMessage {
+            role: row.role,
+            content: row.content,
+            parts: row.parts,
+            seq: row.seq,
+        })
+        .collect();
+    Ok((messages, summary))
+}
+
+/// A row of [`history`]: a message, and the summary beside every row.
+#[derive(sqlx::FromRow)]
+struct HistoryRow {
+    role: Role,
+    content: String,
+    parts: Json<Vec<MessagePart>>,
+    seq: i64,
+    summary_through: Option<i64>,
+    summary: Option<String>,
 }
 
 /// A message as a run's prompt replays it.
-#[derive(Clone, Debug, sqlx::FromRow)]
+#[derive(Clone, Debug)]
 pub struct HistoryMessage {
     /// Who wrote it.
     pub role: Role,
@@ -167,31 +201,12 @@ pub struct HistoryMessage {
 }
 
 /// A summary of a thread's messages up to `through_seq`.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Summary {
     /// The last message it covers.
     pub through_seq: i64,
     /// The summary.
     pub content: String,
-}
-
-/// The newest summary of the thread that covers only messages before `user_message_id`.
-pub async fn summary_before(
-    executor: impl PgExecutor<'_>,
-    thread_id: ThreadId,
-    user_message_id: MessageId,
-) -> sqlx::Result<Option<Summary>> {
-    sqlx::query_as(
-        "SELECT through_seq, content FROM thread_summaries
-          WHERE thread_id = $1
-            AND through_seq < (SELECT seq FROM messages WHERE id = $2)
-          ORDER BY through_seq DESC
-          LIMIT 1",
-    )
-    .bind(thread_id)
-    .bind(user_message_id)
-    .fetch_optional(executor)
-    .await
 }
 
 /// Stores a summary of the thread's messages through `through_seq` (a concurrent writer of the

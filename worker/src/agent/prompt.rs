@@ -52,20 +52,18 @@ pub(crate) async fn start(db: &PgPool, run: &Run, spec: &AgentSpec) -> sqlx::Res
             content: spec.instructions.clone(),
         });
     }
-    let summary = messages::summary_before(db, run.thread_id, run.user_message_id).await?;
+    let (history, summary) = messages::history(
+        db,
+        run.thread_id,
+        run.user_message_id,
+        i64::from(spec.history_depth),
+    )
+    .await?;
     if let Some(summary) = &summary {
         conversation.push(ChatMessage::System {
             content: format!("Summary of the earlier conversation:\n{}", summary.content),
         });
     }
-    let history = messages::history(
-        db,
-        run.thread_id,
-        run.user_message_id,
-        i64::from(spec.history_depth),
-        summary.as_ref().map_or(0, |s| s.through_seq),
-    )
-    .await?;
     let input = history
         .last()
         .map(|m| m.content.clone())
