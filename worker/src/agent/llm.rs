@@ -280,12 +280,29 @@ pub(crate) trait Assemble: Send + 'static {
     fn fail(&mut self);
 }
 
-/// The HTTP client of a provider: `idle_timeout` bounds the wait for each piece of a response.
-pub(crate) fn http_client(idle_timeout: Duration) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .read_timeout(idle_timeout)
-        .build()?)
+/// Where a remote provider's calls go: its HTTP client, the URL and the key.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    pub(crate) http: reqwest::Client,
+    pub(crate) url: String,
+    pub(crate) api_key: Option<String>,
+}
+
+impl Endpoint {
+    /// `path` under `base_url`; `idle_timeout` bounds the wait for each piece of a response.
+    pub(crate) fn new(
+        base_url: &str,
+        path: &str,
+        api_key: Option<String>,
+        idle_timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(idle_timeout)
+            .build()?;
+        let url = format!("{}/{path}", base_url.trim_end_matches('/'));
+        Ok(Self { http, url, api_key })
+    }
 }
 
 /// Sends a provider request: the response if its status is a success, else the provider's

@@ -39,25 +39,17 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// A client for one Anthropic Messages endpoint.
 #[derive(Clone)]
-pub struct AnthropicClient {
-    http: reqwest::Client,
-    url: String,
-    api_key: Option<String>,
-}
+pub struct AnthropicClient(super::Endpoint);
 
 impl AnthropicClient {
-    /// A client for `base_url` (e.g. `https://api.anthropic.com/v1`); `idle_timeout` bounds
-    /// the wait for each piece of a response.
+    /// A client for `base_url` (e.g. `https://api.anthropic.com/v1`); `idle_timeout` bounds the wait
+    /// for each piece of a response.
     pub fn new(
         base_url: &str,
         api_key: Option<String>,
         idle_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        Ok(Self {
-            http: super::http_client(idle_timeout)?,
-            url: format!("{}/messages", base_url.trim_end_matches('/')),
-            api_key,
-        })
+        super::Endpoint::new(base_url, "messages", api_key, idle_timeout).map(Self)
     }
 }
 
@@ -65,11 +57,12 @@ impl ChatModel for AnthropicClient {
     fn stream(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatStream, LlmError>> {
         async move {
             let mut call = self
+                .0
                 .http
-                .post(&self.url)
+                .post(&self.0.url)
                 .header("anthropic-version", API_VERSION)
                 .json(&body(&request));
-            if let Some(key) = &self.api_key {
+            if let Some(key) = &self.0.api_key {
                 call = call.header("x-api-key", key);
             }
             let response = super::send(call).await?;

@@ -24,33 +24,25 @@ use super::{
 
 /// A client for one OpenAI-compatible endpoint.
 #[derive(Clone)]
-pub struct OpenAiClient {
-    http: reqwest::Client,
-    url: String,
-    api_key: Option<String>,
-}
+pub struct OpenAiClient(super::Endpoint);
 
 impl OpenAiClient {
-    /// A client for `base_url` (e.g. `https://api.openai.com/v1`); `idle_timeout` bounds the
-    /// wait for each piece of a response.
+    /// A client for `base_url` (e.g. `https://api.openai.com/v1`); `idle_timeout` bounds the wait
+    /// for each piece of a response.
     pub fn new(
         base_url: &str,
         api_key: Option<String>,
         idle_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        Ok(Self {
-            http: super::http_client(idle_timeout)?,
-            url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
-            api_key,
-        })
+        super::Endpoint::new(base_url, "chat/completions", api_key, idle_timeout).map(Self)
     }
 }
 
 impl ChatModel for OpenAiClient {
     fn stream(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatStream, LlmError>> {
         async move {
-            let mut call = self.http.post(&self.url).json(&body(&request));
-            if let Some(key) = &self.api_key {
+            let mut call = self.0.http.post(&self.0.url).json(&body(&request));
+            if let Some(key) = &self.0.api_key {
                 call = call.bearer_auth(key);
             }
             let response = super::send(call).await?;
