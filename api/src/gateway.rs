@@ -95,7 +95,7 @@ enum Until {
     AnyDone,
 }
 
-fn unavailable(err: redis::RedisError) -> ApiError {
+pub(crate) fn unavailable(err: redis::RedisError) -> ApiError {
     tracing::warn!(error = %err, "Redis unavailable for a stream");
     ApiError::Unavailable {
         code: "stream_unavailable",
@@ -176,9 +176,74 @@ async fn stream_thread(
         linger: start.linger,
         shutdown: state.shutdown.clone(),
         finished: false,
+        live: false,
         _open: OpenStream::new(),
     };
     Ok(sse(session.into_stream()))
+}
+
+/// A session over one run's message, from its `message_start` (whether the run is over or not)
+/// to its `done`: what the OpenAI-compatible routes translate. `Ok(None)` when the run is over
+/// and Redis no longer holds its events (the stored response is then the answer).
+pub(crate) async fn follow_run(
+    state: &AppState,
+    thread_id: ThreadId,
+    workflow_id: WorkflowId,
+    message_id: MessageId,
+) -> Result<Option<Session>, ApiError> {
+    let hub = &state.streams;
+    let mut conn = hub.conn();
+    let key = hub.keys().events(thread_id);
+    // The tail before Postgres: a `message_start` written in between is after it.
+    let tail = events::tail(&mut conn, &key)
+        .await
+        .map_err(unavailable)?
+        .unwrap_or_default();
+    let start = events::message_start(&mut conn, hub.keys(), thread_id, message_id)
+        .await
+        .map_err(unavailable)?;
+    let (after, after_entry) = match start {
+        Some(start) => {
+            // The index of starts may outlive the entries (trimmed, lost): then the events are
+            // gone, not to be replayed from wherever the stream now begins.
+            let retention = events::inspect(&mut conn, hub.keys(), thread_id, start)
+                .await
+                .map_err(unavailable)?;
+            if !retention.holds_cursor {
+                return Ok(None);
+            }
+            (start.predecessor(), false)
+        }
+        None => {
+            let standing = runs::standing(&state.db, workflow_id).await?;
+            if standing.is_none_or(|s| s.status.is_terminal()) {
+                return Ok(None);
+            }
+            (tail, tail != EntryId::default())
+        }
+    };
+    let subscription = hub.subscribe(thread_id).await.map_err(unavailable)?;
+    Ok(Some(Session {
+        conn,
+        key,
+        db: state.db.clone(),
+        subscription,
+        position: after,
+        at_entry: after_entry,
+        backlog: VecDeque::new(),
+        caught_up: false,
+        until: Until::DoneOf(message_id.to_string()),
+        // Watched even when it is over: its worker may still be publishing its last events, and
+        // a `done` lost with Redis ends the session once the stream is quiet.
+        watch: Some(workflow_id),
+        thread_id,
+        pause_shown: false,
+        linger: None,
+        shutdown: state.shutdown.clone(),
+        finished: false,
+        live: false,
+        _open: OpenStream::new(),
+    }))
 }
 
 /// The cursor (`Last-Event-ID`, which wins, else `?last_entry_id=`) and `?last_message_id=`.
@@ -333,9 +398,19 @@ fn control(kind: &'static str, data: Value) -> Response {
     sse(futures::stream::iter([Ok(event)]))
 }
 
-fn sse(stream: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static) -> Response {
+pub(crate) fn sse(
+    stream: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
+) -> Response {
     let retry = futures::stream::once(async { Ok(SseEvent::default().retry(RETRY)) });
-    let mut response = Sse::new(futures::StreamExt::chain(retry, stream))
+    sse_without_retry(futures::StreamExt::chain(retry, stream))
+}
+
+/// An SSE response without the `retry:` hint (which the OpenAI SDKs read as an event with
+/// empty data): keep-alive comments and the no-buffering headers only.
+pub(crate) fn sse_without_retry(
+    stream: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
+) -> Response {
+    let mut response = Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
         .into_response();
     let headers = response.headers_mut();
@@ -344,8 +419,53 @@ fn sse(stream: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static
     response
 }
 
+/// What a session yields: the stream's entries and the gateway's own answers, in order. The
+/// native route sends them as they are ([`Item::into_sse`]); the OpenAI-compatible routes
+/// translate them (`crate::openai`).
+#[derive(Debug)]
+pub(crate) enum Item {
+    /// An entry of the stream, after the position.
+    Entry(std::sync::Arc<StoredEvent>),
+    /// What followed the position may be lost (`stream_reset`): the session ends.
+    Reset {
+        /// The last entry sent.
+        last_entry_id: EntryId,
+    },
+    /// The watched run is over (or gone) but its `done` never came: the session ends.
+    NotStreaming {
+        /// The run.
+        workflow_id: WorkflowId,
+    },
+    /// A paused run's pause event, rebuilt from Postgres (it has no entry id).
+    Pause(Box<Event>),
+    /// The backlog is sent: what follows is live (once per session).
+    Live,
+}
+
+impl Item {
+    /// The native SSE event of the item (`None` for [`Item::Live`]).
+    fn into_sse(self) -> Option<SseEvent> {
+        Some(match self {
+            Self::Entry(entry) => SseEvent::default()
+                .id(entry.id.to_string())
+                .event(&entry.kind)
+                .data(&entry.json),
+            Self::Reset { last_entry_id } => SseEvent::default()
+                .event("stream_reset")
+                .data(json!({"last_entry_id": last_entry_id.to_string()}).to_string()),
+            Self::NotStreaming { workflow_id } => SseEvent::default()
+                .event("message_not_streaming")
+                .data(json!({"workflow_id": workflow_id}).to_string()),
+            Self::Pause(event) => SseEvent::default()
+                .event(event.kind.as_str())
+                .data(serde_json::to_string(&event).ok()?),
+            Self::Live => return None,
+        })
+    }
+}
+
 /// One client's stream: backlog first, then live entries, until its `done`.
-struct Session {
+pub(crate) struct Session {
     conn: RedisConn,
     key: String,
     db: PgPool,
@@ -370,6 +490,8 @@ struct Session {
     linger: Option<tokio::time::Instant>,
     shutdown: CancellationToken,
     finished: bool,
+    /// Whether [`Item::Live`] has been yielded.
+    live: bool,
     _open: OpenStream,
 }
 
@@ -392,18 +514,22 @@ impl Drop for OpenStream {
 impl Session {
     fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
         futures::stream::unfold(self, |mut session| async move {
-            let event = session.next().await?;
-            Some((Ok(event), session))
+            loop {
+                if let Some(event) = session.next().await?.into_sse() {
+                    return Some((Ok(event), session));
+                }
+            }
         })
     }
 
-    async fn next(&mut self) -> Option<SseEvent> {
+    /// The next item, or `None` when the session is over.
+    pub(crate) async fn next(&mut self) -> Option<Item> {
         if self.finished {
             return None;
         }
         loop {
             if let Some(entry) = self.backlog.pop_front() {
-                if let Some(event) = self.emit(&entry) {
+                if let Some(event) = self.emit(std::sync::Arc::new(entry)) {
                     return Some(event);
                 }
                 continue;
@@ -422,6 +548,10 @@ impl Session {
                     }
                 }
             }
+            if !self.live {
+                self.live = true;
+                return Some(Item::Live);
+            }
             // Nothing runs on the thread: no more events will come (a `done` lost with Redis
             // included), so waiting would only hang the client; unless the run has only just
             // finished and its worker is still publishing its last events.
@@ -433,7 +563,7 @@ impl Session {
             tokio::select! {
                 received = self.subscription.rx.recv() => match received {
                     Ok(entry) => {
-                        if let Some(event) = self.emit(&entry) {
+                        if let Some(event) = self.emit(entry) {
                             return Some(event);
                         }
                     }
@@ -466,17 +596,17 @@ impl Session {
     }
 
     /// Ends the session with `stream_reset`: what followed the position may be lost.
-    fn reset(&mut self, gap: &Gap) -> SseEvent {
+    fn reset(&mut self, gap: &Gap) -> Item {
         tracing::info!(error = %gap, "a stream lost entries under a session; stream_reset");
         metrics::counter!("spool_sse_stream_resets_total").increment(1);
         self.finished = true;
-        SseEvent::default()
-            .event("stream_reset")
-            .data(json!({"last_entry_id": self.position.to_string()}).to_string())
+        Item::Reset {
+            last_entry_id: self.position,
+        }
     }
 
-    /// The SSE event for an entry after the position, if it is one to send.
-    fn emit(&mut self, entry: &StoredEvent) -> Option<SseEvent> {
+    /// The item for an entry after the position, if it is one to send.
+    fn emit(&mut self, entry: std::sync::Arc<StoredEvent>) -> Option<Item> {
         if entry.kind == hub::GAP {
             // The live feed found the entry it continued from gone: what followed may be lost,
             // for every subscriber (none is ahead of the feed).
@@ -506,17 +636,12 @@ impl Session {
                 Until::DoneOf(message) => *message == entry.message_id,
             };
         }
-        Some(
-            SseEvent::default()
-                .id(entry.id.to_string())
-                .event(&entry.kind)
-                .data(&entry.json),
-        )
+        Some(Item::Entry(entry))
     }
 
     /// The stream has gone quiet: if the watched run is over, `message_not_streaming` (its
     /// `done` was lost); if it is paused and the client was not told, its pause event.
-    async fn quiet(&mut self) -> Option<SseEvent> {
+    async fn quiet(&mut self) -> Option<Item> {
         let run = self.watch?;
         let standing = match runs::standing(&self.db, run).await {
             Ok(standing) => standing,
@@ -528,12 +653,7 @@ impl Session {
         // A run that is over, or gone (its thread was erased): nothing more will stream.
         let Some(standing) = standing.filter(|s| !s.status.is_terminal()) else {
             self.finished = true;
-            let data = json!({"workflow_id": run});
-            return Some(
-                SseEvent::default()
-                    .event("message_not_streaming")
-                    .data(data.to_string()),
-            );
+            return Some(Item::NotStreaming { workflow_id: run });
         };
         let paused = matches!(
             standing.status,
@@ -555,7 +675,6 @@ impl Session {
         self.pause_shown = true;
         metrics::counter!("spool_sse_pauses_recovered_total").increment(1);
         tracing::info!(workflow.id = %run, "a paused run's event was missing; sent from Postgres");
-        let json = serde_json::to_string(&event).ok()?;
-        Some(SseEvent::default().event(kind.as_str()).data(json))
+        Some(Item::Pause(Box::new(event)))
     }
 }

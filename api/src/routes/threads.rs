@@ -425,35 +425,70 @@ async fn post_user_message(
     headers: HeaderMap,
     ApiJson(request): ApiJson<UserMessageRequest>,
 ) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let hash = idempotency::request_hash(&[
+        caller.owner.user_id.as_bytes(),
+        thread_id.to_string().as_bytes(),
+        &serde_json::to_vec(&request).map_err(anyhow::Error::from)?,
+    ]);
+    let enqueued = enqueue_message(&state, &caller, thread_id, &request, key, &hash, &[]).await?;
+    let mut response = accepted(enqueued.status, enqueued.body, enqueued.workflow_id);
+    if enqueued.replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// What [`enqueue_message`] answers: the 202 body, or the first one for a replayed key.
+pub(crate) struct Enqueue {
+    /// The status of the answer (202, or the stored one).
+    pub status: StatusCode,
+    /// The [`UserMessageResponse`] as JSON.
+    pub body: Value,
+    /// The run.
+    pub workflow_id: WorkflowId,
+    /// Whether an `Idempotency-Key` replayed an earlier request.
+    pub replayed: bool,
+}
+
+/// Enqueues `request` on the thread as the caller (the transaction of the module doc): the
+/// route's work, shared with the OpenAI-compatible routes. `hash` identifies the request under
+/// its idempotency `key`; `history` is stored before the user message (a new thread seeded
+/// with a conversation's earlier turns).
+pub(crate) async fn enqueue_message(
+    state: &AppState,
+    caller: &Caller,
+    thread_id: ThreadId,
+    request: &UserMessageRequest,
+    key: Option<&str>,
+    hash: &str,
+    history: &[(Role, String)],
+) -> Result<Enqueue, ApiError> {
     check_input(&request.input_text, state.config.max_input_bytes)?;
     if request.instructions.is_some() {
         caller.require_admin()?;
     }
     let overrides = request.overrides();
-    let key = idempotency_key(&headers)?;
-    check_agent(&state, &caller, request.agent_id).await?;
+    check_agent(state, caller, request.agent_id).await?;
     let owner = &caller.owner;
-    let hash = idempotency::request_hash(&[
-        owner.user_id.as_bytes(),
-        thread_id.to_string().as_bytes(),
-        &serde_json::to_vec(&request).map_err(anyhow::Error::from)?,
-    ]);
     if let Some(key) = key
         && let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key).await?
     {
-        return replay(stored, &hash);
+        return replay(stored, hash);
     }
 
     let mut tx = state.db.begin().await?;
     if let Some(key) = key
-        && !idempotency::reserve(&mut *tx, &owner.tenant_id, key, &hash).await?
+        && !idempotency::reserve(&mut *tx, &owner.tenant_id, key, hash).await?
     {
         // A concurrent duplicate committed first (we waited on its row): replay it.
         tx.rollback().await?;
         let stored = idempotency::find(&state.db, &owner.tenant_id, key)
             .await?
             .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
-        return replay(stored, &hash);
+        return replay(stored, hash);
     }
     let metadata = Value::Object(request.metadata.clone().unwrap_or_default());
     // The request's span context rides on the run, so the worker's attempt joins this trace.
@@ -468,6 +503,7 @@ async fn post_user_message(
         trace_context: trace_context.as_deref(),
         quotas: &state.config.quotas,
         overrides: overrides.as_ref(),
+        history,
     };
     let enqueued = match enqueue(&mut tx, &message).await {
         Ok(enqueued) => enqueued,
@@ -483,7 +519,7 @@ async fn post_user_message(
         }
         Err(EnqueueError::ThreadBusy) => {
             tx.rollback().await?;
-            return Err(thread_busy(&state, thread_id).await);
+            return Err(thread_busy(state, thread_id).await);
         }
         Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
         Err(EnqueueError::InvalidOverrides(errors)) => {
@@ -514,7 +550,12 @@ async fn post_user_message(
         Err(err) => return Err(anyhow::Error::from(err).into()),
     }
     tracing::info!(thread.id = %thread_id, workflow.id = %workflow_id, "run enqueued");
-    Ok(accepted(StatusCode::ACCEPTED, body, workflow_id))
+    Ok(Enqueue {
+        status: StatusCode::ACCEPTED,
+        body,
+        workflow_id,
+        replayed: false,
+    })
 }
 
 /// The 429 of a quota's refusal.
@@ -552,7 +593,7 @@ fn check_input(text: &str, max_bytes: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
         return Ok(None);
     };
@@ -565,7 +606,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     }
 }
 
-fn replay(stored: idempotency::Stored, hash: &str) -> Result<Response, ApiError> {
+fn replay(stored: idempotency::Stored, hash: &str) -> Result<Enqueue, ApiError> {
     if stored.request_hash != hash {
         return Err(ApiError::unprocessable(
             "idempotency_key_reused",
@@ -578,11 +619,12 @@ fn replay(stored: idempotency::Stored, hash: &str) -> Result<Response, ApiError>
         .ok_or_else(|| anyhow::anyhow!("stored status {} is not valid", stored.status_code))?;
     let workflow_id: WorkflowId = serde_json::from_value(stored.response.0["workflow_id"].clone())
         .map_err(anyhow::Error::from)?;
-    let mut response = accepted(status, stored.response.0, workflow_id);
-    response
-        .headers_mut()
-        .insert("idempotent-replayed", HeaderValue::from_static("true"));
-    Ok(response)
+    Ok(Enqueue {
+        status,
+        body: stored.response.0,
+        workflow_id,
+        replayed: true,
+    })
 }
 
 fn accepted(status: StatusCode, body: Value, workflow_id: WorkflowId) -> Response {

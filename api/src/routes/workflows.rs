@@ -162,22 +162,33 @@ async fn get_workflow(
             format!("wait must be from 0 to {MAX_WAIT_SECS} seconds"),
         ));
     }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(wait);
+    let run = wait_settled(&state, &caller, workflow_id, (wait > 0).then_some(deadline)).await?;
+    Ok(Json(run.into()))
+}
+
+/// The caller's run once it is terminal or paused, or at `deadline` as it is then (at once
+/// without a deadline). Holds no database connection while it waits (see [`crate::watch`]).
+pub(crate) async fn wait_settled(
+    state: &AppState,
+    caller: &Caller,
+    workflow_id: WorkflowId,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Run, ApiError> {
     // Subscribed before the first read: a change between the read and the wait is not missed.
     let mut changes = state.runs.subscribe();
-    let _waiting = (wait > 0).then(Waiting::start);
+    let _waiting = deadline.is_some().then(Waiting::start);
     let find = || async {
         runs::find_in(&state.db, workflow_id, caller.scope())
             .await?
             .ok_or_else(workflow_not_found)
     };
-    let mut run = if wait > 0 {
-        runs::watch(&state.db, workflow_id, caller.scope())
-            .await?
-            .ok_or_else(workflow_not_found)?
-    } else {
-        find().await?
+    let Some(deadline) = deadline else {
+        return find().await;
     };
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(wait);
+    let mut run = runs::watch(&state.db, workflow_id, caller.scope())
+        .await?
+        .ok_or_else(workflow_not_found)?;
     while !settled(run.status) {
         tokio::select! {
             change = changes.recv() => match change {
@@ -186,17 +197,17 @@ async fn get_workflow(
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => run = find().await?,
                 Err(broadcast::error::RecvError::Closed) => {
                     tokio::time::sleep_until(deadline).await;
-                    return Ok(Json(find().await?.into()));
+                    return find().await;
                 }
             },
             () = tokio::time::sleep_until(deadline) => break,
             () = state.shutdown.cancelled() => break,
         }
     }
-    if !settled(run.status) && wait > 0 {
+    if !settled(run.status) {
         run = find().await?;
     }
-    Ok(Json(run.into()))
+    Ok(run)
 }
 
 /// Counts a `?wait=` request in `spool_workflow_waits` while it lives.
@@ -363,19 +374,31 @@ async fn cancel_workflow(
         .reason
         .as_deref()
         .map(|r| r.chars().take(1000).collect::<String>());
-    let status = runs::request_cancel(&state.db, id, &caller.owner, reason.as_deref()).await?;
-    let run = current(&state, id, &caller).await?;
+    Ok(accepted(
+        cancel(&state, &caller, id, reason.as_deref()).await?,
+    ))
+}
+
+/// Cancels the caller's run (see [`cancel_workflow`]) and returns it as it is then.
+pub(crate) async fn cancel(
+    state: &AppState,
+    caller: &Caller,
+    id: WorkflowId,
+    reason: Option<&str>,
+) -> Result<Run, ApiError> {
+    let status = runs::request_cancel(&state.db, id, &caller.owner, reason).await?;
+    let run = current(state, id, caller).await?;
     match status {
-        None => return Ok(accepted(run)),
+        None => return Ok(run),
         Some(RunStatus::Running) => db::notify_cancel(&state.db, id).await?,
         Some(_) => match runs::cancel_unclaimed(&state.db, id).await? {
-            Some(attempt) => publish_cancelled(&state, &run, attempt).await,
+            Some(attempt) => publish_cancelled(state, &run, attempt).await,
             // A worker claimed it in between: it sees the request as it starts.
             None => db::notify_cancel(&state.db, id).await?,
         },
     }
     tracing::info!(workflow.id = %id, "cancel requested");
-    Ok(accepted(current(&state, id, &caller).await?))
+    current(state, id, caller).await
 }
 
 /// Ends the stream of a run cancelled without a worker (best effort: with Redis down, the

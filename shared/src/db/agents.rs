@@ -85,6 +85,21 @@ pub async fn list(executor: impl PgExecutor<'_>, tenant_id: &str) -> sqlx::Resul
     .await
 }
 
+/// The ids of the tenant's agents named `name`, oldest first.
+pub async fn find_by_name(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    name: &str,
+) -> sqlx::Result<Vec<AgentId>> {
+    sqlx::query_scalar(
+        "SELECT id FROM agents WHERE tenant_id = $1 AND name = $2 ORDER BY created_at, id LIMIT 2",
+    )
+    .bind(tenant_id)
+    .bind(name)
+    .fetch_all(executor)
+    .await
+}
+
 /// Deletes the tenant's agent; `false` if there was none.
 pub async fn delete(
     executor: impl PgExecutor<'_>,

@@ -44,6 +44,9 @@ pub struct NewMessage<'a> {
     pub quotas: &'a Quotas,
     /// What the message posts to steer its run (checked against the agent that answers).
     pub overrides: Option<&'a RunOverrides>,
+    /// Earlier turns stored before the message, completed and without a run (a thread seeded
+    /// with a conversation the client kept, as `POST /v1/chat/completions` sends it).
+    pub history: &'a [(Role, String)],
 }
 
 /// What the enqueue made.
@@ -135,6 +138,9 @@ pub async fn enqueue(
     let workflow_id = enqueued.workflow_id;
     let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
     let quota = counters(message.quotas, governance, &message.owner.user_id);
+    for (role, content) in message.history {
+        messages::insert_turn(&mut *tx, MessageId::new(), thread_id, *role, content).await?;
+    }
     messages::insert(
         &mut *tx,
         enqueued.user_message_id,

@@ -80,6 +80,28 @@ pub async fn insert(
     Ok(())
 }
 
+/// Inserts a completed message that no run wrote or answered: an earlier turn of a
+/// conversation the client kept.
+pub async fn insert_turn(
+    executor: impl PgExecutor<'_>,
+    id: MessageId,
+    thread_id: ThreadId,
+    role: Role,
+    content: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO messages (id, thread_id, role, content, status, metadata)
+         VALUES ($1, $2, $3, $4, 'completed', '{}')",
+    )
+    .bind(id)
+    .bind(thread_id)
+    .bind(role)
+    .bind(content)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
 /// Up to `limit` messages of the thread, oldest first; with `before`, those older than it.
 /// The caller has checked that the thread is the owner's.
 pub async fn list(

@@ -876,6 +876,7 @@ mod tests {
             trace_context: None,
             quotas: &crate::quota::Quotas::default(),
             overrides: None,
+            history: &[],
         };
         let mut tx = db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");

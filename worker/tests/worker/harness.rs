@@ -154,6 +154,7 @@ impl Harness {
             trace_context: None,
             quotas,
             overrides: None,
+            history: &[],
         };
         let mut tx = self.db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");
