@@ -60,6 +60,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::webhooks::router())
         .merge(routes::usage::router())
         .merge(crate::gateway::router())
+        .merge(crate::openai::router())
         .merge(crate::openapi::router())
         .merge(crate::metrics::router())
         .fallback(|| async {

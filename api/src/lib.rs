@@ -17,6 +17,7 @@ pub mod error;
 pub mod extract;
 pub mod gateway;
 pub mod metrics;
+pub mod openai;
 pub mod openapi;
 pub mod routes;
 pub mod watch;

@@ -97,6 +97,12 @@ pub(crate) fn queued_status() -> Object {
         crate::routes::webhooks::delete_webhook,
         crate::routes::webhooks::list_deliveries,
         crate::routes::usage::get_usage,
+        crate::openai::responses::create_response,
+        crate::openai::responses::get_response,
+        crate::openai::responses::cancel_response,
+        crate::openai::chat::create_completion,
+        crate::openai::chat::list_models,
+        crate::openai::chat::get_model,
         crate::routes::health::healthz,
         crate::routes::health::readyz,
         get_metrics,
@@ -119,6 +125,7 @@ pub(crate) fn queued_status() -> Object {
         (name = "agents", description = "Stored agent configurations (writes need `admin`)."),
         (name = "webhooks", description = "Signed notifications of run events (admin)."),
         (name = "usage", description = "Tokens and runs by user, agent or model (admin)."),
+        (name = "openai", description = "The OpenAI-compatible surface: the Responses API (background mode, `starting_after` resume), Chat Completions and models, for the official SDKs. Errors here are OpenAI's shape: `{\"error\": {\"message\", \"type\", \"code\", \"param\"}}`."),
         (name = "health", description = "Liveness, readiness, metrics and this document."),
     )
 )]

@@ -1,7 +1,9 @@
-//! Third-party servers the tests run against as real processes, pinned in `tests/peers/`
-//! (`package.json` and its lock): `@copilotkit/aimock`, a mock LLM upstream that speaks the
-//! OpenAI and Anthropic APIs. They are installed with `npm ci` the first time a test needs
-//! them (this machine reaches the npm registry), so `cargo test --workspace` alone runs them.
+//! Third-party peers the tests run against as real processes, pinned in `tests/peers/`:
+//! `@copilotkit/aimock` (`package.json` and its lock), a mock LLM upstream that speaks the
+//! OpenAI and Anthropic APIs; and the official `openai` Python SDK (`requirements.txt`, every
+//! package pinned), a client of Spool's OpenAI-compatible routes. They are installed (`npm ci`;
+//! `pip install` into `tests/peers/.venv`) the first time a test needs them (this machine
+//! reaches the registries), so `cargo test --workspace` alone runs them.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -38,6 +40,58 @@ fn installed() -> anyhow::Result<PathBuf> {
         );
     }
     Ok(dir)
+}
+
+/// The Python of `tests/peers/.venv`, with `requirements.txt` installed (once per content of
+/// the file: a changed pin reinstalls).
+pub fn python() -> anyhow::Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
+    let _guard = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let requirements = std::fs::read(dir.join("requirements.txt"))?;
+    let venv = dir.join(".venv");
+    let python = venv.join("bin/python");
+    let stamp = venv.join(format!(
+        "installed-{}",
+        hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&requirements)[..8])
+    ));
+    if stamp.exists() {
+        return Ok(python);
+    }
+    let run = |command: &mut std::process::Command, what: &str| -> anyhow::Result<()> {
+        let output = command
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {what}"))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "{what} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    };
+    run(
+        std::process::Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv),
+        "python3 -m venv (Python 3.9 or later is needed for the SDK tests)",
+    )?;
+    run(
+        std::process::Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(dir.join("requirements.txt")),
+        "pip install -r tests/peers/requirements.txt",
+    )?;
+    std::fs::write(stamp, b"")?;
+    Ok(python)
 }
 
 /// A running aimock (its `llmock` server) on loopback, answering from fixtures.

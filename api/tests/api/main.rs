@@ -7,6 +7,7 @@ mod control;
 mod enqueue;
 mod isolation;
 mod metrics;
+mod openai;
 mod openapi;
 mod overrides;
 mod pauses;

@@ -5,6 +5,7 @@
 mod agent;
 mod cli;
 mod crash;
+mod openai;
 mod providers;
 mod queue;
 mod quotas;

@@ -1,0 +1,239 @@
+//! The OpenAI-compatible surface (DESIGN §11), so the official OpenAI SDKs work against Spool
+//! unchanged: the Responses API with background mode and `starting_after` resume
+//! ([`responses`]), Chat Completions and the model list ([`chat`]). Spool's own API stays the
+//! primary one: these routes map onto it (a response is a run, its `id` the `workflow_id`; a
+//! conversation is a thread) and add no state of their own.
+//!
+//! Streams are translated from the thread's Redis Stream ([`translate`]), so they are as
+//! durable as Spool's own: a dropped connection resumes with `starting_after`, a crashed worker's
+//! new attempt does not make a client show text twice.
+//!
+//! Errors on these routes are OpenAI's shape, `{"error": {"message", "type", "code", "param"}}`
+//! (Spool's code in `code`, its extra fields kept), so the SDKs raise their typed exceptions by
+//! status (401, 403, 404, 409, 422, 429).
+
+pub mod chat;
+pub mod responses;
+pub mod schema;
+pub mod translate;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use spool_shared::db::messages::{self, Message};
+use spool_shared::db::runs::Run;
+use spool_shared::ids::AgentId;
+use spool_shared::run::MessagePart;
+use spool_shared::status::RunStatus;
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::ApiError;
+
+/// The model name of the server's default agent.
+pub const DEFAULT_MODEL: &str = "spool-default";
+
+/// `/v1/responses...`, `/v1/chat/completions`, `/v1/models`, with OpenAI's error shape.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .merge(responses::router())
+        .merge(chat::router())
+        .layer(axum::middleware::from_fn(openai_errors))
+}
+
+/// Rewrites Spool's error body into OpenAI's: `type` and `param` added, the rest kept.
+async fn openai_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    if let Some(error) = value.get_mut("error").and_then(Value::as_object_mut) {
+        let kind = match status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            _ if status.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        };
+        error.insert("type".into(), json!(kind));
+        error.entry("param").or_insert(Value::Null);
+    }
+    let body = serde_json::to_vec(&value).unwrap_or_else(|_| bytes.to_vec());
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// The agent a `model` names: [`DEFAULT_MODEL`] (the server's default agent), an agent id, or
+/// the name of exactly one of the tenant's agents.
+pub(crate) async fn resolve_model(
+    state: &AppState,
+    caller: &Caller,
+    model: &str,
+) -> Result<Option<AgentId>, ApiError> {
+    if model == DEFAULT_MODEL {
+        return Ok(None);
+    }
+    let tenant = &caller.owner.tenant_id;
+    if let Ok(id) = model.parse::<AgentId>() {
+        return if spool_shared::db::agents::exists(&state.db, id, tenant).await? {
+            Ok(Some(id))
+        } else {
+            Err(model_not_found(model))
+        };
+    }
+    let named = spool_shared::db::agents::find_by_name(&state.db, tenant, model).await?;
+    match named.as_slice() {
+        [id] => Ok(Some(*id)),
+        [] => Err(model_not_found(model)),
+        _ => Err(ApiError::bad_request(
+            "ambiguous_model",
+            format!("several agents are named {model:?}: name one by its id"),
+        )
+        .with("param", "model")),
+    }
+}
+
+fn model_not_found(model: &str) -> ApiError {
+    ApiError::not_found(
+        "model_not_found",
+        format!("no agent {model:?}: `GET /v1/models` lists the ones you may use"),
+    )
+}
+
+/// The `model` a run is shown with: its agent's id, or [`DEFAULT_MODEL`].
+pub(crate) fn model_of(run: &Run) -> String {
+    run.agent_id
+        .map_or_else(|| DEFAULT_MODEL.to_owned(), |id| id.to_string())
+}
+
+/// A run's status as a Responses status. A paused run (client tools, an approval) is
+/// `in_progress`: it is answered through Spool's own routes.
+pub(crate) fn response_status(status: RunStatus) -> &'static str {
+    match status {
+        RunStatus::Queued => "queued",
+        RunStatus::Running | RunStatus::RequiresAction | RunStatus::AwaitingApproval => {
+            "in_progress"
+        }
+        RunStatus::Completed => "completed",
+        RunStatus::Failed => "failed",
+        RunStatus::Cancelled => "cancelled",
+    }
+}
+
+/// The Responses object of a run: its status, and once it has ended the stored message as
+/// `output` items (text as `message` items, tool steps as `function_call` items) with `usage`.
+pub(crate) fn response_object(run: &Run, message: Option<&Message>, metadata: &Value) -> Value {
+    let prefix = run.id.to_string().replace('-', "");
+    let ended = run.status.is_terminal();
+    let output: Vec<Value> = match message {
+        Some(message) if ended => output_items(&prefix, &message.parts.0),
+        _ => Vec::new(),
+    };
+    let usage = run.usage.as_ref().filter(|_| ended).map(|usage| {
+        let usage = &usage.0;
+        json!({
+            "input_tokens": usage.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        })
+    });
+    let error = run
+        .error
+        .as_ref()
+        .filter(|_| run.status == RunStatus::Failed)
+        .map(|error| json!({"code": error.0.code, "message": error.0.message}));
+    json!({
+        "id": run.id,
+        "object": "response",
+        "created_at": run.created_at.timestamp(),
+        "completed_at": run.finished_at.map(|at| at.timestamp()),
+        "status": response_status(run.status),
+        "background": true,
+        "model": model_of(run),
+        "output": output,
+        "usage": usage,
+        "error": error,
+        "incomplete_details": null,
+        "instructions": null,
+        "metadata": metadata,
+        "parallel_tool_calls": true,
+        "temperature": null,
+        "top_p": null,
+        "tool_choice": "auto",
+        "tools": [],
+        "text": {"format": {"type": "text"}},
+        "conversation": {"id": run.thread_id},
+        "previous_response_id": null,
+    })
+}
+
+/// A stored message's parts as Responses output items, with the ids the stream gave them.
+fn output_items(prefix: &str, parts: &[MessagePart]) -> Vec<Value> {
+    let mut items: Vec<Value> = Vec::new();
+    for part in parts {
+        match part {
+            MessagePart::Text { text } => {
+                let id = format!("msg_{prefix}_{}", items.len());
+                items.push(translate::message_item(&id, text, "completed"));
+            }
+            MessagePart::ToolCall {
+                tool_call_id,
+                name,
+                arguments,
+                ..
+            } => {
+                // As the stream sent them: the JSON re-written compactly.
+                let arguments = serde_json::from_str::<Value>(arguments)
+                    .map_or_else(|_| arguments.clone(), |value| value.to_string());
+                items.push(translate::call_item(
+                    &format!("fc_{tool_call_id}"),
+                    tool_call_id,
+                    name,
+                    &arguments,
+                    "incomplete",
+                    None,
+                ));
+            }
+            MessagePart::ToolResult {
+                tool_call_id,
+                output,
+                ..
+            } => {
+                let call = items
+                    .iter_mut()
+                    .find(|item| item["call_id"] == json!(tool_call_id));
+                if let Some(call) = call {
+                    call["status"] = json!("completed");
+                    call["output"] = json!(output);
+                }
+            }
+            MessagePart::Citations { .. } => {}
+        }
+    }
+    items
+}
+
+/// The Responses object of the caller's run, from Postgres.
+pub(crate) async fn load_response(state: &AppState, run: &Run) -> Result<Value, ApiError> {
+    let message =
+        messages::find_in_thread(&state.db, run.assistant_message_id, run.thread_id).await?;
+    let request = messages::find_in_thread(&state.db, run.user_message_id, run.thread_id).await?;
+    let metadata = request.map_or_else(|| json!({}), |m| m.metadata.0);
+    Ok(response_object(run, message.as_ref(), &metadata))
+}

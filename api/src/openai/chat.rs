@@ -1,0 +1,387 @@
+//! Chat Completions (`POST /v1/chat/completions`) and the model list (`GET /v1/models`).
+//!
+//! A completion is one run of the agent `model` names. Its thread: `metadata.thread_id` (any
+//! UUID, created on first use; the thread keeps the conversation, so only the last user
+//! message is sent to it), else a new thread seeded with the request's earlier messages. Tool
+//! calls run server-side: the client sees the answer's text. `stream: true` sends it as
+//! `chat.completion.chunk`s (with a usage chunk when `stream_options.include_usage`), then
+//! `[DONE]`; a run that fails sends an `error` object, which the SDKs raise. There is no cursor
+//! in this protocol: a dropped stream cannot be resumed here, but the run goes on and its
+//! answer is stored (the Responses routes, or Spool's own, resume).
+//!
+//! `n` above 1 is refused; `temperature`, `top_p`, `max_tokens`, `max_completion_tokens`,
+//! `tools`, `tool_choice`, `response_format`, `stop`, `seed`, `logprobs`, `user`, `store` and
+//! the other sampling parameters are accepted and ignored (the agent's spec decides).
+
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use spool_shared::db::runs::Run;
+use spool_shared::db::{agents, idempotency, messages, runs};
+use spool_shared::status::RunStatus;
+use spool_shared::{ThreadId, WorkflowId};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiPath};
+use crate::gateway;
+use crate::openai::responses::{Feed, turns};
+use crate::openai::{DEFAULT_MODEL, model_of, resolve_model};
+use crate::routes::threads::{UserMessageRequest, enqueue_message, idempotency_key};
+use crate::routes::workflows;
+
+/// How long a completion waits for its run (the SDKs' default timeout).
+const BLOCKING_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// `/v1/chat/completions`, `/v1/models`.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/chat/completions", post(create_completion))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{model}", get(get_model))
+}
+
+/// The body of `POST /v1/chat/completions` (others accepted and ignored: see the module doc).
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    model: String,
+    messages: Vec<Value>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+    #[serde(default)]
+    n: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Runs the agent on the conversation (one run) and answers with its reply; with `stream`,
+/// as `chat.completion.chunk`s, then `[DONE]`.
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    tag = "openai",
+    security(("bearer" = [])),
+    request_body = crate::openai::schema::ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The completion (JSON), or its chunks (`stream: true`).",
+            content(
+                (crate::openai::schema::ChatCompletion = "application/json"),
+                (crate::openai::schema::ChatCompletionChunk = "text/event-stream"),
+            )),
+        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 403, description = "`admin_required` (`system` or `developer` messages without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 404, description = "`model_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy`, `agent_disabled`, `run_not_finished` (the run paused for client tools or an approval)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 413, description = "`input_too_large`, `body_too_large`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 415, description = "`unsupported_media_type`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 429, description = "`rate_limited`, `concurrency_limited`, `budget_exceeded`", body = crate::openai::schema::OpenAiErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait."))),
+        (status = 502, description = "The run failed: its failure code (`model_unavailable`, `timeout`, ...) and `workflow_id`", body = crate::openai::schema::OpenAiErrorBody),
+    )
+)]
+pub(crate) async fn create_completion(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(raw): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let request: ChatRequest = serde_json::from_value(raw.clone())
+        .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
+    if request.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("unsupported_n", "n must be 1").with("param", "n"));
+    }
+    let agent_id = resolve_model(&state, &caller, &request.model).await?;
+    let turns = turns(&request.messages, "messages")?;
+    let thread = request
+        .metadata
+        .as_ref()
+        .and_then(|metadata| metadata.get("thread_id"))
+        .map(|id| {
+            id.as_str()
+                .and_then(|id| id.parse::<ThreadId>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("invalid_thread_id", "metadata.thread_id must be a UUID")
+                        .with("param", "metadata")
+                })
+        })
+        .transpose()?;
+    // A thread of its own keeps the conversation; a new one is seeded with it.
+    let (thread_id, history) = match thread {
+        Some(thread) => (thread, Vec::new()),
+        None => (ThreadId::new(), turns.history),
+    };
+    let message = UserMessageRequest {
+        input_text: turns.input_text,
+        agent_id,
+        metadata: request.metadata.clone(),
+        tool_choice: None,
+        active_tools: None,
+        max_steps: None,
+        instructions: turns.instructions,
+    };
+    let key = idempotency_key(&headers)?;
+    let hash = idempotency::request_hash(&[
+        caller.owner.user_id.as_bytes(),
+        b"chat.completions",
+        &serde_json::to_vec(&raw).map_err(anyhow::Error::from)?,
+    ]);
+    let enqueued =
+        enqueue_message(&state, &caller, thread_id, &message, key, &hash, &history).await?;
+    let id = enqueued.workflow_id;
+    if request.stream == Some(true) {
+        let run = find(&state, &caller, id).await?;
+        let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
+        let feed = Feed::open(&state, &caller, run.clone(), None).await?;
+        let chunks = Chunks {
+            feed,
+            id: format!("chatcmpl-{}", run.id.to_string().replace('-', "")),
+            model: model_of(&run),
+            created: run.created_at.timestamp(),
+            include_usage,
+            started: false,
+            over: false,
+        };
+        return Ok(gateway::sse_without_retry(chunks.into_sse()));
+    }
+    let deadline = tokio::time::Instant::now() + BLOCKING_WAIT;
+    let run = workflows::wait_settled(&state, &caller, id, Some(deadline)).await?;
+    completion(&state, &run).await
+}
+
+async fn find(state: &AppState, caller: &Caller, id: WorkflowId) -> Result<Run, ApiError> {
+    runs::find_in(&state.db, id, caller.scope())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the run just enqueued is gone").into())
+}
+
+/// The `chat.completion` of a settled run (an error for a failed or paused one).
+async fn completion(state: &AppState, run: &Run) -> Result<Response, ApiError> {
+    match run.status {
+        RunStatus::Completed | RunStatus::Cancelled => {}
+        RunStatus::Failed => {
+            let (code, message) = run.error.as_ref().map_or_else(
+                || ("run_failed".to_owned(), "the run failed".to_owned()),
+                |e| {
+                    (
+                        json!(e.0.code).as_str().unwrap_or("run_failed").to_owned(),
+                        e.0.message.clone(),
+                    )
+                },
+            );
+            let body = json!({"error": {"message": message, "type": "server_error",
+                "code": code, "param": null, "workflow_id": run.id}});
+            return Ok((StatusCode::BAD_GATEWAY, Json(body)).into_response());
+        }
+        _ => {
+            return Err(ApiError::conflict(
+                "run_not_finished",
+                "the run waits for client tool outputs or an approval (or is still running): \
+                 answer it through /v1/workflows/{workflow_id}",
+            )
+            .with("workflow_id", run.id)
+            .with("status", run.status));
+        }
+    }
+    let message =
+        messages::find_in_thread(&state.db, run.assistant_message_id, run.thread_id).await?;
+    let content = message.map(|m| m.content).unwrap_or_default();
+    let usage = run.usage.as_ref().map(|u| u.0).unwrap_or_default();
+    Ok(Json(json!({
+        "id": format!("chatcmpl-{}", run.id.to_string().replace('-', "")),
+        "object": "chat.completion",
+        "created": run.created_at.timestamp(),
+        "model": model_of(run),
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content, "refusal": null},
+            "finish_reason": "stop",
+            "logprobs": null,
+        }],
+        "usage": {
+            "prompt_tokens": usage.input_tokens,
+            "completion_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        },
+        "system_fingerprint": null,
+    }))
+    .into_response())
+}
+
+/// A run's Responses events as chat-completion chunks.
+struct Chunks {
+    feed: Feed,
+    id: String,
+    model: String,
+    created: i64,
+    include_usage: bool,
+    started: bool,
+    over: bool,
+}
+
+impl Chunks {
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
+        let mut chunk = json!({"id": self.id, "object": "chat.completion.chunk",
+            "created": self.created, "model": self.model, "choices": choices,
+            "system_fingerprint": null});
+        if let Some(usage) = usage {
+            chunk["usage"] = usage;
+        }
+        chunk
+    }
+
+    fn delta(&self, delta: Value, finish: Option<&str>) -> Value {
+        self.chunk(
+            json!([{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}]),
+            None,
+        )
+    }
+
+    /// The data lines an event becomes.
+    fn lines(&mut self, event: &Value) -> Vec<String> {
+        let mut lines = Vec::new();
+        if !self.started {
+            self.started = true;
+            lines.push(
+                self.delta(json!({"role": "assistant", "content": ""}), None)
+                    .to_string(),
+            );
+        }
+        match event["type"].as_str().unwrap_or_default() {
+            "response.output_text.delta" => {
+                let delta = json!({"content": event["delta"]});
+                lines.push(self.delta(delta, None).to_string());
+            }
+            "response.completed" | "response.cancelled" | "response.incomplete" => {
+                lines.push(self.delta(json!({}), Some("stop")).to_string());
+                if self.include_usage {
+                    let usage = &event["response"]["usage"];
+                    let (input, output) = (
+                        usage["input_tokens"].as_u64().unwrap_or(0),
+                        usage["output_tokens"].as_u64().unwrap_or(0),
+                    );
+                    let usage = json!({"prompt_tokens": input, "completion_tokens": output,
+                        "total_tokens": input + output});
+                    lines.push(self.chunk(json!([]), Some(usage)).to_string());
+                }
+                lines.push("[DONE]".to_owned());
+                self.over = true;
+            }
+            "response.failed" | "error" => {
+                let error = if event["type"] == "error" {
+                    json!({"message": event["message"], "code": event["code"]})
+                } else {
+                    event["response"]["error"].clone()
+                };
+                lines.push(
+                    json!({"error": {"message": error["message"], "type": "server_error",
+                        "code": error["code"], "param": null}})
+                    .to_string(),
+                );
+                self.over = true;
+            }
+            _ => {}
+        }
+        lines
+    }
+
+    fn into_sse(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+        let pending = std::collections::VecDeque::<String>::new();
+        futures::stream::unfold((self, pending), |(mut chunks, mut pending)| async move {
+            loop {
+                if let Some(line) = pending.pop_front() {
+                    return Some((Ok(SseEvent::default().data(line)), (chunks, pending)));
+                }
+                if chunks.over {
+                    return None;
+                }
+                let event = chunks.feed.next().await?;
+                pending.extend(chunks.lines(&event));
+            }
+        })
+    }
+}
+
+/// The agents the caller may use as models: the server's default and the tenant's active
+/// agents (by id; `name` beside it).
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "openai",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The models.", body = crate::openai::schema::ModelList),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+    )
+)]
+pub(crate) async fn list_models(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<Value>, ApiError> {
+    let agents = agents::list(&state.db, &caller.owner.tenant_id).await?;
+    let mut data = vec![default_model()];
+    data.extend(
+        agents
+            .iter()
+            .filter(|agent| agent.spec.0.status.is_active())
+            .map(|agent| {
+                json!({"id": agent.id, "object": "model", "created": agent.created_at.timestamp(),
+                    "owned_by": caller.owner.tenant_id, "name": agent.spec.0.name})
+            }),
+    );
+    Ok(Json(json!({"object": "list", "data": data})))
+}
+
+fn default_model() -> Value {
+    json!({"id": DEFAULT_MODEL, "object": "model", "created": 0, "owned_by": "spool",
+        "name": DEFAULT_MODEL})
+}
+
+/// One model: an agent by id or name, or the default.
+#[utoipa::path(
+    get,
+    path = "/v1/models/{model}",
+    tag = "openai",
+    security(("bearer" = [])),
+    params(("model" = String, Path, description = "An agent id, an agent name, or `spool-default`.")),
+    responses(
+        (status = 200, description = "The model.", body = crate::openai::schema::Model),
+        (status = 400, description = "`ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 404, description = "`model_not_found`", body = crate::openai::schema::OpenAiErrorBody),
+    )
+)]
+pub(crate) async fn get_model(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(model): ApiPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(id) = resolve_model(&state, &caller, &model).await? else {
+        return Ok(Json(default_model()));
+    };
+    let agent = agents::find(&state.db, id, &caller.owner.tenant_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("model_not_found", "no such model"))?;
+    Ok(Json(json!({"id": agent.id, "object": "model",
+        "created": agent.created_at.timestamp(), "owned_by": caller.owner.tenant_id,
+        "name": agent.spec.0.name})))
+}

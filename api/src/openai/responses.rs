@@ -1,0 +1,585 @@
+//! The Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` (with `?stream=true` and
+//! `starting_after`), `POST /v1/responses/{id}/cancel`.
+//!
+//! A response is a run: its `id` is the `workflow_id`. `conversation` names the thread (any
+//! UUID: created on first use, as Spool's own route does), `previous_response_id` continues the
+//! thread of that response; with neither, a new thread. Input items before the last user
+//! message are stored as earlier turns of the thread; `system`/`developer` items and
+//! `instructions` replace the agent's system prompt (admin tokens only, as Spool's own
+//! `instructions`). Parameters that shape a model call (`temperature`, `top_p`, `reasoning`,
+//! `max_output_tokens`, `text`, `truncation`, `tools`, `tool_choice`, `parallel_tool_calls`) are
+//! accepted and ignored: the agent's spec decides them and its tools run server-side. `store`,
+//! `include`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier` and
+//! `stream_options` are accepted and ignored (every run is stored).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use spool_shared::db::runs::Run;
+use spool_shared::db::{idempotency, runs};
+use spool_shared::event::Event;
+use spool_shared::status::Role;
+use spool_shared::{ThreadId, WorkflowId};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::gateway::{self, Item, Session};
+use crate::openai::translate::Translator;
+use crate::openai::{load_response, resolve_model};
+use crate::routes::threads::{UserMessageRequest, enqueue_message, idempotency_key};
+use crate::routes::workflows;
+
+/// How long a create without `background` or `stream` waits for its run (the SDKs' default
+/// timeout): after it, the response is answered as it is.
+const BLOCKING_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// `/v1/responses...`.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/responses", post(create_response))
+        .route("/v1/responses/{response_id}", get(get_response))
+        .route("/v1/responses/{response_id}/cancel", post(cancel_response))
+}
+
+/// `input`: a string, or a list of items.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Input {
+    Text(String),
+    Items(Vec<Value>),
+}
+
+/// `conversation`: an id, or `{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ConversationRef {
+    Id(String),
+    Object { id: String },
+}
+
+/// The body of `POST /v1/responses` (parameters not named here are accepted and ignored).
+#[derive(Debug, Deserialize)]
+struct CreateResponse {
+    model: String,
+    #[serde(default)]
+    input: Option<Input>,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    conversation: Option<ConversationRef>,
+    #[serde(default)]
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    background: Option<bool>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+}
+
+/// The user's text, earlier turns and system prompt an `input` holds.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Turns {
+    /// The last user message: what the run answers.
+    pub input_text: String,
+    /// The items before it (user and assistant text).
+    pub history: Vec<(Role, String)>,
+    /// `system` and `developer` text.
+    pub instructions: Option<String>,
+}
+
+/// The text of an item's `content`: a string, or the text of its text parts.
+fn content_text(content: &Value) -> Option<String> {
+    match content {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for part in parts {
+                match part["type"].as_str() {
+                    Some("input_text" | "output_text" | "text") => {
+                        text.push_str(part["text"].as_str()?);
+                    }
+                    _ => return None,
+                }
+            }
+            Some(text)
+        }
+        _ => None,
+    }
+}
+
+/// Splits message items (`{role, content}`, `type` `message` or absent) into [`Turns`].
+pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiError> {
+    let unsupported = |index: usize, why: &str| {
+        ApiError::bad_request(
+            "unsupported_input",
+            format!("{param}[{index}]: {why}; Spool takes text messages (roles user, assistant, system, developer)"),
+        )
+        .with("param", param)
+    };
+    let mut turns = Turns::default();
+    let mut messages: Vec<(Role, String)> = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        if !matches!(item["type"].as_str(), None | Some("message")) {
+            return Err(unsupported(index, "not a message item"));
+        }
+        let text = content_text(&item["content"])
+            .ok_or_else(|| unsupported(index, "content is not text"))?;
+        match item["role"].as_str() {
+            Some("user") => messages.push((Role::User, text)),
+            Some("assistant") => messages.push((Role::Assistant, text)),
+            Some("system" | "developer") => {
+                let instructions = turns.instructions.get_or_insert_with(String::new);
+                if !instructions.is_empty() {
+                    instructions.push_str("\n\n");
+                }
+                instructions.push_str(&text);
+            }
+            _ => return Err(unsupported(index, "an unknown role")),
+        }
+    }
+    let last_user = messages
+        .iter()
+        .rposition(|(role, _)| *role == Role::User)
+        .ok_or_else(|| {
+            ApiError::bad_request("invalid_input", format!("{param} has no user message"))
+                .with("param", param)
+        })?;
+    if last_user + 1 != messages.len() {
+        return Err(ApiError::bad_request(
+            "invalid_input",
+            format!("{param} must end with a user message"),
+        )
+        .with("param", param));
+    }
+    turns.input_text = messages.pop().map(|(_, text)| text).unwrap_or_default();
+    turns.history = messages
+        .into_iter()
+        .filter(|(_, text)| !text.trim().is_empty())
+        .collect();
+    Ok(turns)
+}
+
+/// Creates a response: a run on the conversation's thread. `background`: answers at once
+/// (`queued`); `stream`: streams its events on this request (resume a dropped stream with
+/// `GET /v1/responses/{id}?stream=true&starting_after=N`); neither: waits for its end (at most
+/// 10 minutes, then answers the response as it is).
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    tag = "openai",
+    security(("bearer" = [])),
+    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
+        description = "A retry with the same key and body gets the first response, not a second run (`extra_headers=` in the SDKs).")),
+    request_body = crate::openai::schema::CreateResponseRequest,
+    responses(
+        (status = 200, description = "The response (JSON), or its events (`stream: true`).",
+            content(
+                (crate::openai::schema::ResponseObject = "application/json"),
+                (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
+            )),
+        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 403, description = "`admin_required` (`instructions`, `system` or `developer` input without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy` (the conversation has a run in progress), `agent_disabled`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 413, description = "`input_too_large`, `body_too_large`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 415, description = "`unsupported_media_type`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 429, description = "`rate_limited`, `concurrency_limited`, `budget_exceeded`", body = crate::openai::schema::OpenAiErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait."))),
+    )
+)]
+pub(crate) async fn create_response(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(raw): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let request: CreateResponse = serde_json::from_value(raw.clone())
+        .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
+    let agent_id = resolve_model(&state, &caller, &request.model).await?;
+    let turns = match &request.input {
+        Some(Input::Text(text)) => Turns {
+            input_text: text.clone(),
+            ..Turns::default()
+        },
+        Some(Input::Items(items)) => turns(items, "input")?,
+        None => {
+            return Err(
+                ApiError::bad_request("invalid_input", "input is required").with("param", "input")
+            );
+        }
+    };
+    let thread_id = thread_of(&state, &caller, &request).await?;
+    let instructions = match (request.instructions.clone(), turns.instructions) {
+        (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
+        (a, b) => a.or(b),
+    };
+    let message = UserMessageRequest {
+        input_text: turns.input_text,
+        agent_id,
+        metadata: request.metadata.clone(),
+        tool_choice: None,
+        active_tools: None,
+        max_steps: None,
+        instructions,
+    };
+    // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread
+    // is not part of the request's identity (a new conversation gets a new id on each try).
+    let key = idempotency_key(&headers)?;
+    let hash = idempotency::request_hash(&[
+        caller.owner.user_id.as_bytes(),
+        b"responses",
+        &serde_json::to_vec(&raw).map_err(anyhow::Error::from)?,
+    ]);
+    let enqueued = enqueue_message(
+        &state,
+        &caller,
+        thread_id,
+        &message,
+        key,
+        &hash,
+        &turns.history,
+    )
+    .await?;
+    let id = enqueued.workflow_id;
+    if request.stream == Some(true) {
+        let run = find(&state, &caller, id).await?;
+        return stream(&state, &caller, run, None).await;
+    }
+    let run = if request.background == Some(true) {
+        find(&state, &caller, id).await?
+    } else {
+        let deadline = tokio::time::Instant::now() + BLOCKING_WAIT;
+        let run = workflows::wait_settled(&state, &caller, id, Some(deadline)).await?;
+        if run.status.is_terminal() {
+            run
+        } else {
+            // Paused or still running: answered as it is.
+            find(&state, &caller, id).await?
+        }
+    };
+    Ok(Json(load_response(&state, &run).await?).into_response())
+}
+
+/// The thread a request continues: its `conversation`, the thread of its
+/// `previous_response_id`, or a new one.
+async fn thread_of(
+    state: &AppState,
+    caller: &Caller,
+    request: &CreateResponse,
+) -> Result<ThreadId, ApiError> {
+    match (&request.conversation, &request.previous_response_id) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "invalid_body",
+            "give conversation or previous_response_id, not both",
+        )
+        .with("param", "conversation")),
+        (Some(ConversationRef::Id(id) | ConversationRef::Object { id }), None) => {
+            id.parse().map_err(|_| {
+                ApiError::not_found(
+                    "conversation_not_found",
+                    "a conversation is a thread id (a UUID)",
+                )
+            })
+        }
+        (None, Some(previous)) => {
+            let id: WorkflowId = previous.parse().map_err(|_| response_not_found())?;
+            Ok(find(state, caller, id).await?.thread_id)
+        }
+        (None, None) => Ok(ThreadId::new()),
+    }
+}
+
+fn response_not_found() -> ApiError {
+    ApiError::not_found("response_not_found", "no such response")
+}
+
+/// The caller's run (an admin's: the tenant's).
+async fn find(state: &AppState, caller: &Caller, id: WorkflowId) -> Result<Run, ApiError> {
+    runs::find_in(&state.db, id, caller.scope())
+        .await?
+        .ok_or_else(response_not_found)
+}
+
+/// Query of `GET /v1/responses/{id}` (others, such as `include`, are accepted and ignored).
+#[derive(Debug, Deserialize)]
+pub(crate) struct GetResponseQuery {
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    starting_after: Option<u64>,
+}
+
+/// A response as stored; with `?stream=true`, its events from the start (or after
+/// `starting_after`), then live to its end, exactly once and in order. A `starting_after` beyond
+/// the last event follows live from the end; events Redis no longer holds give one `error`
+/// event (`stream_expired`) and the stored response stays here without `stream`.
+#[utoipa::path(
+    get,
+    path = "/v1/responses/{response_id}",
+    tag = "openai",
+    security(("bearer" = [])),
+    params(
+        ("response_id" = WorkflowId, Path, description = "The response (its run's `workflow_id`)."),
+        ("stream" = Option<bool>, Query, description = "Stream its events."),
+        ("starting_after" = Option<u64>, Query, description = "Only the events after this `sequence_number`."),
+    ),
+    responses(
+        (status = 200, description = "The response (JSON), or its events (`stream=true`).",
+            content(
+                (crate::openai::schema::ResponseObject = "application/json"),
+                (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
+            )),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 404, description = "`response_not_found` (also another owner's)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 422, description = "`invalid_query`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 503, description = "`stream_unavailable` (Redis is down)", body = crate::openai::schema::OpenAiErrorBody),
+    )
+)]
+pub(crate) async fn get_response(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<GetResponseQuery>,
+) -> Result<Response, ApiError> {
+    let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
+    let run = find(&state, &caller, id).await?;
+    if query.stream == Some(true) {
+        return stream(&state, &caller, run, query.starting_after).await;
+    }
+    Ok(Json(load_response(&state, &run).await?).into_response())
+}
+
+/// Cancels a response's run (idempotent: an ended response is returned as it is) and returns
+/// the response.
+#[utoipa::path(
+    post,
+    path = "/v1/responses/{response_id}/cancel",
+    tag = "openai",
+    security(("bearer" = [])),
+    params(("response_id" = WorkflowId, Path, description = "The response.")),
+    responses(
+        (status = 200, description = "The response, cancelled or being cancelled.", body = crate::openai::schema::ResponseObject),
+        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 404, description = "`response_not_found`", body = crate::openai::schema::OpenAiErrorBody),
+    )
+)]
+pub(crate) async fn cancel_response(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
+    find(&state, &caller, id).await?;
+    let run =
+        workflows::cancel(&state, &caller, id, Some("cancelled through /v1/responses")).await?;
+    Ok(Json(load_response(&state, &run).await?))
+}
+
+/// The response's events as SSE, after `starting_after`.
+async fn stream(
+    state: &AppState,
+    caller: &Caller,
+    run: Run,
+    starting_after: Option<u64>,
+) -> Result<Response, ApiError> {
+    let feed = Feed::open(state, caller, run, starting_after).await?;
+    Ok(gateway::sse_without_retry(feed.into_sse()))
+}
+
+/// A run's Responses events (see [`crate::openai::translate`]): the same for every client and
+/// every reconnect, filtered to those after `starting_after`.
+pub(crate) struct Feed {
+    state: AppState,
+    caller: Caller,
+    workflow_id: WorkflowId,
+    /// `None` when Redis no longer holds the run's events.
+    session: Option<Session>,
+    translator: Translator,
+    after: Option<u64>,
+    queue: VecDeque<Value>,
+    finished: bool,
+}
+
+impl Feed {
+    /// The feed of `run`'s events after `starting_after`.
+    pub(crate) async fn open(
+        state: &AppState,
+        caller: &Caller,
+        run: Run,
+        starting_after: Option<u64>,
+    ) -> Result<Self, ApiError> {
+        let session =
+            gateway::follow_run(state, run.thread_id, run.id, run.assistant_message_id).await?;
+        let mut head = load_response(state, &run).await?;
+        head["status"] = json!("queued");
+        head["output"] = json!([]);
+        head["usage"] = Value::Null;
+        head["error"] = Value::Null;
+        head["completed_at"] = Value::Null;
+        let mut translator = Translator::new(head);
+        let mut queue = VecDeque::new();
+        if session.is_some() {
+            queue.push_back(translator.created());
+        } else {
+            // Its events are gone (the retention window passed): say so; the stored response
+            // is over REST.
+            let mut error = translator.error(
+                "stream_expired",
+                "the events of this response are no longer retained; GET the response without stream",
+            );
+            error["sequence_number"] = json!(starting_after.map_or(0, |n| n + 1));
+            queue.push_back(error);
+        }
+        Ok(Self {
+            state: state.clone(),
+            caller: caller.clone(),
+            workflow_id: run.id,
+            finished: session.is_none(),
+            session,
+            translator,
+            after: starting_after,
+            queue,
+        })
+    }
+
+    fn into_sse(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+        futures::stream::unfold(self, |mut feed| async move {
+            let event = feed.next().await?;
+            let kind = event["type"].as_str().unwrap_or("error").to_owned();
+            Some((
+                Ok(SseEvent::default().event(kind).data(event.to_string())),
+                feed,
+            ))
+        })
+    }
+
+    /// The next event to send, or `None` at the end.
+    pub(crate) async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                let sequence = event["sequence_number"].as_u64().unwrap_or(0);
+                if self.after.is_none_or(|after| sequence > after) || event["type"] == "error" {
+                    return Some(event);
+                }
+                continue;
+            }
+            if self.finished {
+                return None;
+            }
+            if self.translator.ended {
+                self.finish().await;
+                continue;
+            }
+            let item = match &mut self.session {
+                Some(session) => session.next().await,
+                None => None,
+            };
+            match item {
+                Some(Item::Entry(entry)) => {
+                    let Ok(event) = serde_json::from_str::<Event>(&entry.json) else {
+                        continue;
+                    };
+                    if event.workflow_id == self.workflow_id {
+                        let events = self.translator.push(&event);
+                        self.queue.extend(events);
+                    }
+                }
+                Some(Item::Live) => {
+                    // A `starting_after` beyond the last event: follow live from the end.
+                    let next = self.translator.next_sequence();
+                    if let Some(after) = self.after
+                        && after >= next
+                    {
+                        self.after = next.checked_sub(1);
+                    }
+                }
+                Some(Item::Pause(_)) => {}
+                Some(Item::Reset { .. }) => {
+                    let error = self.translator.error(
+                        "stream_reset",
+                        "events of this response were lost; GET the response without stream",
+                    );
+                    self.queue.push_back(error);
+                    self.finished = true;
+                }
+                Some(Item::NotStreaming { .. }) | None => self.finish().await,
+            }
+        }
+    }
+
+    /// Queues the terminal event from the stored run, if it has ended; the feed is over.
+    async fn finish(&mut self) {
+        self.finished = true;
+        let run = match find(&self.state, &self.caller, self.workflow_id).await {
+            Ok(run) => run,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading a response's end failed");
+                return;
+            }
+        };
+        if !run.status.is_terminal() {
+            return;
+        }
+        match load_response(&self.state, &run).await {
+            Ok(response) => {
+                let event = self.translator.terminal(response);
+                self.queue.push_back(event);
+            }
+            Err(err) => tracing::warn!(error = %err, "reading a response's end failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_items_split_into_history_input_and_instructions() {
+        let items = [
+            json!({"role": "developer", "content": "Be brief."}),
+            json!({"role": "user", "content": "Hi"}),
+            json!({"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hello"}]}),
+            json!({"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]}),
+        ];
+        let turns = turns(&items, "input").expect("turns");
+        assert_eq!(turns.input_text, "Weather?");
+        assert_eq!(
+            turns.history,
+            [
+                (Role::User, "Hi".to_owned()),
+                (Role::Assistant, "Hello".to_owned())
+            ]
+        );
+        assert_eq!(turns.instructions.as_deref(), Some("Be brief."));
+    }
+
+    #[test]
+    fn input_that_is_not_text_or_ends_with_the_assistant_is_refused() {
+        let tool_output = [json!({"type": "function_call_output", "call_id": "c", "output": "1"})];
+        assert!(turns(&tool_output, "input").is_err());
+        let image = [json!({"role": "user", "content": [{"type": "input_image"}]})];
+        assert!(turns(&image, "input").is_err());
+        let ends = [
+            json!({"role": "user", "content": "a"}),
+            json!({"role": "assistant", "content": "b"}),
+        ];
+        assert!(turns(&ends, "input").is_err());
+    }
+}

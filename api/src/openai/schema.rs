@@ -1,0 +1,438 @@
+//! The OpenAPI schemas of the OpenAI-compatible routes: what the handlers read and write,
+//! described as OpenAI's API reference describes it, with Spool's differences in the field
+//! docs. The handlers parse leniently (unknown parameters are ignored, see [`super`]); these
+//! types only document.
+
+#![allow(dead_code, reason = "documentation types: only their schemas are used")]
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use spool_shared::{ThreadId, WorkflowId};
+
+/// OpenAI's error body: `{"error": {"message", "type", "code", "param"}}`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OpenAiErrorBody {
+    /// The error.
+    pub error: OpenAiError,
+}
+
+/// An error in OpenAI's shape (Spool's extra fields, such as `active_workflow_id`, beside).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OpenAiError {
+    /// Human text.
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `permission_error`,
+    /// `not_found_error`, `rate_limit_error` or `server_error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Spool's error code (`response_not_found`, `thread_busy`, `concurrency_limited`, ...).
+    pub code: Option<String>,
+    /// The parameter at fault, if one is.
+    pub param: Option<String>,
+}
+
+/// The text of a message: a string, or text parts.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// The text.
+    Text(String),
+    /// Text parts, joined.
+    Parts(Vec<TextPart>),
+}
+
+/// A text part of a message.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TextPart {
+    /// `input_text`, `output_text` or `text`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^(input_text|output_text|text)$")]
+    pub kind: String,
+    /// The text.
+    pub text: String,
+}
+
+/// Who wrote a message.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InputRole {
+    /// The user: the last user message is what the run answers.
+    User,
+    /// An earlier answer.
+    Assistant,
+    /// The system prompt (admin tokens only).
+    System,
+    /// The system prompt (admin tokens only).
+    Developer,
+}
+
+/// A message of the input (other item types, such as `function_call_output`, are a 400
+/// `unsupported_input`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct InputMessage {
+    /// `message`, or absent.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^message$")]
+    pub kind: Option<String>,
+    /// Who wrote it.
+    pub role: InputRole,
+    /// Its text.
+    pub content: MessageContent,
+}
+
+/// `input`: the user's text, or a list of messages ending with a user message (the earlier
+/// ones are stored as earlier turns of the thread).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ResponseInput {
+    /// The user's text.
+    Text(String),
+    /// Messages.
+    Items(Vec<InputMessage>),
+}
+
+/// `conversation`: a thread id, or `{id}`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ConversationParam {
+    /// The thread id (any UUID: created on first use).
+    Id(ThreadId),
+    /// The thread.
+    Object {
+        /// The thread id.
+        id: ThreadId,
+    },
+}
+
+/// The body of `POST /v1/responses`. Other parameters (`temperature`, `top_p`, `reasoning`,
+/// `max_output_tokens`, `text`, `truncation`, `tools`, `tool_choice`, `parallel_tool_calls`,
+/// `store`, `include`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier`,
+/// `stream_options`) are accepted and ignored: the agent's spec decides.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CreateResponseRequest {
+    /// The agent: its id, its name (unique in the tenant), or `spool-default`.
+    pub model: String,
+    /// What the user says.
+    pub input: ResponseInput,
+    /// The system prompt of this run in place of the agent's (admin tokens only: 403
+    /// `admin_required` otherwise).
+    pub instructions: Option<String>,
+    /// The thread to continue (not with `previous_response_id`).
+    pub conversation: Option<ConversationParam>,
+    /// Continue the thread of this response (not with `conversation`).
+    pub previous_response_id: Option<WorkflowId>,
+    /// Answer at once with the `queued` response (its run goes on in the background).
+    pub background: Option<bool>,
+    /// Answer with the response's events (`text/event-stream`).
+    pub stream: Option<bool>,
+    /// Stored with the user's message and shown on the response.
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<BTreeMap<String, Value>>,
+}
+
+/// A response's status (a paused run, waiting for client tools or an approval, is
+/// `in_progress`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseStatus {
+    /// Waiting for a worker.
+    Queued,
+    /// Running, or paused.
+    InProgress,
+    /// Answered.
+    Completed,
+    /// Failed: see `error`.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+/// An output item: the answer's text, or a tool call the agent made (and ran, server-side).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum OutputItem {
+    /// Text.
+    Message(OutputMessage),
+    /// A tool call.
+    FunctionCall(FunctionCallItem),
+}
+
+/// A `message` output item.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OutputMessage {
+    /// `message`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^message$")]
+    pub kind: String,
+    /// The item's id (the same in the stream and the stored response).
+    pub id: String,
+    /// `assistant`.
+    pub role: String,
+    /// `in_progress`, `completed`, or `incomplete` (text a crashed attempt showed and the
+    /// next one did not repeat).
+    pub status: String,
+    /// One `output_text` part.
+    pub content: Vec<OutputText>,
+}
+
+/// An `output_text` part.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OutputText {
+    /// `output_text`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^output_text$")]
+    pub kind: String,
+    /// The text.
+    pub text: String,
+    /// Always empty.
+    pub annotations: Vec<Empty>,
+}
+
+/// An empty object.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Empty {}
+
+/// A `function_call` output item: a tool the agent called, run by Spool.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct FunctionCallItem {
+    /// `function_call`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^function_call$")]
+    pub kind: String,
+    /// `fc_` and the call id.
+    pub id: String,
+    /// The call id.
+    pub call_id: String,
+    /// The tool.
+    pub name: String,
+    /// The arguments (JSON text).
+    pub arguments: String,
+    /// `in_progress`, `completed`, or `incomplete` (no result).
+    pub status: String,
+    /// The tool's result (a Spool addition; in stored responses).
+    pub output: Option<String>,
+}
+
+/// Token usage.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ResponseUsage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Generated tokens.
+    pub output_tokens: u64,
+    /// Their sum.
+    pub total_tokens: u64,
+}
+
+/// Why a response failed.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ResponseError {
+    /// The run's failure code (`model_unavailable`, `timeout`, ...).
+    pub code: String,
+    /// Human text.
+    pub message: String,
+}
+
+/// The thread of a response.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ConversationRef {
+    /// The thread id.
+    pub id: ThreadId,
+}
+
+/// A response: a run, with its stored answer once it has ended.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ResponseObject {
+    /// The run's `workflow_id`.
+    pub id: WorkflowId,
+    /// `response`.
+    pub object: String,
+    /// When it was created (Unix seconds).
+    pub created_at: i64,
+    /// When it ended (Unix seconds).
+    pub completed_at: Option<i64>,
+    /// Where it is.
+    pub status: ResponseStatus,
+    /// The agent (its id, or `spool-default`).
+    pub model: String,
+    /// The answer (once the run has ended; empty before).
+    pub output: Vec<OutputItem>,
+    /// Token usage (once the run has ended).
+    pub usage: Option<ResponseUsage>,
+    /// Why it failed.
+    pub error: Option<ResponseError>,
+    /// The thread.
+    pub conversation: ConversationRef,
+    /// The metadata of the request.
+    #[schema(value_type = Object)]
+    pub metadata: Value,
+}
+
+/// One Server-Sent Event of a response stream (`event:` is its `type`, `data:` this object).
+/// Events are numbered from 0 by `sequence_number`, the same on every reconnect and after any
+/// crash: resume with `GET /v1/responses/{id}?stream=true&starting_after=N`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ResponseStreamEvent {
+    /// `response.created`, `response.in_progress`, `response.output_item.added`,
+    /// `response.content_part.added`, `response.output_text.delta`,
+    /// `response.output_text.done`, `response.content_part.done`,
+    /// `response.function_call_arguments.delta`, `response.function_call_arguments.done`,
+    /// `response.output_item.done`, `response.completed`, `response.failed`,
+    /// `response.cancelled`, or `error` (`stream_expired`: the events are no longer
+    /// retained; `stream_reset`: some were lost; the stored response is over REST).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The event's number in the response.
+    pub sequence_number: u64,
+    /// The response (lifecycle events).
+    pub response: Option<ResponseObject>,
+    /// The item (`output_item` events).
+    pub item: Option<OutputItem>,
+    /// The item's place in `output`.
+    pub output_index: Option<u64>,
+    /// The item's id.
+    pub item_id: Option<String>,
+    /// Always 0.
+    pub content_index: Option<u64>,
+    /// More text or arguments.
+    pub delta: Option<String>,
+    /// The item's text (`response.output_text.done`).
+    pub text: Option<String>,
+    /// The call's arguments (`response.function_call_arguments.done`).
+    pub arguments: Option<String>,
+    /// An `error` event's code.
+    pub code: Option<String>,
+    /// An `error` event's text.
+    pub message: Option<String>,
+}
+
+/// Who wrote a chat message.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatMessage {
+    /// `user`, `assistant`, `system` or `developer` (the last two: admin tokens only).
+    #[schema(pattern = "^(user|assistant|system|developer)$")]
+    pub role: String,
+    /// Its text.
+    pub content: MessageContent,
+}
+
+/// `stream_options`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage`.
+    pub include_usage: Option<bool>,
+}
+
+/// The body of `POST /v1/chat/completions`. Other parameters (`temperature`, `top_p`,
+/// `max_tokens`, `max_completion_tokens`, `tools`, `tool_choice`, `response_format`, `stop`,
+/// `seed`, `logprobs`, `user`, `store`, ...) are accepted and ignored.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatCompletionRequest {
+    /// The agent: its id, its name, or `spool-default`.
+    pub model: String,
+    /// The conversation, ending with a user message.
+    pub messages: Vec<ChatMessage>,
+    /// Answer with `chat.completion.chunk`s, then `[DONE]`.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// `thread_id` (a UUID): run on that thread, which keeps the conversation (only the last
+    /// message is sent to it); else a new thread seeded with the messages.
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<BTreeMap<String, Value>>,
+    /// 1 (other values: 400 `unsupported_n`).
+    #[schema(minimum = 1, maximum = 1)]
+    pub n: Option<u32>,
+}
+
+/// The assistant's message of a completion.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AssistantMessage {
+    /// `assistant`.
+    pub role: String,
+    /// The answer's text.
+    pub content: String,
+}
+
+/// A choice of a completion (there is one).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatChoice {
+    /// 0.
+    pub index: u32,
+    /// The answer.
+    pub message: AssistantMessage,
+    /// `stop`.
+    pub finish_reason: String,
+}
+
+/// Token usage of a completion.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatUsage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Generated tokens.
+    pub completion_tokens: u64,
+    /// Their sum.
+    pub total_tokens: u64,
+}
+
+/// A chat completion: the agent's answer (its tool calls ran server-side).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatCompletion {
+    /// `chatcmpl-` and the run's id.
+    pub id: String,
+    /// `chat.completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: i64,
+    /// The agent.
+    pub model: String,
+    /// One choice.
+    pub choices: Vec<ChatChoice>,
+    /// Token usage.
+    pub usage: ChatUsage,
+}
+
+/// One `data:` line of a streamed completion (the last one is `[DONE]`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatCompletionChunk {
+    /// `chatcmpl-` and the run's id.
+    pub id: String,
+    /// `chat.completion.chunk`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: i64,
+    /// The agent.
+    pub model: String,
+    /// `[{index, delta: {role?, content?}, finish_reason}]` (empty in the usage chunk).
+    pub choices: Vec<Empty>,
+    /// The usage chunk's usage.
+    pub usage: Option<ChatUsage>,
+}
+
+/// A model: an agent the caller may use.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Model {
+    /// The agent's id, or `spool-default`.
+    pub id: String,
+    /// `model`.
+    pub object: String,
+    /// When the agent was created (Unix seconds).
+    pub created: i64,
+    /// The tenant (`spool` for the default).
+    pub owned_by: String,
+    /// The agent's name.
+    pub name: String,
+}
+
+/// The models.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ModelList {
+    /// `list`.
+    pub object: String,
+    /// The default agent first, then the tenant's active agents.
+    pub data: Vec<Model>,
+}

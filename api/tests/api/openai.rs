@@ -1,0 +1,186 @@
+//! The OpenAI-compatible routes' answers match the schemas the document gives them: a response
+//! whose agent calls a tool (stream events, the stored object), a failed one, chat completions
+//! (whole and streamed), the models. The official SDK's own test is in `tests/tests/e2e/openai.rs`.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use spool_tests::fake_llm::{FakeLlm, Reply, weather_then_echo};
+use spool_tests::sse::SseReader;
+use spool_tests::token;
+use spool_tests::tools::{Tools, http_tool};
+
+use crate::common::{TIMEOUT, app_with};
+use crate::openapi::check;
+
+#[tokio::test]
+async fn answers_match_their_documented_schemas_and_tool_steps_are_function_call_items() {
+    let weather = weather_then_echo();
+    let fake = FakeLlm::start(move |request, n| {
+        if request["model"] == "broken" {
+            return Reply::Status(400, "no such model".into(), None);
+        }
+        weather(request, n)
+    })
+    .await;
+    let (tools, base) = Tools::start().await;
+    let app = app_with(&fake).await;
+    let document: Value = app
+        .http
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("json");
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "weatherman", "model": "gpt-4o-mini",
+                "tools": [http_tool("get_weather", format!("{base}/weather"))]}),
+        )
+        .await;
+    let alice = token("alice", "acme");
+
+    // Streamed on the POST, by the agent's name.
+    let response = app
+        .http
+        .post(app.url("/v1/responses"))
+        .bearer_auth(&alice)
+        .json(
+            &json!({"model": "weatherman", "input": "weather in Paris?", "stream": true,
+            "temperature": 0.3, "store": false, "tools": []}),
+        )
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut reader = SseReader::new(response);
+    let frames = reader.collect(TIMEOUT).await;
+    assert!(reader.closed);
+    for frame in &frames {
+        assert_eq!(frame.event, frame.json()["type"], "event: is the type");
+        check(&document, "ResponseStreamEvent", &frame.json());
+    }
+    let events: Vec<Value> = frames.iter().map(spool_tests::sse::Frame::json).collect();
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(types.first(), Some(&"response.created"));
+    assert_eq!(types.last(), Some(&"response.completed"));
+    let call = events
+        .iter()
+        .find(|e| e["type"] == "response.function_call_arguments.done")
+        .expect("the tool call is a function_call item");
+    assert_eq!(call["name"], "get_weather");
+    let completed = events.last().expect("completed")["response"].clone();
+    check(&document, "ResponseObject", &completed);
+    let output = completed["output"].as_array().expect("output");
+    let function_call = output
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .expect("function_call in output");
+    assert_eq!(function_call["status"], "completed");
+    assert!(
+        function_call["output"]
+            .as_str()
+            .is_some_and(|o| o.contains("sunny in Paris")),
+        "{function_call}"
+    );
+    assert_eq!(tools.calls().len(), 1, "the tool ran once, server-side");
+    // The stored response is the one the stream ended with; its item ids are the stream's.
+    let id = completed["id"].as_str().expect("id");
+    let (status, stored) = app.get(&alice, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    check(&document, "ResponseObject", &stored);
+    assert_eq!(stored["output"], completed["output"]);
+    let streamed_ids: Vec<Value> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| e["item"]["id"].clone())
+        .collect();
+    let stored_ids: Vec<Value> = output.iter().map(|item| item["id"].clone()).collect();
+    assert_eq!(streamed_ids, stored_ids);
+
+    // A failed run: `failed` with the run's error; as a chat completion, a 502.
+    let broken = app
+        .create_agent("acme", &json!({"name": "broken", "model": "broken"}))
+        .await;
+    let (status, failed) = app
+        .post(
+            &alice,
+            "/v1/responses",
+            &json!({"model": broken, "input": "hi"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(failed["status"], "failed", "{failed}");
+    check(&document, "ResponseObject", &failed);
+    let (status, error) = app
+        .post(
+            &alice,
+            "/v1/chat/completions",
+            &json!({"model": broken, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    check(&document, "OpenAiErrorBody", &error);
+
+    // Chat completions, whole and streamed.
+    let body = json!({"model": agent, "messages": [{"role": "user", "content": "weather?"}]});
+    let (status, completion) = app.post(&alice, "/v1/chat/completions", &body).await;
+    assert_eq!(status, StatusCode::OK, "{completion}");
+    check(&document, "ChatCompletion", &completion);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let response = app
+        .http
+        .post(app.url("/v1/chat/completions"))
+        .bearer_auth(&alice)
+        .json(&streamed)
+        .send()
+        .await
+        .expect("stream");
+    let mut reader = SseReader::new(response);
+    let frames = reader.collect(TIMEOUT).await;
+    assert_eq!(frames.last().map(|f| f.data.as_str()), Some("[DONE]"));
+    let mut text = String::new();
+    for frame in &frames[..frames.len() - 1] {
+        check(&document, "ChatCompletionChunk", &frame.json());
+        text.push_str(
+            frame.json()["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or(""),
+        );
+    }
+    assert_eq!(text, completion["choices"][0]["message"]["content"]);
+
+    let (status, models) = app.get(&alice, "/v1/models").await;
+    assert_eq!(status, StatusCode::OK);
+    check(&document, "ModelList", &models);
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert!(
+        ids.contains(&"spool-default") && ids.contains(&agent.as_str()),
+        "{ids:?}"
+    );
+    // Another tenant neither sees nor uses these agents.
+    let mallory = token("mallory", "evil");
+    let (status, error) = app
+        .post(
+            &mallory,
+            "/v1/responses",
+            &json!({"model": agent, "input": "hi"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error["error"]["code"], "model_not_found");
+    check(&document, "OpenAiErrorBody", &error);
+    let (status, _) = app.get(&mallory, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    app.stop().await;
+}

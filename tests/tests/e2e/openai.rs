@@ -1,0 +1,227 @@
+//! The OpenAI-compatible routes (DESIGN §11): the official Python SDK as the client, unchanged;
+//! and a worker killed mid-response while a client resumes with `starting_after`.
+
+use serde_json::{Value, json};
+use spool_tests::sse::SseReader;
+use spool_tests::{token, token_with};
+
+use crate::stack::{Stack, TIMEOUT, demo_reply};
+
+/// 40 deltas, 100 ms apart: long enough to interrupt.
+const SLOW: [(&str, &str); 2] = [("SPOOL_DEMO_TOKENS", "40"), ("SPOOL_DEMO_DELAY_MS", "100")];
+
+#[tokio::test]
+async fn the_official_python_sdk_works_unchanged() {
+    let python = spool_tests::peers::python().expect("the openai SDK (pip)");
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_QUOTA_USER_CONCURRENT_RUNS", "2")],
+    )
+    .await;
+    let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "50")]).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/openai_sdk.py");
+    let output = tokio::process::Command::new(python)
+        .arg(script)
+        .env("SPOOL_URL", &stack.base)
+        .env("TOKEN", token("alice", "acme"))
+        .env("BOB_TOKEN", token("bob", "acme"))
+        .env("REPLY", demo_reply("resume me", 32))
+        .output()
+        .await
+        .expect("python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert!(
+        output.status.success() && stdout.contains("all passed"),
+        "the SDK script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `(sequence_number, type, delta)` of each frame.
+fn summary(frames: &[Value]) -> Vec<(u64, String, String)> {
+    frames
+        .iter()
+        .map(|e| {
+            (
+                e["sequence_number"].as_u64().unwrap_or(u64::MAX),
+                e["type"].as_str().unwrap_or_default().to_owned(),
+                e["delta"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn read_all(stack: &Stack, token: &str, path: &str) -> Vec<Value> {
+    let response = stack
+        .http
+        .get(format!("{}{path}", stack.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(response.status(), 200);
+    let mut reader = SseReader::new(response);
+    let frames = reader.collect(TIMEOUT).await;
+    assert!(reader.closed, "the stream did not end");
+    frames.iter().map(spool_tests::sse::Frame::json).collect()
+}
+
+fn text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_response_does_not_make_a_resuming_client_show_text_twice() {
+    let stack = Stack::start().await;
+    let mut a = stack.worker(&SLOW).await;
+    let alice = token("alice", "acme");
+    let response = stack
+        .http
+        .post(format!("{}/v1/responses", stack.base))
+        .bearer_auth(&alice)
+        .json(
+            &json!({"model": "spool-default", "input": "survive", "background": true,
+            "stream": true}),
+        )
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(response.status(), 200);
+    let mut reader = SseReader::new(response);
+    let mut first = Vec::new();
+    while text(&first).split(' ').count() < 6 {
+        let frame = reader
+            .next(TIMEOUT)
+            .await
+            .expect("an event before the crash");
+        first.push(frame.json());
+    }
+    drop(reader);
+    let id = first[0]["response"]["id"]
+        .as_str()
+        .expect("response id")
+        .to_owned();
+    let thread = first[0]["response"]["conversation"]["id"].clone();
+    a.kill9().await;
+    let _b = stack.worker(&SLOW).await;
+
+    let last = first
+        .last()
+        .and_then(|e| e["sequence_number"].as_u64())
+        .expect("seq");
+    let resumed = read_all(
+        &stack,
+        &alice,
+        &format!("/v1/responses/{id}?stream=true&starting_after={last}"),
+    )
+    .await;
+    let numbers: Vec<u64> = resumed
+        .iter()
+        .filter_map(|e| e["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(
+        numbers,
+        (last + 1..last + 1 + resumed.len() as u64).collect::<Vec<_>>(),
+        "every event after the cursor, once, in order"
+    );
+    assert_eq!(
+        resumed.last().map(|e| e["type"].clone()),
+        Some(json!("response.completed"))
+    );
+    let stored = stack
+        .http
+        .get(format!("{}/v1/responses/{id}", stack.base))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .expect("get")
+        .json::<Value>()
+        .await
+        .expect("json");
+    let stored_text = stored["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(stored_text, demo_reply("survive", 40));
+    assert_eq!(
+        format!("{}{}", text(&first), text(&resumed)),
+        stored_text,
+        "the client shows the stored answer, no text twice"
+    );
+    // The crash did happen under this response: a second attempt restarted it.
+    let events = stack.stored(&thread).await;
+    assert!(
+        events.iter().any(|(_, e)| e["type"] == "attempt_restarted"),
+        "no attempt_restarted: the worker finished before it was killed"
+    );
+    // Sequence numbers are the thread stream's, not a process's: a replay from the start
+    // gives the very same events.
+    let replay = read_all(&stack, &alice, &format!("/v1/responses/{id}?stream=true")).await;
+    let seen: Vec<Value> = first.into_iter().chain(resumed).collect();
+    assert_eq!(summary(&replay), summary(&seen));
+    // Someone else's response does not exist for them.
+    let mallory = token_with("mallory", "evil", false, 3600, spool_tests::JWT_SECRET);
+    let foreign = stack
+        .http
+        .get(format!("{}/v1/responses/{id}?stream=true", stack.base))
+        .bearer_auth(&mallory)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(foreign.status(), 404);
+    let body: Value = foreign.json().await.expect("json");
+    assert_eq!(body["error"]["type"], "not_found_error");
+}
+
+#[tokio::test]
+async fn a_response_whose_events_redis_no_longer_holds_answers_with_an_error_event() {
+    let stack = Stack::start().await;
+    let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "0")]).await;
+    let alice = token("alice", "acme");
+    let (status, response) = stack
+        .post(
+            &alice,
+            "/v1/responses",
+            &json!({"model": "spool-default", "input": "hi"}),
+        )
+        .await;
+    assert_eq!(
+        (status.as_u16(), response["status"].clone()),
+        (200, json!("completed"))
+    );
+    let thread: spool_shared::ThreadId = response["conversation"]["id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("thread");
+    let keys = spool_shared::stream::StreamKeys::new(stack.prefix.clone());
+    let mut conn = spool_shared::stream::connect(&stack.redis_url).expect("redis");
+    let _: () = redis::cmd("DEL")
+        .arg(keys.events(thread))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    let id = response["id"].as_str().expect("id");
+    let events = read_all(&stack, &alice, &format!("/v1/responses/{id}?stream=true")).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0]["type"].clone(), events[0]["code"].clone()),
+        (json!("error"), json!("stream_expired"))
+    );
+    // The stored response is still there over REST.
+    let (status, _) = (
+        stack
+            .http
+            .get(format!("{}/v1/responses/{id}", stack.base))
+            .bearer_auth(&alice)
+            .send()
+            .await
+            .expect("get")
+            .status(),
+        (),
+    );
+    assert_eq!(status, 200);
+}
