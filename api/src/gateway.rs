@@ -21,6 +21,7 @@
 //! `pending_action` in Postgres (without an `id`, so the client's cursor stays on a real
 //! entry; a client may therefore see the same pause twice, if the original turns up late).
 
+pub mod ai_sdk;
 pub mod hub;
 
 use std::collections::VecDeque;
@@ -84,6 +85,9 @@ pub struct StreamQuery {
     /// The token, for `EventSource` (which cannot set headers).
     #[serde(default)]
     pub access_token: Option<String>,
+    /// `native` (the default) or `ai-sdk` (the AI SDK's UI message stream).
+    #[serde(default)]
+    pub format: Option<String>,
 }
 
 /// When a followed stream ends.
@@ -125,11 +129,14 @@ pub(crate) fn unavailable(err: redis::RedisError) -> ApiError {
             description = "The message the client was following."),
         ("access_token" = Option<String>, Query,
             description = "The bearer token, for `EventSource` (which cannot set headers)."),
+        ("format" = Option<String>, Query, pattern = "^(native|ai-sdk)$",
+            description = "`ai-sdk`: the Vercel AI SDK's UI message stream (`data:` chunks, `[DONE]`, header `x-vercel-ai-ui-message-stream: v1`; ids `ENTRY` or `ENTRY/k`, resumable the same way; `204` when nothing streams)."),
     ),
     responses(
         (status = 200, description = "The event stream.", content_type = "text/event-stream",
             body = crate::openapi::StreamEvent),
-        (status = 400, description = "`invalid_cursor`, `invalid_message_id`", body = ErrorBody),
+        (status = 204, description = "`format=ai-sdk` without a cursor: nothing is streaming."),
+        (status = 400, description = "`invalid_cursor`, `invalid_message_id`, `invalid_format`", body = ErrorBody),
         Unauthenticated,
         (status = 404, description = "`thread_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_query`", body = ErrorBody),
@@ -147,6 +154,22 @@ async fn stream_thread(
     threads::find(&state.db, thread_id, caller.scope())
         .await?
         .ok_or_else(|| ApiError::not_found("thread_not_found", "no such thread"))?;
+    match query.format.as_deref() {
+        None | Some("native") => {}
+        Some("ai-sdk") => {
+            let cursor = match headers.get("last-event-id") {
+                Some(value) => Some(value.to_str().unwrap_or("").to_owned()),
+                None => query.last_entry_id.clone(),
+            };
+            return ai_sdk::stream(&state, thread_id, cursor.as_deref()).await;
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid_format",
+                "format must be `native` or `ai-sdk`",
+            ));
+        }
+    }
     let (cursor, last_message) = cursors(&headers, &query)?;
     let hub = &state.streams;
     let mut conn = hub.conn();

@@ -22,10 +22,13 @@ fn installed() -> anyhow::Result<PathBuf> {
     let _guard = INSTALL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !dir
-        .join("node_modules/@copilotkit/aimock/package.json")
-        .exists()
-    {
+    let wanted = ["@copilotkit/aimock", "ai", "eventsource-parser"];
+    if wanted.iter().any(|name| {
+        !dir.join("node_modules")
+            .join(name)
+            .join("package.json")
+            .exists()
+    }) {
         let output = std::process::Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund", "--prefix"])
             .arg(&dir)
@@ -40,6 +43,11 @@ fn installed() -> anyhow::Result<PathBuf> {
         );
     }
     Ok(dir)
+}
+
+/// `tests/peers/`, with its npm packages installed: run its Node scripts from there.
+pub fn node_peers() -> anyhow::Result<PathBuf> {
+    installed()
 }
 
 /// The Python of `tests/peers/.venv`, with `requirements.txt` installed (once per content of

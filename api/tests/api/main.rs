@@ -1,6 +1,7 @@
 //! HTTP tests: the real router on `127.0.0.1:0`, real Postgres, workers in the same process.
 
 mod agents;
+mod ai_sdk;
 mod cancel;
 mod common;
 mod control;

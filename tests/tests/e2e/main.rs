@@ -3,6 +3,7 @@
 //! database.
 
 mod agent;
+mod ai_sdk;
 mod cli;
 mod crash;
 mod openai;

@@ -1,0 +1,368 @@
+//! `GET /v1/threads/{thread_id}/stream?format=ai-sdk`: the Vercel AI SDK's UI message stream
+//! (DESIGN §10): SSE `data:` JSON chunks and a last `data: [DONE]`, with the header
+//! `x-vercel-ai-ui-message-stream: v1`.
+//!
+//! | run event | chunks |
+//! |---|---|
+//! | `message_start` | `start` (`messageId`: the assistant message's id) |
+//! | text | `text-start`, `text-delta`, `text-end` (through [`Translator`], as the Responses stream) |
+//! | `step` (call) | `tool-input-available` (`providerExecuted`: Spool runs it) |
+//! | `step` (result) | `tool-output-available`, or `tool-output-error` for a failed call |
+//! | `citations` | `source-url` per source |
+//! | `requires_action`, `approval_requested` | `data-spool-requires-action`, `data-spool-approval-requested` (the event's data: answer on Spool's routes) |
+//! | `error` | `error` (`errorText`: `code: message`) |
+//! | `done` | `finish` (`stop`, or `error` for a failed run), or `abort` for a cancelled one; then `[DONE]` |
+//!
+//! `attempt_restarted` (a crashed attempt's successor) cannot take text back from an AI SDK
+//! client, so the new attempt's text is compared with what was shown since the last tool
+//! result and only what goes beyond it is sent ([`Translator`]). If the new attempt writes
+//! something else, the shown part ends with `text-end` carrying `providerMetadata: {spool:
+//! {superseded: true}}` (hide such parts: the final message is the others) and the new text
+//! comes as a new text part.
+//!
+//! Resuming: each chunk's `id:` is its entry's id, with `/k` for the k-th chunk after an entry's
+//! first (`1732262400123-0/1`), so a cut inside one entry's chunks resumes exactly. The chunks
+//! of a cursor's run are rebuilt from its `message_start` and those up to the cursor skipped.
+//! With no cursor and nothing streaming the answer is `204`, what `useChat({resume: true})`
+//! expects; a cursor whose run Redis no longer holds gets one `error` chunk (`stream_reset`).
+
+use std::collections::{HashSet, VecDeque};
+use std::convert::Infallible;
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use serde_json::{Value, json};
+
+use spool_shared::db::runs;
+use spool_shared::event::{Event, EventType};
+use spool_shared::stream::{self as events, EntryId};
+use spool_shared::{MessageId, ThreadId, WorkflowId};
+
+use super::{Item, Session, follow_run, unavailable};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::openai::translate::Translator;
+
+/// An `ai-sdk` cursor: an entry id and how many of its chunks after the first were sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Cursor {
+    entry: EntryId,
+    chunk: u32,
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        let (entry, chunk) = match text.split_once('/') {
+            Some((entry, chunk)) => (entry, chunk.parse().map_err(|_| ())?),
+            None => (text, 0),
+        };
+        Ok(Self {
+            entry: entry.parse().map_err(|_| ())?,
+            chunk,
+        })
+    }
+}
+
+/// The chunks of one run, from its start.
+struct Chunks {
+    translator: Translator,
+    started: bool,
+    calls: HashSet<String>,
+    results: HashSet<String>,
+    ended: bool,
+}
+
+impl Chunks {
+    fn new(message: Option<MessageId>) -> Self {
+        // Text parts are named after the message: `msg_<message id>_<n>`.
+        let id = message.map(|m| m.to_string()).unwrap_or_default();
+        Self {
+            translator: Translator::new(json!({"id": id})),
+            started: false,
+            calls: HashSet::new(),
+            results: HashSet::new(),
+            ended: false,
+        }
+    }
+
+    /// The chunks of one event, in order.
+    fn push(&mut self, event: &Event) -> Vec<Value> {
+        let mut out = Vec::new();
+        for response_event in self.translator.push(event) {
+            if let Some(chunk) = text_chunk(&response_event) {
+                out.push(chunk);
+            }
+        }
+        let data = &event.data;
+        match event.kind {
+            EventType::MessageStart if !self.started => {
+                self.started = true;
+                out.insert(
+                    0,
+                    json!({"type": "start", "messageId": event.message_id.to_string()}),
+                );
+            }
+            EventType::Step if data["phase"] == "call" => {
+                let id = data["tool_call_id"].as_str().unwrap_or_default();
+                if self.calls.insert(id.to_owned()) {
+                    out.push(json!({"type": "tool-input-available", "toolCallId": id,
+                        "toolName": data["tool_name"], "input": data["arguments"],
+                        "providerExecuted": true}));
+                }
+            }
+            EventType::Step if data["phase"] == "result" => {
+                let id = data["tool_call_id"].as_str().unwrap_or_default();
+                if self.results.insert(id.to_owned()) {
+                    let output = data["output"].as_str().unwrap_or_default();
+                    out.push(if data["is_error"] == true {
+                        json!({"type": "tool-output-error", "toolCallId": id,
+                            "errorText": output, "providerExecuted": true})
+                    } else {
+                        json!({"type": "tool-output-available", "toolCallId": id,
+                            "output": output, "providerExecuted": true})
+                    });
+                }
+            }
+            EventType::Citations => {
+                for citation in data["citations"].as_array().into_iter().flatten() {
+                    let url = citation["url"].as_str().unwrap_or_default();
+                    let mut chunk = json!({"type": "source-url", "sourceId": url, "url": url});
+                    if let Some(title) = citation["title"].as_str() {
+                        chunk["title"] = json!(title);
+                    }
+                    out.push(chunk);
+                }
+            }
+            EventType::RequiresAction | EventType::ApprovalRequested => {
+                let name = event.kind.as_str().replace('_', "-");
+                out.push(json!({"type": format!("data-spool-{name}"), "data": data}));
+            }
+            EventType::Error => {
+                let text = format!(
+                    "{}: {}",
+                    data["code"].as_str().unwrap_or("error"),
+                    data["message"].as_str().unwrap_or_default()
+                );
+                out.push(json!({"type": "error", "errorText": text}));
+            }
+            EventType::Done => {
+                self.ended = true;
+                out.push(match data["status"].as_str() {
+                    Some("cancelled") => json!({"type": "abort", "reason": "cancelled"}),
+                    Some("failed") => json!({"type": "finish", "finishReason": "error"}),
+                    _ => json!({"type": "finish", "finishReason": "stop"}),
+                });
+            }
+            _ => {}
+        }
+        out
+    }
+}
+
+/// The AI SDK chunk of a Responses text event, if it is one.
+fn text_chunk(event: &Value) -> Option<Value> {
+    let is_message = event["item"]["type"] == "message";
+    match event["type"].as_str()? {
+        "response.output_item.added" if is_message => {
+            Some(json!({"type": "text-start", "id": event["item"]["id"]}))
+        }
+        "response.output_text.delta" => {
+            Some(json!({"type": "text-delta", "id": event["item_id"], "delta": event["delta"]}))
+        }
+        "response.output_item.done" if is_message => {
+            let mut chunk = json!({"type": "text-end", "id": event["item"]["id"]});
+            if event["item"]["status"] == "incomplete" {
+                chunk["providerMetadata"] = json!({"spool": {"superseded": true}});
+            }
+            Some(chunk)
+        }
+        _ => None,
+    }
+}
+
+/// The `ai-sdk` stream of the thread (see the module doc).
+pub(crate) async fn stream(
+    state: &AppState,
+    thread_id: ThreadId,
+    cursor: Option<&str>,
+) -> Result<Response, ApiError> {
+    let cursor = cursor
+        .map(|c| c.trim().parse::<Cursor>())
+        .transpose()
+        .map_err(|()| {
+            ApiError::bad_request(
+                "invalid_cursor",
+                "the cursor is not an id of this stream's events",
+            )
+        })?;
+    let target = match cursor {
+        Some(cursor) => run_of_entry(state, thread_id, cursor.entry).await?,
+        None => runs::find_active(&state.db, thread_id)
+            .await?
+            .map(|run| (run.id, run.assistant_message_id)),
+    };
+    let session = match target {
+        Some((run, message)) => follow_run(state, thread_id, run, message).await?,
+        None if cursor.is_none() => return Ok(no_content()),
+        None => None,
+    };
+    let feed = Feed {
+        session,
+        chunks: Chunks::new(target.map(|(_, message)| message)),
+        after: cursor,
+        queue: VecDeque::new(),
+        finished: false,
+        reset: cursor.is_some() && target.is_none(),
+    };
+    let mut response = super::sse_without_retry(feed.into_sse());
+    response.headers_mut().insert(
+        "x-vercel-ai-ui-message-stream",
+        HeaderValue::from_static("v1"),
+    );
+    Ok(response)
+}
+
+fn no_content() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// The run and message of the entry `entry` of the thread's stream, if Redis holds it.
+async fn run_of_entry(
+    state: &AppState,
+    thread_id: ThreadId,
+    entry: EntryId,
+) -> Result<Option<(WorkflowId, MessageId)>, ApiError> {
+    let mut conn = state.streams.conn();
+    let key = state.streams.keys().events(thread_id);
+    let found = events::read_after(&mut conn, &key, entry.predecessor(), 1)
+        .await
+        .map_err(unavailable)?;
+    let Some(found) = found.into_iter().next().filter(|e| e.id == entry) else {
+        return Ok(None);
+    };
+    let Ok(event) = serde_json::from_str::<Event>(&found.json) else {
+        return Ok(None);
+    };
+    Ok(Some((event.workflow_id, event.message_id)))
+}
+
+/// A run's chunks with their ids, after the cursor.
+struct Feed {
+    session: Option<Session>,
+    chunks: Chunks,
+    after: Option<Cursor>,
+    /// Chunks with their SSE id.
+    queue: VecDeque<(Option<String>, String)>,
+    finished: bool,
+    /// The cursor's entry is gone: say so and end.
+    reset: bool,
+}
+
+impl Feed {
+    fn into_sse(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+        futures::stream::unfold(self, |mut feed| async move {
+            let (id, data) = feed.next().await?;
+            let mut event = SseEvent::default().data(data);
+            if let Some(id) = id {
+                event = event.id(id);
+            }
+            Some((Ok(event), feed))
+        })
+    }
+
+    async fn next(&mut self) -> Option<(Option<String>, String)> {
+        loop {
+            if let Some(chunk) = self.queue.pop_front() {
+                return Some(chunk);
+            }
+            if self.finished {
+                return None;
+            }
+            if self.reset {
+                self.end_with_error(
+                    "stream_reset: the events after this cursor are gone; reload the messages",
+                );
+                continue;
+            }
+            if self.chunks.ended {
+                self.queue.push_back((None, "[DONE]".to_owned()));
+                self.finished = true;
+                continue;
+            }
+            let item = match &mut self.session {
+                Some(session) => session.next().await,
+                None => {
+                    self.reset = true;
+                    continue;
+                }
+            };
+            match item {
+                Some(Item::Entry(entry)) => {
+                    let Ok(event) = serde_json::from_str::<Event>(&entry.json) else {
+                        continue;
+                    };
+                    let chunks = self.chunks.push(&event);
+                    for (k, chunk) in chunks.into_iter().enumerate() {
+                        let k = u32::try_from(k).unwrap_or(u32::MAX);
+                        let cursor = Cursor {
+                            entry: entry.id,
+                            chunk: k,
+                        };
+                        if self.after.is_some_and(|after| cursor <= after) {
+                            continue;
+                        }
+                        let id = if k == 0 {
+                            entry.id.to_string()
+                        } else {
+                            format!("{}/{k}", entry.id)
+                        };
+                        self.queue.push_back((Some(id), chunk.to_string()));
+                    }
+                }
+                Some(Item::Pause(event)) => {
+                    for chunk in self.chunks.push(&event) {
+                        self.queue.push_back((None, chunk.to_string()));
+                    }
+                }
+                Some(Item::Live) => {}
+                Some(Item::Reset { .. }) => {
+                    self.end_with_error("stream_reset: events were lost; reload the messages");
+                }
+                Some(Item::NotStreaming { .. }) | None => {
+                    // Over without its `done` (lost with Redis), or the server stops.
+                    self.queue.push_back((None, "[DONE]".to_owned()));
+                    self.finished = true;
+                }
+            }
+        }
+    }
+
+    fn end_with_error(&mut self, text: &str) {
+        let chunk = json!({"type": "error", "errorText": text});
+        self.queue.push_back((None, chunk.to_string()));
+        self.queue.push_back((None, "[DONE]".to_owned()));
+        self.finished = true;
+        self.reset = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_are_entry_ids_with_an_optional_chunk() {
+        let plain: Cursor = "1732262400123-0".parse().expect("plain");
+        let nth: Cursor = "1732262400123-0/2".parse().expect("nth");
+        assert_eq!(plain.chunk, 0);
+        assert_eq!(nth.chunk, 2);
+        assert!(plain < nth);
+        for bad in ["", "x", "1-0/", "1-0/x", "1-0/1/2"] {
+            assert!(bad.parse::<Cursor>().is_err(), "{bad}");
+        }
+    }
+}
