@@ -227,3 +227,50 @@ impl Drop for OwnPostgres {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A TCP proxy on loopback that forwards to `target` and can cut every open connection at
+/// once: a dropped network, as a client sees it.
+pub struct CutProxy {
+    /// Its address (`127.0.0.1:PORT`).
+    pub addr: std::net::SocketAddr,
+    cuts: tokio::sync::watch::Sender<u64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl CutProxy {
+    /// Starts forwarding to `target` (`host:port`).
+    pub async fn start(target: &str) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (cuts, _) = tokio::sync::watch::channel(0);
+        let target = target.to_owned();
+        let sender = cuts.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut cut = sender.subscribe();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, cuts, accept })
+    }
+
+    /// Drops every connection open now (later ones go through).
+    pub fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}

@@ -55,7 +55,7 @@ enum Item {
 
 /// The translation of one run's events (see the module doc).
 #[derive(Debug)]
-pub(crate) struct Translator {
+pub struct Translator {
     /// The response object as created (status `queued`, no output): the lifecycle events'.
     head: Value,
     /// The message id the item ids derive from.
@@ -70,12 +70,12 @@ pub(crate) struct Translator {
     restarted: bool,
     started: bool,
     /// The run's `done` has been translated: the terminal event is next.
-    pub(crate) ended: bool,
+    pub ended: bool,
 }
 
 impl Translator {
     /// A translator for the response `head` (the object as created: `queued`, no output).
-    pub(crate) fn new(head: Value) -> Self {
+    pub fn new(head: Value) -> Self {
         let prefix = head["id"].as_str().unwrap_or_default().replace('-', "");
         Self {
             head,
@@ -91,18 +91,18 @@ impl Translator {
     }
 
     /// The sequence number the next event gets.
-    pub(crate) fn next_sequence(&self) -> u64 {
+    pub fn next_sequence(&self) -> u64 {
         self.next
     }
 
     /// The first event: `response.created`.
-    pub(crate) fn created(&mut self) -> Value {
+    pub fn created(&mut self) -> Value {
         let response = self.head.clone();
         self.event(json!({"type": "response.created", "response": response}))
     }
 
     /// The events of one run event, in order.
-    pub(crate) fn push(&mut self, event: &Event) -> Vec<Value> {
+    pub fn push(&mut self, event: &Event) -> Vec<Value> {
         let mut out = Vec::new();
         let data = &event.data;
         match event.kind {
@@ -140,7 +140,7 @@ impl Translator {
     }
 
     /// The terminal event for the stored `response` (its `status` picks the type).
-    pub(crate) fn terminal(&mut self, response: Value) -> Value {
+    pub fn terminal(&mut self, response: Value) -> Value {
         self.ended = true;
         let kind = match response["status"].as_str() {
             Some("completed") => "response.completed",
@@ -152,7 +152,7 @@ impl Translator {
     }
 
     /// An `error` event (`code`, `message`).
-    pub(crate) fn error(&mut self, code: &str, message: &str) -> Value {
+    pub fn error(&mut self, code: &str, message: &str) -> Value {
         self.event(json!({"type": "error", "code": code, "message": message, "param": null}))
     }
 

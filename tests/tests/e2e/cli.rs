@@ -60,3 +60,77 @@ async fn json_log_lines_carry_the_trace_id_of_the_request() {
         "{line}"
     );
 }
+
+/// `spool chat` with stdin not a terminal: each line is a message, each reply goes to stdout
+/// once and whole, through a dropped connection (a proxy cuts it) and a worker killed with
+/// `kill -9` mid-answer; exit 0 at end of input.
+#[tokio::test]
+async fn spool_chat_prints_each_reply_once_through_a_dropped_connection_and_a_crash() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let slow = [("SPOOL_DEMO_TOKENS", "40"), ("SPOOL_DEMO_DELAY_MS", "100")];
+    let stack = Stack::start().await;
+    let mut a = stack.worker(&slow).await;
+    let proxy = spool_tests::servers::CutProxy::start(stack.base.trim_start_matches("http://"))
+        .await
+        .expect("proxy");
+    let thread = uuid::Uuid::new_v4().to_string();
+    let mut chat = tokio::process::Command::new(spool_tests::process::binary("spool"))
+        .args(["chat", &thread])
+        .env_clear()
+        .env("SPOOL_URL", format!("http://{}", proxy.addr))
+        .env("SPOOL_TOKEN", spool_tests::token("alice", "acme"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spool chat");
+    let mut stdin = chat.stdin.take().expect("stdin");
+    let mut stdout = chat.stdout.take().expect("stdout");
+    stdin.write_all(b"first question\n").await.expect("write");
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 256];
+    while seen.len() < 40 {
+        let n = tokio::time::timeout(Duration::from_secs(30), stdout.read(&mut buffer))
+            .await
+            .expect("the reply to stream")
+            .expect("read");
+        assert!(n > 0, "spool chat ended early");
+        seen.extend_from_slice(&buffer[..n]);
+    }
+    proxy.cut();
+    a.kill9().await;
+    let _b = stack.worker(&slow).await;
+    stdin.write_all(b"and a second\n").await.expect("write");
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(60), chat.wait())
+        .await
+        .expect("spool chat to end")
+        .expect("wait");
+    stdout.read_to_end(&mut seen).await.expect("read");
+    let mut stderr = String::new();
+    chat.stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .await
+        .expect("stderr");
+    assert!(status.success(), "{stderr}");
+    let expected = format!(
+        "{}\n{}\n",
+        crate::stack::demo_reply("first question", 40),
+        crate::stack::demo_reply("and a second", 40)
+    );
+    assert_eq!(String::from_utf8_lossy(&seen), expected, "stderr: {stderr}");
+    assert!(
+        stderr.contains("resuming"),
+        "the connection was cut: {stderr}"
+    );
+    let thread_value = Value::String(thread);
+    let stored = stack.stored(&thread_value).await;
+    assert!(
+        stored.iter().any(|(_, e)| e["type"] == "attempt_restarted"),
+        "the worker was killed mid-answer"
+    );
+}

@@ -1,0 +1,465 @@
+//! `spool`: a terminal client of a Spool server (DESIGN §10), configured by `SPOOL_URL` (default
+//! `http://127.0.0.1:8080`) and `SPOOL_TOKEN`.
+//!
+//! - `spool chat [THREAD]`: sends each line you type (or each line of stdin, when it is not a
+//!   terminal) as a message and streams the reply to stdout; progress (queued, tool steps,
+//!   pauses, reconnects) goes to stderr. A dropped connection is resumed with `Last-Event-ID`,
+//!   and a crashed worker's new attempt does not print text twice (the reply is followed
+//!   through the same translation as the OpenAI-compatible stream). Exits 0 at end of input.
+//! - `spool threads list|show ID`, `spool runs list [--thread ID]|show ID`,
+//!   `spool agents list|get ID|apply -f FILE|delete ID`: JSON on stdout.
+//!
+//! Errors print the server's code and message to stderr and exit 1.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt as _;
+
+use spool_api::openai::translate::Translator;
+use spool_shared::event::{Event, EventType};
+
+/// A terminal client of a Spool server.
+#[derive(Debug, Parser)]
+#[command(name = "spool", version)]
+struct Cli {
+    /// The server's base URL.
+    #[arg(long, env = "SPOOL_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// A bearer token (`spool-api token --sub U --tenant T`).
+    #[arg(long, env = "SPOOL_TOKEN", hide_env_values = true)]
+    token: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Chat on a thread (a new one if none is given): each line is a message.
+    Chat {
+        /// The thread (any UUID: created on first use).
+        thread: Option<uuid::Uuid>,
+        /// The agent that answers (else the thread's, else the default).
+        #[arg(long)]
+        agent: Option<uuid::Uuid>,
+    },
+    /// Threads: `list`, `show ID` (with its messages).
+    Threads {
+        #[command(subcommand)]
+        action: ListShow,
+    },
+    /// Runs: `list [--thread ID]`, `show ID`.
+    Runs {
+        #[command(subcommand)]
+        action: RunsAction,
+    },
+    /// Agents: `list`, `get ID`, `apply -f FILE` (create, or replace the one its `id` names),
+    /// `delete ID`.
+    Agents {
+        #[command(subcommand)]
+        action: AgentsAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ListShow {
+    /// The newest first.
+    List,
+    /// One, by id.
+    Show { id: uuid::Uuid },
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsAction {
+    /// The newest first.
+    List {
+        /// Only this thread's.
+        #[arg(long)]
+        thread: Option<uuid::Uuid>,
+    },
+    /// One, by id.
+    Show { id: uuid::Uuid },
+}
+
+#[derive(Debug, Subcommand)]
+enum AgentsAction {
+    /// All of the tenant's.
+    List,
+    /// One, by id.
+    Get { id: uuid::Uuid },
+    /// Creates the agent in FILE (JSON), or replaces the one its `id` field names.
+    Apply {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Deletes one.
+    Delete { id: uuid::Uuid },
+}
+
+/// The server, with the token.
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {}", self.base))?;
+        let status = response.status();
+        let body: Value = if status == reqwest::StatusCode::NO_CONTENT {
+            Value::Null
+        } else {
+            response.json().await.unwrap_or(Value::Null)
+        };
+        if !status.is_success() {
+            let error = &body["error"];
+            bail!(
+                "{} {}: {}",
+                status.as_u16(),
+                error["code"].as_str().unwrap_or("error"),
+                error["message"].as_str().unwrap_or("")
+            );
+        }
+        Ok(body)
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+}
+
+fn print(value: &Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let client = Client {
+        http: reqwest::Client::new(),
+        base: cli.url.trim_end_matches('/').to_owned(),
+        token: cli.token,
+    };
+    match run(&client, cli.command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("spool: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(client: &Client, command: Command) -> anyhow::Result<()> {
+    use reqwest::Method;
+    match command {
+        Command::Chat { thread, agent } => chat(client, thread, agent).await,
+        Command::Threads { action } => match action {
+            ListShow::List => print(&client.get("/v1/threads").await?),
+            ListShow::Show { id } => {
+                let mut thread = client.get(&format!("/v1/threads/{id}")).await?;
+                let messages = client.get(&format!("/v1/threads/{id}/messages")).await?;
+                thread["messages"] = messages["messages"].clone();
+                print(&thread)
+            }
+        },
+        Command::Runs { action } => match action {
+            RunsAction::List { thread } => {
+                let query = thread.map_or_else(String::new, |t| format!("?thread_id={t}"));
+                print(&client.get(&format!("/v1/workflows{query}")).await?)
+            }
+            RunsAction::Show { id } => print(&client.get(&format!("/v1/workflows/{id}")).await?),
+        },
+        Command::Agents { action } => match action {
+            AgentsAction::List => print(&client.get("/v1/agents").await?),
+            AgentsAction::Get { id } => print(&client.get(&format!("/v1/agents/{id}")).await?),
+            AgentsAction::Apply { file } => {
+                let text = std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?;
+                let mut spec: Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", file.display()))?;
+                let id = spec
+                    .as_object_mut()
+                    .and_then(|spec| spec.remove("id"))
+                    .and_then(|id| id.as_str().map(str::to_owned));
+                let agent = match id {
+                    Some(id) => {
+                        client
+                            .call(Method::PUT, &format!("/v1/agents/{id}"), Some(&spec))
+                            .await?
+                    }
+                    None => client.call(Method::POST, "/v1/agents", Some(&spec)).await?,
+                };
+                print(&agent)
+            }
+            AgentsAction::Delete { id } => {
+                client
+                    .call(Method::DELETE, &format!("/v1/agents/{id}"), None)
+                    .await?;
+                Ok(())
+            }
+        },
+    }
+}
+
+/// The chat loop (see the module doc).
+async fn chat(
+    client: &Client,
+    thread: Option<uuid::Uuid>,
+    agent: Option<uuid::Uuid>,
+) -> anyhow::Result<()> {
+    let thread = thread.unwrap_or_else(uuid::Uuid::new_v4);
+    let interactive = std::io::stdin().is_terminal();
+    eprintln!("spool: thread {thread}");
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        let Some(line) = lines.next_line().await? else {
+            return Ok(());
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut body = json!({"input_text": line});
+        if let Some(agent) = agent {
+            body["agent_id"] = json!(agent);
+        }
+        let accepted = send(client, thread, &body).await?;
+        let message = accepted["message_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        follow(client, thread, &message).await?;
+    }
+}
+
+/// Posts a message, retrying a connection failure with the same `Idempotency-Key` (a retry
+/// after a lost answer is the same run, not a second one).
+async fn send(client: &Client, thread: uuid::Uuid, body: &Value) -> anyhow::Result<Value> {
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut tries = 0;
+    loop {
+        let response = client
+            .http
+            .post(format!("{}/v1/threads/{thread}/user_message", client.base))
+            .bearer_auth(&client.token)
+            .header("Idempotency-Key", &key)
+            .json(body)
+            .send()
+            .await;
+        match response {
+            Ok(response) => {
+                let status = response.status();
+                let answer: Value = response.json().await.unwrap_or(Value::Null);
+                if status.is_success() {
+                    return Ok(answer);
+                }
+                bail!(
+                    "{} {}: {}",
+                    status.as_u16(),
+                    answer["error"]["code"].as_str().unwrap_or("error"),
+                    answer["error"]["message"].as_str().unwrap_or("")
+                );
+            }
+            Err(err) if tries < 10 => {
+                tries += 1;
+                eprintln!("spool: {err}; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// How a followed reply ended.
+enum Followed {
+    /// Its `done` came.
+    Done,
+    /// The connection ended first: resume.
+    Cut,
+    /// The gateway says it no longer streams: the stored message is the answer.
+    Stored,
+}
+
+/// Streams the reply `message` to stdout until its `done`, resuming dropped connections.
+async fn follow(client: &Client, thread: uuid::Uuid, message: &str) -> anyhow::Result<()> {
+    let mut reply = Reply {
+        translator: Translator::new(json!({"id": message})),
+        message: message.to_owned(),
+        cursor: None,
+        printed: false,
+    };
+    let mut failures = 0;
+    loop {
+        match reply.session(client, thread).await {
+            Ok(Followed::Done) => break,
+            Ok(Followed::Stored) => {
+                let messages = client
+                    .get(&format!("/v1/threads/{thread}/messages"))
+                    .await?;
+                let stored = messages["messages"]
+                    .as_array()
+                    .and_then(|all| all.iter().find(|m| m["id"] == message))
+                    .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                    .unwrap_or_default();
+                if reply.printed {
+                    eprintln!("\nspool: the stream was lost; the stored reply:");
+                }
+                print!("{stored}");
+                break;
+            }
+            Ok(Followed::Cut) => {
+                failures = 0;
+                eprintln!("\nspool: the connection dropped; resuming");
+            }
+            Err(err) if failures < 30 => {
+                failures += 1;
+                eprintln!("\nspool: {err:#}; resuming");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    println!();
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// A reply being followed: its translation and the last entry id seen.
+struct Reply {
+    translator: Translator,
+    message: String,
+    cursor: Option<String>,
+    printed: bool,
+}
+
+impl Reply {
+    /// One connection to the stream: from the cursor, or the message's start.
+    async fn session(&mut self, client: &Client, thread: uuid::Uuid) -> anyhow::Result<Followed> {
+        let url = format!("{}/v1/threads/{thread}/stream", client.base);
+        let request = match &self.cursor {
+            Some(cursor) => client.http.get(url).header("Last-Event-ID", cursor),
+            // A message id is a UUID: nothing to escape.
+            None => client
+                .http
+                .get(format!("{url}?last_message_id={}", self.message)),
+        };
+        let request = request.bearer_auth(&client.token);
+        let response = request.send().await?;
+        if !response.status().is_success() {
+            bail!("the stream answered {}", response.status());
+        }
+        let mut events = sse_stream::SseStream::from_bytes_stream(response.bytes_stream());
+        let mut announced = false;
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
+            let sse = match next {
+                Err(_) => {
+                    if !announced && self.cursor.is_none() {
+                        announced = true;
+                        eprintln!("spool: (queued)");
+                    }
+                    continue;
+                }
+                Ok(None) => return Ok(Followed::Cut),
+                Ok(Some(Err(err))) => bail!("the stream failed: {err}"),
+                Ok(Some(Ok(sse))) => sse,
+            };
+            let kind = sse.event.as_deref().unwrap_or("message");
+            if matches!(kind, "message_not_streaming" | "stream_reset") {
+                return Ok(Followed::Stored);
+            }
+            let Some(data) = sse.data.as_deref() else {
+                continue;
+            };
+            let Ok(event) = serde_json::from_str::<Event>(data) else {
+                continue;
+            };
+            if let Some(id) = sse.id {
+                self.cursor = Some(id);
+            }
+            if event.message_id.to_string() != self.message {
+                continue;
+            }
+            if self.show(&event) {
+                return Ok(Followed::Done);
+            }
+        }
+    }
+
+    /// Prints what the event adds; `true` at the reply's `done`.
+    fn show(&mut self, event: &Event) -> bool {
+        for out in self.translator.push(event) {
+            match out["type"].as_str() {
+                Some("response.output_text.delta") => {
+                    print!("{}", out["delta"].as_str().unwrap_or_default());
+                    self.printed = true;
+                    let _ = std::io::stdout().flush();
+                }
+                Some("response.output_item.done")
+                    if out["item"]["type"] == "message"
+                        && out["item"]["status"] == "incomplete" =>
+                {
+                    eprintln!("\nspool: (the worker restarted and wrote this part anew)");
+                }
+                _ => {}
+            }
+        }
+        let data = &event.data;
+        match event.kind {
+            EventType::Step if data["phase"] == "call" => {
+                eprintln!(
+                    "spool: (tool {})",
+                    data["tool_name"].as_str().unwrap_or("?")
+                );
+            }
+            EventType::RequiresAction => {
+                eprintln!(
+                    "spool: (paused: the run waits for client tool outputs: POST /v1/workflows/{}/tool_outputs)",
+                    event.workflow_id
+                );
+            }
+            EventType::ApprovalRequested => {
+                eprintln!(
+                    "spool: (paused: tool {} waits for an approval: POST /v1/workflows/{}/approvals/{})",
+                    data["tool_name"].as_str().unwrap_or("?"),
+                    event.workflow_id,
+                    data["tool_call_id"].as_str().unwrap_or("?")
+                );
+            }
+            EventType::Error => {
+                eprintln!(
+                    "\nspool: error {}: {}",
+                    data["code"].as_str().unwrap_or("?"),
+                    data["message"].as_str().unwrap_or("")
+                );
+            }
+            EventType::Done => return true,
+            _ => {}
+        }
+        false
+    }
+}
