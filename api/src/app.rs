@@ -61,6 +61,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::usage::router())
         .merge(crate::gateway::router())
         .merge(crate::openai::router())
+        .merge(crate::page::router())
         .merge(crate::openapi::router())
         .merge(crate::metrics::router())
         .fallback(|| async {

@@ -19,6 +19,7 @@ pub mod gateway;
 pub mod metrics;
 pub mod openai;
 pub mod openapi;
+pub mod page;
 pub mod routes;
 pub mod watch;
 

@@ -103,6 +103,9 @@ pub(crate) fn queued_status() -> Object {
         crate::openai::chat::create_completion,
         crate::openai::chat::list_models,
         crate::openai::chat::get_model,
+        crate::page::index,
+        crate::page::script,
+        crate::page::style,
         crate::routes::health::healthz,
         crate::routes::health::readyz,
         get_metrics,
@@ -126,6 +129,7 @@ pub(crate) fn queued_status() -> Object {
         (name = "webhooks", description = "Signed notifications of run events (admin)."),
         (name = "usage", description = "Tokens and runs by user, agent or model (admin)."),
         (name = "openai", description = "The OpenAI-compatible surface: the Responses API (background mode, `starting_after` resume), Chat Completions and models, for the official SDKs. Errors here are OpenAI's shape: `{\"error\": {\"message\", \"type\", \"code\", \"param\"}}`."),
+        (name = "page", description = "The chat page at `/` and its two files (no auth: the page signs in with a token)."),
         (name = "health", description = "Liveness, readiness, metrics and this document."),
     )
 )]

@@ -22,7 +22,12 @@ fn installed() -> anyhow::Result<PathBuf> {
     let _guard = INSTALL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let wanted = ["@copilotkit/aimock", "ai", "eventsource-parser"];
+    let wanted = [
+        "@copilotkit/aimock",
+        "ai",
+        "eventsource-parser",
+        "playwright-core",
+    ];
     if wanted.iter().any(|name| {
         !dir.join("node_modules")
             .join(name)

@@ -9,7 +9,8 @@
 //! - `spool threads list|show ID`, `spool runs list [--thread ID]|show ID`,
 //!   `spool agents list|get ID|apply -f FILE|delete ID`: JSON on stdout.
 //!
-//! Errors print the server's code and message to stderr and exit 1.
+//! Errors are one line on stderr: a server's error (its status, code and message) exits 1; an
+//! unreachable server or a missing `SPOOL_TOKEN` exits 2.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
@@ -164,6 +165,12 @@ async fn main() -> std::process::ExitCode {
     };
     match run(&client, cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // Unreachable (exit 2, like a usage error such as a missing token), or answered with
+        // an error (exit 1): one line either way.
+        Err(err) if err.chain().any(|cause| cause.is::<reqwest::Error>()) => {
+            eprintln!("spool: {err:#}");
+            std::process::ExitCode::from(2)
+        }
         Err(err) => {
             eprintln!("spool: {err:#}");
             std::process::ExitCode::FAILURE

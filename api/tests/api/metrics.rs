@@ -86,6 +86,23 @@ async fn metrics_count_requests_runs_claims_events_and_streams() {
     ] {
         assert!(text.contains(family), "{family} missing");
     }
+    // Latencies are histograms with buckets (summaries' quantiles cannot be aggregated across
+    // a fleet): every bucket line has an `le`, the last `+Inf`.
+    for family in [
+        "spool_claim_latency_seconds",
+        "spool_run_duration_seconds",
+        "spool_http_request_duration_seconds",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} histogram")),
+            "{family} is not a histogram"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("{family}_bucket")) && l.contains("le=\"+Inf\"")),
+            "{family} has no buckets"
+        );
+    }
     assert!(!text.contains(&thread.to_string()), "no ids in labels");
     app.stop().await;
 }

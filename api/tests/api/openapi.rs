@@ -19,6 +19,9 @@ use crate::common::{TestApp, app_with, ask, finished, worker_args};
 
 /// Every operation of the API, as `METHOD path`.
 const EXPECTED: &[&str] = &[
+    "GET /",
+    "GET /app.css",
+    "GET /app.js",
     "GET /healthz",
     "GET /metrics",
     "GET /openapi.json",

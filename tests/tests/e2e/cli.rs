@@ -134,3 +134,42 @@ async fn spool_chat_prints_each_reply_once_through_a_dropped_connection_and_a_cr
         "the worker was killed mid-answer"
     );
 }
+
+/// The CLI's misuse: no token, or a server it cannot reach: one line on stderr, exit 2; a
+/// server's refusal: its code, exit 1.
+#[tokio::test]
+async fn spool_reports_misuse_in_one_line() {
+    let run = |vars: Vec<(&'static str, String)>| async move {
+        let output = tokio::process::Command::new(spool_tests::process::binary("spool"))
+            .args(["threads", "list"])
+            .env_clear()
+            .envs(vars)
+            .output()
+            .await
+            .expect("spool");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let closed = spool_tests::servers::free_port();
+    let (code, stderr) = run(vec![
+        ("SPOOL_URL", format!("http://127.0.0.1:{closed}")),
+        ("SPOOL_TOKEN", "x".into()),
+    ])
+    .await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+    let (code, stderr) = run(vec![]).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let stack = Stack::start().await;
+    let (code, stderr) = run(vec![
+        ("SPOOL_URL", stack.base.clone()),
+        ("SPOOL_TOKEN", "not-a-token".into()),
+    ])
+    .await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("401 invalid_token"), "{stderr}");
+}

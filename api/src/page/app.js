@@ -1,0 +1,313 @@
+// Spool's chat page: sign in with a token, list threads, send, follow the reply's stream.
+// The stream's contract (README "Streaming"): text since the last tool result is tentative, and
+// `attempt_restarted` drops it (a new attempt writes it again); EventSource reconnects by itself
+// with Last-Event-ID after a dropped network, and the gateway resumes after that event.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+let token = null;
+let thread = null;
+let source = null;
+let active = null; // the reply being followed: {workflow, message, el, committed, tentative}
+
+function signOut(reason) {
+  sessionStorage.removeItem("spool-token");
+  token = null;
+  if (source) source.close();
+  source = null;
+  $("signin-reason").textContent = reason;
+  $("app").hidden = true;
+  $("signin").hidden = false;
+}
+
+async function api(method, path, body, headers = {}) {
+  const init = { method, headers: { Authorization: `Bearer ${token}`, ...headers } };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  if (response.status === 401) {
+    signOut("The token was refused (expired or invalid): sign in again.");
+    throw new Error("unauthorized");
+  }
+  const data = response.status === 204 ? null : await response.json().catch(() => null);
+  if (!response.ok) throw new Error(data?.error?.message || response.statusText);
+  return data;
+}
+
+function setStatus(text) {
+  $("status").textContent = text;
+}
+
+function bubble(role, id) {
+  const el = document.createElement("div");
+  el.className = "message";
+  el.dataset.role = role;
+  if (id) el.dataset.messageId = id;
+  $("messages").append(el);
+  el.scrollIntoView({ block: "end" });
+  return el;
+}
+
+function draw(el, parts) {
+  el.replaceChildren();
+  for (const part of parts) {
+    if (part.type === "text") {
+      el.append(document.createTextNode(part.text));
+    } else {
+      const tool = document.createElement("span");
+      tool.className = "tool";
+      tool.textContent = `⚙ ${part.name}: ${part.state}`;
+      el.append(tool);
+    }
+  }
+}
+
+function storedParts(message) {
+  const parts = [];
+  for (const p of message.parts || []) {
+    if (p.type === "text") parts.push({ type: "text", text: p.text });
+    if (p.type === "tool_call") parts.push({ type: "tool", id: p.tool_call_id, name: p.name, state: "called" });
+    if (p.type === "tool_result") {
+      const call = parts.find((x) => x.type === "tool" && x.id === p.tool_call_id);
+      if (call) call.state = p.is_error ? "failed" : "answered";
+    }
+  }
+  if (!parts.some((p) => p.type === "text") && message.content) parts.push({ type: "text", text: message.content });
+  return parts;
+}
+
+function renderStored(message, el = bubble("assistant", message.id)) {
+  el.dataset.status = message.status;
+  draw(el, storedParts(message));
+}
+
+async function loadThreads() {
+  const page = await api("GET", "/v1/threads?limit=50");
+  const list = $("threads");
+  list.replaceChildren();
+  for (const t of page.data) {
+    const li = document.createElement("li");
+    li.textContent = t.title || `${t.id.slice(0, 8)} · ${new Date(t.last_message_at || t.created_at).toLocaleString()}`;
+    li.dataset.thread = t.id;
+    li.classList.toggle("active", t.id === thread);
+    li.onclick = () => openThread(t.id, false);
+    list.append(li);
+  }
+}
+
+async function openThread(id, fresh) {
+  if (source) source.close();
+  source = null;
+  active = null;
+  thread = id;
+  history.replaceState(null, "", `?thread=${id}`);
+  $("thread-title").textContent = fresh ? "New thread" : id;
+  $("messages").replaceChildren();
+  $("pending").replaceChildren();
+  $("cancel").hidden = true;
+  setStatus("");
+  for (const li of $("threads").children) li.classList.toggle("active", li.dataset.thread === id);
+  if (fresh) return;
+  let info;
+  try {
+    info = await api("GET", `/v1/threads/${id}`);
+  } catch {
+    return; // a thread no one has written to yet: it starts empty
+  }
+  $("thread-title").textContent = info.title || id;
+  const page = await api("GET", `/v1/threads/${id}/messages?limit=200`);
+  for (const m of page.messages) {
+    if (m.role === "user") bubble("user").textContent = m.content;
+    else if (m.status !== "queued" && m.status !== "streaming") renderStored(m);
+  }
+  if (info.active_workflow_id) {
+    const run = await api("GET", `/v1/workflows/${info.active_workflow_id}`);
+    follow(run.workflow_id, run.message_id);
+  }
+}
+
+async function reloadMessage(el, message) {
+  const page = await api("GET", `/v1/threads/${thread}/messages?limit=200`);
+  const stored = page.messages.find((m) => m.id === message);
+  if (stored) renderStored(stored, el);
+}
+
+function follow(workflow, message) {
+  const el = document.querySelector(`[data-message-id="${message}"]`) || bubble("assistant", message);
+  el.dataset.status = "streaming";
+  active = { workflow, message, el, committed: [], tentative: [] };
+  const reply = active;
+  const redraw = () => draw(el, [...reply.committed, ...reply.tentative]);
+  $("cancel").hidden = false;
+  setStatus("queued");
+  const url = `/v1/threads/${thread}/stream?access_token=${encodeURIComponent(token)}&last_message_id=${message}`;
+  const es = new EventSource(url);
+  source = es;
+  const finish = (status) => {
+    es.close();
+    if (source === es) source = null;
+    if (active === reply) active = null;
+    if (status) el.dataset.status = status;
+    $("cancel").hidden = true;
+    $("pending").replaceChildren();
+    setStatus(status && status !== "completed" ? `run ${status}` : "");
+    loadThreads().catch(() => {});
+  };
+  const on = (type, handle) =>
+    es.addEventListener(type, (e) => {
+      if (e.data === undefined) return; // EventSource's own `error`: it reconnects
+      const envelope = JSON.parse(e.data);
+      if (envelope.message_id !== message) return;
+      handle(envelope.data || {}, envelope);
+    });
+  on("message_start", () => setStatus("running"));
+  on("text_delta", (d) => {
+    const last = reply.tentative[reply.tentative.length - 1];
+    if (last && last.type === "text") last.text += d.delta;
+    else reply.tentative.push({ type: "text", text: d.delta });
+    redraw();
+  });
+  on("step", (d) => {
+    if (d.phase === "call") {
+      reply.tentative.push({ type: "tool", id: d.tool_call_id, name: d.tool_name, state: "running" });
+    } else {
+      const call = [...reply.committed, ...reply.tentative].find((p) => p.type === "tool" && p.id === d.tool_call_id);
+      if (call) call.state = d.is_error ? "failed" : "answered";
+      reply.committed.push(...reply.tentative);
+      reply.tentative = [];
+    }
+    redraw();
+  });
+  on("attempt_restarted", () => {
+    reply.tentative = [];
+    redraw();
+    setStatus("a worker restarted the run; resuming");
+  });
+  on("requires_action", (d) => showClientTools(workflow, d));
+  on("approval_requested", (d) => showApproval(workflow, d));
+  on("error", (d) => setStatus(`error ${d.code}: ${d.message}`));
+  // The reply's final status is shown at `done`, once the page is ready for the next message.
+  on("done", (d) => finish(d.status));
+  for (const type of ["message_not_streaming", "stream_reset"]) {
+    es.addEventListener(type, () => {
+      finish(null);
+      reloadMessage(el, message).catch(() => {});
+    });
+  }
+  es.addEventListener("error", (e) => {
+    if (e.data === undefined && source === es) setStatus("reconnecting…");
+  });
+}
+
+function actionBox(title) {
+  $("pending").replaceChildren();
+  const box = document.createElement("div");
+  box.className = "action";
+  const heading = document.createElement("div");
+  heading.textContent = title;
+  box.append(heading);
+  $("pending").append(box);
+  return box;
+}
+
+function showApproval(workflow, d) {
+  setStatus("waiting for an approval");
+  const box = actionBox(`Approve ${d.tool_name}(${JSON.stringify(d.arguments)})?`);
+  box.dataset.action = "approval";
+  for (const [label, approved] of [["Approve", true], ["Deny", false]]) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = label;
+    button.onclick = async () => {
+      await api("POST", `/v1/workflows/${workflow}/approvals/${d.tool_call_id}`, { approved });
+      $("pending").replaceChildren();
+      setStatus("running");
+    };
+    box.append(button);
+  }
+}
+
+function showClientTools(workflow, d) {
+  setStatus("waiting for client tool outputs");
+  const box = actionBox("The agent asks this page for tool outputs:");
+  box.dataset.action = "tool_outputs";
+  const inputs = d.tool_calls.map((call) => {
+    const label = document.createElement("label");
+    label.textContent = `${call.tool_name}(${JSON.stringify(call.arguments)}) → `;
+    const input = document.createElement("input");
+    input.dataset.toolCallId = call.tool_call_id;
+    label.append(input);
+    box.append(label);
+    return input;
+  });
+  const submit = document.createElement("button");
+  submit.type = "button";
+  submit.textContent = "Send outputs";
+  submit.onclick = async () => {
+    const tool_outputs = inputs.map((i) => ({ tool_call_id: i.dataset.toolCallId, output: i.value }));
+    await api("POST", `/v1/workflows/${workflow}/tool_outputs`, { tool_outputs });
+    $("pending").replaceChildren();
+    setStatus("running");
+  };
+  box.append(submit);
+}
+
+async function send() {
+  const text = $("input").value.trim();
+  if (!text) return;
+  if (active) {
+    setStatus("the reply is still streaming: send when it is done (or cancel it)");
+    return;
+  }
+  $("input").value = "";
+  bubble("user").textContent = text;
+  try {
+    const accepted = await api("POST", `/v1/threads/${thread}/user_message`, { input_text: text },
+      { "Idempotency-Key": crypto.randomUUID() });
+    follow(accepted.workflow_id, accepted.message_id);
+    loadThreads().catch(() => {});
+  } catch (err) {
+    setStatus(err.message);
+  }
+}
+
+function start() {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  if (hash.get("token")) {
+    sessionStorage.setItem("spool-token", hash.get("token"));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  token = sessionStorage.getItem("spool-token");
+  if (!token) {
+    signOut("Sign in with a token (spool-api token --sub U --tenant T).");
+    return;
+  }
+  $("signin").hidden = true;
+  $("app").hidden = false;
+  const wanted = new URLSearchParams(location.search).get("thread");
+  loadThreads().catch(() => {});
+  openThread(wanted || crypto.randomUUID(), !wanted);
+}
+
+$("signin-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  sessionStorage.setItem("spool-token", $("token-input").value.trim());
+  start();
+});
+$("input").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) {
+    e.preventDefault();
+    send();
+  }
+});
+$("composer").addEventListener("submit", (e) => {
+  e.preventDefault();
+  send();
+});
+$("new-thread").onclick = () => openThread(crypto.randomUUID(), true);
+$("cancel").onclick = () => {
+  if (active) api("POST", `/v1/workflows/${active.workflow}/cancel`, { reason: "cancelled from the page" }).catch((err) => setStatus(err.message));
+};
+start();

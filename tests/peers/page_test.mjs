@@ -1,0 +1,92 @@
+// The chat page in Chromium (Debian's, driven by playwright-core), as a user uses it.
+//
+// Usage: node page_test.mjs BASE TOKEN SCREENSHOT REPLY1 REPLY2
+// 1. Signs in with /#token=, sends "hello page" (Enter in the only textarea); once the reply
+//    streams, prints STREAMING and waits for a line on stdin (meanwhile the test cuts the
+//    network and kills the worker); waits for the reply to complete.
+// 2. Sends "survive a reload", reloads the page mid-answer, waits for the reply to complete.
+// 3. Sends "cancel me" and clicks Cancel mid-answer.
+// 4. Opens the page with a token the server refuses: the sign-in form shows.
+// Prints one JSON line with what the page showed; saves a screenshot after step 2.
+import { createInterface } from "node:readline";
+import { chromium } from "playwright-core";
+
+const [base, token, screenshot] = process.argv.slice(2);
+const lines = createInterface({ input: process.stdin });
+const nextLine = () => new Promise((resolve) => lines.once("line", resolve));
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox"],
+});
+const result = {};
+try {
+  const page = await browser.newPage({ viewport: { width: 1100, height: 640 } });
+  const errors = [];
+  page.on("pageerror", (err) => errors.push(String(err)));
+  // The page's console and failed requests, for a failing run's log.
+  page.on("console", (m) => console.error(`console ${m.type()}: ${m.text()}`));
+  page.on("requestfailed", (r) => console.error(`request failed: ${r.url()} ${r.failure()?.errorText}`));
+  await page.goto(`${base}/#token=${token}`);
+  const replies = page.locator('[data-role="assistant"]');
+
+  const sendAndWaitForStream = async (text) => {
+    const before = await replies.count();
+    await page.locator("textarea").fill(text);
+    await page.locator("textarea").press("Enter");
+    await page
+      .waitForFunction(
+      (n) => {
+        const all = document.querySelectorAll('[data-role="assistant"]');
+        return all.length > n && all[all.length - 1].textContent.length >= 20;
+      },
+      before,
+      { timeout: 30000 },
+    )
+      .catch(async (err) => {
+        console.error(`status: ${await page.locator("#status").textContent()}`);
+        console.error(`messages: ${await page.locator("#messages").innerHTML()}`);
+        throw err;
+      });
+  };
+  // The text of reply number `count` (from 1), once it has ended with `status`.
+  const lastReply = async (status, count) => {
+    await page.waitForFunction(
+      ([wanted, n]) => {
+        const all = document.querySelectorAll('[data-role="assistant"]');
+        return all.length === n && all[n - 1].dataset.status === wanted;
+      },
+      [status, count],
+      { timeout: 60000 },
+    );
+    return replies.nth(count - 1).textContent();
+  };
+
+  await sendAndWaitForStream("hello page");
+  console.log("STREAMING");
+  await nextLine();
+  result.first = await lastReply("completed", 1);
+
+  await sendAndWaitForStream("survive a reload");
+  await page.reload();
+  result.second = await lastReply("completed", 2);
+  result.threadInUrl = new URL(page.url()).searchParams.get("thread");
+  result.threads = await page.locator("#threads li").count();
+  await page.screenshot({ path: screenshot });
+
+  await sendAndWaitForStream("cancel me");
+  await page.locator("#cancel").click();
+  result.cancelled = (await lastReply("cancelled", 3)).length;
+  result.textareas = await page.locator("textarea").count();
+  result.errors = errors;
+
+  const refused = await browser.newPage();
+  await refused.goto(`${base}/#token=not-a-token`);
+  await refused.locator("#signin").waitFor({ state: "visible", timeout: 10000 });
+  result.signInShown = true;
+} finally {
+  lines.close();
+  await browser.close();
+}
+console.log(JSON.stringify(result));

@@ -1,0 +1,88 @@
+//! The chat page at `/` in Chromium (`tests/peers/page_test.mjs`, playwright-core driving
+//! Debian's `chromium`): a reply streams through a dropped network and a worker killed with
+//! `kill -9`, another through a reload, a third is cancelled, and a refused token shows the
+//! sign-in form.
+
+use std::process::Stdio;
+
+use serde_json::Value;
+use spool_tests::token;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+
+use crate::stack::{Stack, TIMEOUT, demo_reply};
+
+/// 40 deltas, 100 ms apart: long enough to interrupt.
+const SLOW: [(&str, &str); 2] = [("SPOOL_DEMO_TOKENS", "40"), ("SPOOL_DEMO_DELAY_MS", "100")];
+
+#[tokio::test]
+async fn the_page_streams_resumes_reloads_and_cancels_in_chromium() {
+    let dir = spool_tests::peers::node_peers().expect("npm peers");
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists()
+            || std::env::var_os("CHROMIUM").is_some(),
+        "the page's test needs Chromium: apt-get install chromium (or set CHROMIUM)"
+    );
+    let stack = Stack::start().await;
+    let mut a = stack.worker(&SLOW).await;
+    let proxy = spool_tests::servers::CutProxy::start(stack.base.trim_start_matches("http://"))
+        .await
+        .expect("proxy");
+    let screenshot = std::env::temp_dir().join(format!("spool-page-{}.png", uuid::Uuid::new_v4()));
+    let mut browser = tokio::process::Command::new("node")
+        .arg(dir.join("page_test.mjs"))
+        .arg(format!("http://{}", proxy.addr))
+        .arg(token("alice", "acme"))
+        .arg(&screenshot)
+        .current_dir(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node");
+    let mut lines = BufReader::new(browser.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(TIMEOUT * 2, lines.next_line())
+        .await
+        .expect("the page to stream")
+        .expect("read")
+        .expect("a line");
+    assert_eq!(line, "STREAMING");
+    // The network drops and the worker dies mid-answer.
+    proxy.cut();
+    a.kill9().await;
+    let _b = stack.worker(&SLOW).await;
+    let mut stdin = browser.stdin.take().expect("stdin");
+    stdin.write_all(b"go\n").await.expect("write");
+    let line = tokio::time::timeout(TIMEOUT * 4, lines.next_line())
+        .await
+        .expect("the page test to finish")
+        .expect("read")
+        .expect("a line");
+    let shown: Value = serde_json::from_str(&line).expect("json");
+    assert!(browser.wait().await.expect("wait").success(), "{shown}");
+
+    assert_eq!(
+        shown["first"],
+        demo_reply("hello page", 40).as_str(),
+        "{shown}"
+    );
+    assert_eq!(
+        shown["second"],
+        demo_reply("survive a reload", 40).as_str(),
+        "{shown}"
+    );
+    let full = demo_reply("cancel me", 40).len();
+    let cancelled = shown["cancelled"].as_u64().expect("cancelled");
+    assert!(cancelled > 0 && (cancelled as usize) < full, "{shown}");
+    assert_eq!(shown["textareas"], 1);
+    assert_eq!(shown["threads"], 1, "the thread is listed");
+    assert_eq!(shown["signInShown"], true);
+    assert_eq!(shown["errors"], serde_json::json!([]), "no script errors");
+    assert!(std::fs::metadata(&screenshot).is_ok_and(|m| m.len() > 0));
+    let thread = shown["threadInUrl"].clone();
+    let stored = stack.stored(&thread).await;
+    assert!(
+        stored.iter().any(|(_, e)| e["type"] == "attempt_restarted"),
+        "the worker was killed mid-answer"
+    );
+    println!("screenshot: {}", screenshot.display());
+}
