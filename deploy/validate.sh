@@ -341,11 +341,18 @@ check((pod_env_value(api, "SPOOL_API_ADDR") or "").startswith("0.0.0.0:"), "k8s 
 
 worker_pod = deployments["spool-worker"]["spec"]["template"]["spec"]
 wc = worker_pod["containers"][0]
-check(not wc.get("ports"), "k8s worker: declares a port, but spool-worker listens on none")
-for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-    p = wc.get(probe, {})
-    check("httpGet" not in p and "tcpSocket" not in p and "grpc" not in p,
-          f"k8s worker: {probe} needs a port spool-worker does not have")
+# spool-worker serves /healthz, /readyz and /metrics on SPOOL_WORKER_METRICS_ADDR (default
+# 127.0.0.1:9464, which a probe from the kubelet cannot reach): a port the pod declares must be
+# that address's, on 0.0.0.0.
+worker_addr = pod_env_value(wc, "SPOOL_WORKER_METRICS_ADDR") or "127.0.0.1:9464"
+worker_port = int(worker_addr.rsplit(":", 1)[1])
+for port in wc.get("ports", []):
+    check(port.get("containerPort") == worker_port,
+          f"k8s worker: declares port {port.get('containerPort')}, but spool-worker listens on {worker_port}")
+    check(worker_addr.startswith("0.0.0.0:"),
+          "k8s worker: SPOOL_WORKER_METRICS_ADDR must be 0.0.0.0 for its declared port to be reachable")
+check(wc.get("readinessProbe", {}).get("httpGet", {}).get("path") in (None, "/readyz"), "k8s worker: readiness on /readyz")
+check(wc.get("livenessProbe", {}).get("httpGet", {}).get("path") in (None, "/healthz"), "k8s worker: liveness on /healthz")
 w_grace = float(pod_env_value(wc, "SPOOL_SHUTDOWN_GRACE_SECS") or 20)
 tgps = worker_pod.get("terminationGracePeriodSeconds", 30)
 check(tgps >= w_grace + 10,

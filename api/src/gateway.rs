@@ -23,6 +23,7 @@
 
 pub mod ai_sdk;
 pub mod hub;
+pub mod schema;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

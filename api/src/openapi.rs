@@ -38,8 +38,10 @@ pub struct StreamEvent {
     pub id: Option<String>,
     /// The event type: `message_start`, `text_delta`, `done`, `stream_reset`, ...
     pub event: Option<String>,
-    /// The JSON envelope `{v, type, thread_id, workflow_id, message_id, attempt, data}`, or a
-    /// gateway event's JSON object.
+    /// The JSON envelope `{v, type, thread_id, workflow_id, message_id, attempt, data}` (the
+    /// `StreamEnvelope` schema: one per event type), or a gateway event's JSON object
+    /// (`stream_reset`: `{last_entry_id}`; `message_not_streaming`: `{thread_id, message_id}` or
+    /// `{workflow_id}`).
     pub data: Option<String>,
     /// The reconnection delay suggested to clients, in milliseconds.
     pub retry: Option<u64>,
@@ -120,6 +122,7 @@ pub(crate) fn queued_status() -> Object {
         AgentId,
         spool_shared::ids::WebhookId,
         crate::routes::workflows::CancelRequest,
+        crate::gateway::schema::StreamEnvelope,
     )),
     modifiers(&Security),
     tags(

@@ -64,6 +64,36 @@ async fn a_tool_run_streams_as_ai_sdk_chunks_and_resumes_from_any_chunk() {
         .iter()
         .find(|e| e.kind == "message_start")
         .expect("message_start");
+    // Every stored event matches the document's schema for its type.
+    let document: Value = app
+        .http
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("json");
+    let typed = document["components"]["schemas"]["StreamEnvelope"]["oneOf"]
+        .as_array()
+        .map(Vec::len);
+    assert_eq!(typed, Some(13), "one schema per event type");
+    let mut kinds = std::collections::BTreeSet::new();
+    for entry in entries.iter().filter(|e| !e.is_marker()) {
+        let envelope: Value = serde_json::from_str(&entry.json).expect("json");
+        crate::openapi::check(&document, "StreamEnvelope", &envelope);
+        kinds.insert(entry.kind.clone());
+    }
+    for kind in [
+        "message_start",
+        "step",
+        "text_delta",
+        "citations",
+        "message_end",
+        "done",
+    ] {
+        assert!(kinds.contains(kind), "{kind} was checked: {kinds:?}");
+    }
     let response = get(thread.to_string(), Some(start.id.to_string()), "ai-sdk")
         .await
         .expect("get");

@@ -36,15 +36,28 @@ async fn the_page_streams_resumes_reloads_and_cancels_in_chromium() {
         .current_dir(&dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("node");
+    // The page's console and the script's errors, shown only if the test fails.
+    let mut errors = browser.stderr.take().expect("stderr");
+    let log = tokio::spawn(async move {
+        let mut log = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut errors, &mut log).await;
+        log
+    });
     let mut lines = BufReader::new(browser.stdout.take().expect("stdout")).lines();
     let line = tokio::time::timeout(TIMEOUT * 2, lines.next_line())
         .await
         .expect("the page to stream")
-        .expect("read")
-        .expect("a line");
+        .expect("read");
+    let Some(line) = line else {
+        panic!(
+            "the page test ended early:\n{}",
+            log.await.unwrap_or_default()
+        );
+    };
     assert_eq!(line, "STREAMING");
     // The network drops and the worker dies mid-answer.
     proxy.cut();
@@ -55,8 +68,13 @@ async fn the_page_streams_resumes_reloads_and_cancels_in_chromium() {
     let line = tokio::time::timeout(TIMEOUT * 4, lines.next_line())
         .await
         .expect("the page test to finish")
-        .expect("read")
-        .expect("a line");
+        .expect("read");
+    let Some(line) = line else {
+        panic!(
+            "the page test ended early:\n{}",
+            log.await.unwrap_or_default()
+        );
+    };
     let shown: Value = serde_json::from_str(&line).expect("json");
     assert!(browser.wait().await.expect("wait").success(), "{shown}");
 
