@@ -8,8 +8,43 @@
 // 3. Sends "cancel me" and clicks Cancel mid-answer.
 // 4. Opens the page with a token the server refuses: the sign-in form shows.
 // Prints one JSON line with what the page showed; saves a screenshot after step 2.
+//
+// Usage: node page_test.mjs --actions BASE TOKEN THREAD
+// Opens /?thread=THREAD (whose agent asks the client for `read_file`, then calls a tool that
+// needs an approval), sends a message, answers the client tool and approves the call through
+// the page, and prints {text, tools} of the finished reply.
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
+
+if (process.argv[2] === "--actions") {
+  const [base, token, thread] = process.argv.slice(3);
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox"],
+  });
+  try {
+    const page = await browser.newPage();
+    page.on("console", (m) => console.error(`console ${m.type()}: ${m.text()}`));
+    await page.goto(`${base}/?thread=${thread}#token=${token}`);
+    await page.locator("textarea").fill("read my notes");
+    await page.locator("textarea").press("Enter");
+    const outputs = page.locator('[data-action="tool_outputs"]');
+    await outputs.locator("input").fill("the notes", { timeout: 30000 });
+    await outputs.locator("button").click();
+    await page.locator('[data-action="approval"] button', { hasText: "Approve" }).click({ timeout: 30000 });
+    await page.waitForFunction(
+      () => document.querySelector('[data-role="assistant"]')?.dataset.status === "completed",
+      null,
+      { timeout: 30000 },
+    );
+    const reply = page.locator('[data-role="assistant"]');
+    console.log(JSON.stringify({ text: await reply.textContent(), tools: await reply.locator(".tool").count() }));
+  } finally {
+    await browser.close();
+  }
+  process.exit(0);
+}
 
 const [base, token, screenshot] = process.argv.slice(2);
 const lines = createInterface({ input: process.stdin });

@@ -104,3 +104,82 @@ async fn the_page_streams_resumes_reloads_and_cancels_in_chromium() {
     );
     println!("screenshot: {}", screenshot.display());
 }
+
+/// Through the page in Chromium: a client tool answered in its form, then a call approved with
+/// its button; the reply completes and shows both tool steps.
+#[tokio::test]
+async fn the_page_answers_a_client_tool_and_an_approval_in_chromium() {
+    use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
+
+    let dir = spool_tests::peers::node_peers().expect("npm peers");
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("c1", "read_file", r#"{"path": "/notes"}"#)]),
+        1 => fake_llm::tool_calls(&[("c2", "get_weather", r#"{"city": "Paris"}"#)]),
+        _ => fake_llm::text("All done.", 3),
+    })
+    .await;
+    let (tools, tools_base) = spool_tests::tools::Tools::start().await;
+    let stack = Stack::start().await;
+    let _worker = stack
+        .worker(&[
+            ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
+            ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.0/8"),
+        ])
+        .await;
+    let mut weather = spool_tests::tools::http_tool("get_weather", format!("{tools_base}/weather"));
+    weather["requires_approval"] = serde_json::json!(true);
+    let agent = stack
+        .create_agent(&serde_json::json!({"name": "asker", "model": "gpt-4o-mini",
+            "tools": [{"type": "client", "name": "read_file"}, weather]}))
+        .await;
+    let alice = token("alice", "acme");
+    let (status, thread) = stack
+        .post(
+            &alice,
+            "/v1/threads",
+            &serde_json::json!({"agent_id": agent}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let output = tokio::time::timeout(
+        TIMEOUT * 3,
+        tokio::process::Command::new("node")
+            .arg(dir.join("page_test.mjs"))
+            .args(["--actions", &stack.base, &alice])
+            .arg(thread["id"].as_str().expect("id"))
+            .current_dir(&dir)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the page test to finish")
+    .expect("node");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(shown["tools"], 2, "{shown}");
+    assert!(
+        shown["text"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("All done.")),
+        "{shown}"
+    );
+    assert_eq!(tools.calls().len(), 1, "the approved call ran once");
+    let (_, steps) = stack
+        .get_with(
+            &alice,
+            &format!(
+                "/v1/threads/{}/messages",
+                thread["id"].as_str().expect("id")
+            ),
+        )
+        .await;
+    let parts = steps["messages"][1]["parts"].to_string();
+    assert!(
+        parts.contains("the notes"),
+        "the client's output reached the run: {parts}"
+    );
+}

@@ -122,6 +122,19 @@ impl Stack {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// GETs `path` with `token`; returns the status and the JSON answer.
+    pub(crate) async fn get_with(&self, token: &str, path: &str) -> (reqwest::StatusCode, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
     /// GETs `path` without credentials; returns the status and the JSON answer.
     pub(crate) async fn get_json(&self, path: &str) -> (reqwest::StatusCode, Value) {
         let response = self
