@@ -3,8 +3,9 @@
 // assembles the message, and `eventsource-parser` (the SSE parser the SDK uses) gives the ids.
 //
 // Usage: node ai_sdk_stream.mjs BASE TOKEN THREAD [CUT]
-// Reads the thread's stream. With CUT, drops the connection after CUT text deltas, prints
-// "CUT <last id>", waits for a line on stdin, and resumes with Last-Event-ID. Prints the
+// Reads the thread's stream. With CUT: prints READY once loaded and waits for a line on stdin
+// (the run streams by then), drops the connection after CUT text deltas, prints "CUT <last
+// id>", waits for another line, and resumes with Last-Event-ID. Prints the
 // assembled message as one JSON line: {status, text, parts, superseded, chunks}.
 import { createInterface } from "node:readline";
 import { parseJsonEventStream, readUIMessageStream, uiMessageChunkSchema } from "ai";
@@ -48,6 +49,13 @@ async function session(lastId, stopAfterDeltas) {
   return { status: 200, chunks: got, lastId, cut: false };
 }
 
+const lines = createInterface({ input: process.stdin });
+const nextLine = () => new Promise((resolve) => lines.once("line", resolve));
+if (cutArg) {
+  // Loaded: the test starts the run now, and says when it streams.
+  console.log("READY");
+  await nextLine();
+}
 const first = await session(undefined, cut);
 let all = first.chunks;
 if (first.status === 204) {
@@ -56,12 +64,11 @@ if (first.status === 204) {
 }
 if (first.cut) {
   console.log(`CUT ${first.lastId}`);
-  const lines = createInterface({ input: process.stdin });
-  await new Promise((resolve) => lines.once("line", resolve));
-  lines.close();
+  await nextLine();
   const second = await session(first.lastId, Infinity);
   all = all.concat(second.chunks);
 }
+lines.close();
 let message;
 const stream = new ReadableStream({
   start(controller) {

@@ -33,6 +33,17 @@ async fn the_ai_sdk_assembles_the_stored_answer_across_a_crash_and_a_dropped_con
     let thread = uuid::Uuid::new_v4().to_string();
 
     let mut a = stack.worker(&SLOW).await;
+    // The client loads the AI SDK first (seconds on a busy machine), then the run starts.
+    let mut client = node(&[&stack.base, &alice, &thread, "5"])
+        .spawn()
+        .expect("node");
+    let mut lines = BufReader::new(client.stdout.take().expect("stdout")).lines();
+    let ready = tokio::time::timeout(TIMEOUT, lines.next_line())
+        .await
+        .expect("the client to load")
+        .expect("read");
+    assert_eq!(ready.as_deref(), Some("READY"));
+    let mut stdin = client.stdin.take().expect("stdin");
     let (status, accepted) = stack
         .post(
             &alice,
@@ -42,11 +53,7 @@ async fn the_ai_sdk_assembles_the_stored_answer_across_a_crash_and_a_dropped_con
         .await;
     assert_eq!(status, 202);
     stack.wait_streaming(&accepted).await;
-
-    let mut client = node(&[&stack.base, &alice, &thread, "5"])
-        .spawn()
-        .expect("node");
-    let mut lines = BufReader::new(client.stdout.take().expect("stdout")).lines();
+    stdin.write_all(b"streaming\n").await.expect("write");
     let cut = tokio::time::timeout(TIMEOUT, lines.next_line())
         .await
         .expect("the client to cut")
@@ -55,7 +62,6 @@ async fn the_ai_sdk_assembles_the_stored_answer_across_a_crash_and_a_dropped_con
     assert!(cut.starts_with("CUT "), "{cut}");
     a.kill9().await;
     let _b = stack.worker(&SLOW).await;
-    let mut stdin = client.stdin.take().expect("stdin");
     stdin.write_all(b"go\n").await.expect("write");
     let result = tokio::time::timeout(TIMEOUT, lines.next_line())
         .await
