@@ -309,6 +309,8 @@ enum Followed {
     Cut,
     /// The gateway says it no longer streams: the stored message is the answer.
     Stored,
+    /// The stream lost events after the cursor: follow the reply again from its start.
+    Reset,
 }
 
 /// Streams the reply `message` to stdout until its `done`, resuming dropped connections.
@@ -318,6 +320,8 @@ async fn follow(client: &Client, thread: uuid::Uuid, message: &str) -> anyhow::R
         message: message.to_owned(),
         cursor: None,
         printed: false,
+        text: String::new(),
+        replay: None,
     };
     let mut failures = 0;
     loop {
@@ -341,6 +345,11 @@ async fn follow(client: &Client, thread: uuid::Uuid, message: &str) -> anyhow::R
             Ok(Followed::Cut) => {
                 failures = 0;
                 eprintln!("\nspool: the connection dropped; resuming");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Ok(Followed::Reset) => {
+                eprintln!("\nspool: the stream lost events; following the reply from its start");
+                reply.restart();
             }
             Err(err) if failures < 30 => {
                 failures += 1;
@@ -361,9 +370,45 @@ struct Reply {
     message: String,
     cursor: Option<String>,
     printed: bool,
+    /// Every piece of text printed so far.
+    text: String,
+    /// After a reset: the text the new translation has produced, while it repeats `text`.
+    replay: Option<String>,
 }
 
 impl Reply {
+    /// Follows the reply again from its `message_start`, printing only what goes beyond the
+    /// text already printed.
+    fn restart(&mut self) {
+        self.translator = Translator::new(json!({"id": self.message}));
+        self.cursor = None;
+        self.replay = Some(String::new());
+    }
+
+    /// Prints a delta (after a reset, only what was not printed yet).
+    fn print(&mut self, delta: &str) {
+        let fresh = match &mut self.replay {
+            None => delta.to_owned(),
+            Some(replay) => {
+                replay.push_str(delta);
+                if self.text.starts_with(replay.as_str()) {
+                    return;
+                }
+                let fresh = match replay.strip_prefix(self.text.as_str()) {
+                    Some(rest) => rest.to_owned(),
+                    // Written anew: start a new line.
+                    None => format!("\n{replay}"),
+                };
+                self.replay = None;
+                fresh
+            }
+        };
+        print!("{fresh}");
+        self.text.push_str(&fresh);
+        self.printed = true;
+        let _ = std::io::stdout().flush();
+    }
+
     /// One connection to the stream: from the cursor, or the message's start.
     async fn session(&mut self, client: &Client, thread: uuid::Uuid) -> anyhow::Result<Followed> {
         let url = format!("{}/v1/threads/{thread}/stream", client.base);
@@ -396,8 +441,10 @@ impl Reply {
                 Ok(Some(Ok(sse))) => sse,
             };
             let kind = sse.event.as_deref().unwrap_or("message");
-            if matches!(kind, "message_not_streaming" | "stream_reset") {
-                return Ok(Followed::Stored);
+            match kind {
+                "message_not_streaming" => return Ok(Followed::Stored),
+                "stream_reset" => return Ok(Followed::Reset),
+                _ => {}
             }
             let Some(data) = sse.data.as_deref() else {
                 continue;
@@ -422,9 +469,7 @@ impl Reply {
         for out in self.translator.push(event) {
             match out["type"].as_str() {
                 Some("response.output_text.delta") => {
-                    print!("{}", out["delta"].as_str().unwrap_or_default());
-                    self.printed = true;
-                    let _ = std::io::stdout().flush();
+                    self.print(out["delta"].as_str().unwrap_or_default());
                 }
                 Some("response.output_item.done")
                     if out["item"]["type"] == "message"

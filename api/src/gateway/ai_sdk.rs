@@ -17,8 +17,9 @@
 //! client, so the new attempt's text is compared with what was shown since the last tool
 //! result and only what goes beyond it is sent ([`Translator`]). If the new attempt writes
 //! something else, the shown part ends with `text-end` carrying `providerMetadata: {spool:
-//! {superseded: true}}` (hide such parts: the final message is the others) and the new text
-//! comes as a new text part.
+//! {superseded: true}}` (hide such parts: the final message is the others), or, if it had
+//! already ended, is named by a `data-spool-superseded` part (`data: {id}`); the new text comes
+//! as a new text part.
 //!
 //! Resuming: each chunk's `id:` is its entry's id, with `/k` for the k-th chunk after an entry's
 //! first (`1732262400123-0/1`), so a cut inside one entry's chunks resumes exactly. The chunks
@@ -73,6 +74,8 @@ struct Chunks {
     started: bool,
     calls: HashSet<String>,
     results: HashSet<String>,
+    /// Text parts whose `text-end` was sent.
+    ended_parts: HashSet<String>,
     ended: bool,
 }
 
@@ -85,6 +88,7 @@ impl Chunks {
             started: false,
             calls: HashSet::new(),
             results: HashSet::new(),
+            ended_parts: HashSet::new(),
             ended: false,
         }
     }
@@ -93,7 +97,13 @@ impl Chunks {
     fn push(&mut self, event: &Event) -> Vec<Value> {
         let mut out = Vec::new();
         for response_event in self.translator.push(event) {
-            if let Some(chunk) = text_chunk(&response_event) {
+            if let Some(mut chunk) = text_chunk(&response_event) {
+                let id = chunk["id"].as_str().unwrap_or_default().to_owned();
+                if chunk["type"] == "text-end" && !self.ended_parts.insert(id.clone()) {
+                    // A part that had ended, written anew by a new attempt: it can only be
+                    // named now, for the client to hide.
+                    chunk = json!({"type": "data-spool-superseded", "data": {"id": id}});
+                }
                 out.push(chunk);
             }
         }
@@ -332,11 +342,14 @@ impl Feed {
                 Some(Item::Reset { .. }) => {
                     self.end_with_error("stream_reset: events were lost; reload the messages");
                 }
-                Some(Item::NotStreaming { .. }) | None => {
-                    // Over without its `done` (lost with Redis), or the server stops.
+                Some(Item::NotStreaming { .. }) => {
+                    // Over, but its `done` was lost with Redis.
                     self.queue.push_back((None, "[DONE]".to_owned()));
                     self.finished = true;
                 }
+                // The session was cut (the server stops, a lagging client dropped, Redis
+                // failed): end without `[DONE]`, so the client resumes with its cursor.
+                None => self.finished = true,
             }
         }
     }

@@ -151,7 +151,8 @@ pub(crate) async fn create_completion(
     if request.stream == Some(true) {
         let run = find(&state, &caller, id).await?;
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        let feed = Feed::open(&state, &caller, run.clone(), None).await?;
+        let mut feed = Feed::open(&state, &caller, run.clone(), None).await?;
+        feed.report_pauses = true;
         let chunks = Chunks {
             feed,
             id: format!("chatcmpl-{}", run.id.to_string().replace('-', "")),
@@ -284,6 +285,17 @@ impl Chunks {
                     lines.push(self.chunk(json!([]), Some(usage)).to_string());
                 }
                 lines.push("[DONE]".to_owned());
+                self.over = true;
+            }
+            "spool.paused" => {
+                let message = "the run waits for client tool outputs or an approval: answer it \
+                    through /v1/workflows/{workflow_id}";
+                lines.push(
+                    json!({"error": {"message": message, "type": "invalid_request_error",
+                        "code": "run_not_finished", "param": null,
+                        "workflow_id": event["workflow_id"]}})
+                    .to_string(),
+                );
                 self.over = true;
             }
             "response.failed" | "error" => {

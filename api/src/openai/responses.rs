@@ -27,7 +27,7 @@ use serde_json::{Map, Value, json};
 
 use spool_shared::db::runs::Run;
 use spool_shared::db::{idempotency, runs};
-use spool_shared::event::Event;
+use spool_shared::event::{Event, EventType};
 use spool_shared::status::Role;
 use spool_shared::{ThreadId, WorkflowId};
 
@@ -384,7 +384,10 @@ pub(crate) async fn cancel_response(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
-    find(&state, &caller, id).await?;
+    // Cancel is the owner's (as on Spool's own route), admins included.
+    runs::find(&state.db, id, &caller.owner)
+        .await?
+        .ok_or_else(response_not_found)?;
     let run =
         workflows::cancel(&state, &caller, id, Some("cancelled through /v1/responses")).await?;
     Ok(Json(load_response(&state, &run).await?))
@@ -413,6 +416,14 @@ pub(crate) struct Feed {
     after: Option<u64>,
     queue: VecDeque<Value>,
     finished: bool,
+    /// Whether a pause is reported (as `spool.paused`, without a sequence number): for chat
+    /// completions, which cannot wait for one.
+    pub(crate) report_pauses: bool,
+}
+
+/// What a [`Feed`] that reports pauses yields when its run pauses.
+fn paused(workflow_id: WorkflowId) -> Value {
+    json!({"type": "spool.paused", "workflow_id": workflow_id})
 }
 
 impl Feed {
@@ -442,7 +453,7 @@ impl Feed {
                 "stream_expired",
                 "the events of this response are no longer retained; GET the response without stream",
             );
-            error["sequence_number"] = json!(starting_after.map_or(0, |n| n + 1));
+            error["sequence_number"] = json!(starting_after.map_or(0, |n| n.saturating_add(1)));
             queue.push_back(error);
         }
         Ok(Self {
@@ -454,6 +465,7 @@ impl Feed {
             translator,
             after: starting_after,
             queue,
+            report_pauses: false,
         })
     }
 
@@ -473,7 +485,8 @@ impl Feed {
         loop {
             if let Some(event) = self.queue.pop_front() {
                 let sequence = event["sequence_number"].as_u64().unwrap_or(0);
-                if self.after.is_none_or(|after| sequence > after) || event["type"] == "error" {
+                let unnumbered = event["type"] == "error" || event["type"] == "spool.paused";
+                if self.after.is_none_or(|after| sequence > after) || unnumbered {
                     return Some(event);
                 }
                 continue;
@@ -497,6 +510,14 @@ impl Feed {
                     if event.workflow_id == self.workflow_id {
                         let events = self.translator.push(&event);
                         self.queue.extend(events);
+                        if self.report_pauses
+                            && matches!(
+                                event.kind,
+                                EventType::RequiresAction | EventType::ApprovalRequested
+                            )
+                        {
+                            self.queue.push_back(paused(self.workflow_id));
+                        }
                     }
                 }
                 Some(Item::Live) => {
@@ -508,6 +529,9 @@ impl Feed {
                         self.after = next.checked_sub(1);
                     }
                 }
+                Some(Item::Pause(_)) if self.report_pauses => {
+                    self.queue.push_back(paused(self.workflow_id));
+                }
                 Some(Item::Pause(_)) => {}
                 Some(Item::Reset { .. }) => {
                     let error = self.translator.error(
@@ -517,7 +541,11 @@ impl Feed {
                     self.queue.push_back(error);
                     self.finished = true;
                 }
-                Some(Item::NotStreaming { .. }) | None => self.finish().await,
+                // Over, but its `done` was lost with Redis: the stored end.
+                Some(Item::NotStreaming { .. }) => self.finish().await,
+                // The session was cut (the server stops, a lagging client dropped, Redis
+                // failed): end here, so the client resumes with `starting_after`.
+                None => self.finished = true,
             }
         }
     }

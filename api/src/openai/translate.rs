@@ -126,8 +126,15 @@ impl Translator {
                 self.result(str_of(data, "tool_call_id"), &mut out);
             }
             EventType::AttemptRestarted => {
+                // Another attempt (after one that crashed mid-replay, too): compare from the
+                // start of what was shown since the last tool result.
                 self.restarted = true;
                 self.current = None;
+                for item in &mut self.items[self.tentative_from..] {
+                    if let Item::Message { replayed, .. } = item {
+                        *replayed = None;
+                    }
+                }
             }
             EventType::MessageEnd => self.close_all(&mut out),
             EventType::Done => {
@@ -275,10 +282,27 @@ impl Translator {
         self.finish_message(index, "completed", out);
     }
 
-    /// Marks a shown item as left behind by a new attempt (`incomplete`, if it was open).
+    /// Marks a shown item as left behind by a new attempt: closed `incomplete` (again, if it
+    /// had been closed: an `output_item.done` for the same index replaces the earlier one).
     fn abandon(&mut self, index: usize, out: &mut Vec<Value>) {
-        if let Item::Message { replayed, .. } = &mut self.items[index] {
+        let mut reclose = None;
+        if let Item::Message {
+            replayed,
+            done,
+            id,
+            shown,
+            ..
+        } = &mut self.items[index]
+        {
             *replayed = None;
+            if *done {
+                reclose = Some(message_item(id, shown, "incomplete"));
+            }
+        }
+        if let Some(item) = reclose {
+            out.push(self.event(json!({
+                "type": "response.output_item.done", "output_index": index, "item": item,
+            })));
         }
         self.finish_message(index, "incomplete", out);
         if let Item::Message { block, .. } = &mut self.items[index] {
@@ -594,6 +618,60 @@ mod tests {
                 (1, "function_call".to_owned()),
                 (2, "message".to_owned())
             ]
+        );
+    }
+
+    #[test]
+    fn a_second_crash_in_the_same_step_sends_no_text_twice() {
+        let out = run(&[
+            (1, EventType::MessageStart, json!({})),
+            (1, EventType::TextDelta, delta("b1", "The answer ")),
+            (2, EventType::AttemptRestarted, json!({"attempt": 2})),
+            (2, EventType::TextDelta, delta("b1", "The ans")),
+            (3, EventType::AttemptRestarted, json!({"attempt": 3})),
+            (3, EventType::TextDelta, delta("b1", "The answer is 42")),
+            (3, EventType::TextEnd, json!({"block_id": "b1"})),
+            (3, EventType::Done, json!({})),
+        ]);
+        assert_eq!(text(&out), "The answer is 42");
+        let added = out
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.added")
+            .count();
+        assert_eq!(added, 1, "{out:#?}");
+    }
+
+    #[test]
+    fn text_that_ended_before_a_crash_and_is_written_anew_is_closed_again_as_incomplete() {
+        let call =
+            json!({"phase": "call", "tool_call_id": "c1", "tool_name": "t", "arguments": {}});
+        let out = run(&[
+            (1, EventType::MessageStart, json!({})),
+            (1, EventType::TextDelta, delta("b1", "Let me check")),
+            (1, EventType::TextEnd, json!({"block_id": "b1"})),
+            (1, EventType::Step, call.clone()),
+            (2, EventType::AttemptRestarted, json!({"attempt": 2})),
+            (2, EventType::TextDelta, delta("b1", "I will look")),
+            (2, EventType::TextEnd, json!({"block_id": "b1"})),
+            (2, EventType::Step, call),
+            (2, EventType::Done, json!({})),
+        ]);
+        let done: Vec<(u64, String)> = out
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.done" && e["item"]["type"] == "message")
+            .map(|e| {
+                let index = e["output_index"].as_u64().unwrap_or(99);
+                (index, e["item"]["status"].as_str().unwrap_or("").to_owned())
+            })
+            .collect();
+        assert_eq!(
+            done,
+            [
+                (0, "completed".to_owned()),
+                (0, "incomplete".to_owned()),
+                (2, "completed".to_owned())
+            ],
+            "{out:#?}"
         );
     }
 

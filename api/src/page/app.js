@@ -97,7 +97,11 @@ async function loadThreads() {
   }
 }
 
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+let opening = 0; // the latest openThread: an earlier one that is still loading stops
+
 async function openThread(id, fresh) {
+  const mine = ++opening;
   if (source) source.close();
   source = null;
   active = null;
@@ -116,14 +120,17 @@ async function openThread(id, fresh) {
   } catch {
     return; // a thread no one has written to yet: it starts empty
   }
+  if (mine !== opening) return;
   $("thread-title").textContent = info.title || id;
   const page = await api("GET", `/v1/threads/${id}/messages?limit=200`);
+  if (mine !== opening) return;
   for (const m of page.messages) {
     if (m.role === "user") bubble("user").textContent = m.content;
     else if (m.status !== "queued" && m.status !== "streaming") renderStored(m);
   }
   if (info.active_workflow_id) {
     const run = await api("GET", `/v1/workflows/${info.active_workflow_id}`);
+    if (mine !== opening) return;
     follow(run.workflow_id, run.message_id);
   }
 }
@@ -286,7 +293,9 @@ function start() {
   }
   $("signin").hidden = true;
   $("app").hidden = false;
-  const wanted = new URLSearchParams(location.search).get("thread");
+  // Only a UUID: the id goes into API paths.
+  const asked = new URLSearchParams(location.search).get("thread");
+  const wanted = asked && UUID.test(asked) ? asked : null;
   loadThreads().catch(() => {});
   openThread(wanted || crypto.randomUUID(), !wanted);
 }

@@ -441,6 +441,10 @@ async fn post_user_message(
     Ok(response)
 }
 
+/// The most earlier turns a message may bring (`POST /v1/responses` input items, a chat
+/// completion's messages), each held to the same limits as the message.
+pub(crate) const MAX_TURNS: usize = 100;
+
 /// What [`enqueue_message`] answers: the 202 body, or the first one for a replayed key.
 pub(crate) struct Enqueue {
     /// The status of the answer (202, or the stored one).
@@ -467,6 +471,15 @@ pub(crate) async fn enqueue_message(
     history: &[(Role, String)],
 ) -> Result<Enqueue, ApiError> {
     check_input(&request.input_text, state.config.max_input_bytes)?;
+    if history.len() > MAX_TURNS {
+        return Err(ApiError::bad_request(
+            "too_many_turns",
+            format!("at most {MAX_TURNS} earlier messages are stored with a message"),
+        ));
+    }
+    for (_, text) in history {
+        check_input(text, state.config.max_input_bytes)?;
+    }
     if request.instructions.is_some() {
         caller.require_admin()?;
     }

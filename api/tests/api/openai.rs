@@ -184,3 +184,63 @@ async fn answers_match_their_documented_schemas_and_tool_steps_are_function_call
     assert_eq!(status, StatusCode::NOT_FOUND);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_run_that_pauses_and_too_many_turns_are_clear_errors() {
+    use spool_tests::fake_llm::{self, tool_results_in};
+
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("c1", "read_file", r#"{"path": "/a"}"#)]),
+        _ => fake_llm::text("Read it.", 2),
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let reader = app
+        .create_agent(
+            "acme",
+            &json!({"name": "reader", "model": "gpt-4o-mini",
+                "tools": [{"type": "client", "name": "read_file"}]}),
+        )
+        .await;
+    let alice = token("alice", "acme");
+    let ask = json!({"model": reader, "messages": [{"role": "user", "content": "read /a"}]});
+
+    // A chat completion cannot wait for the client's tool: 409, or an error in the stream.
+    let (status, error) = app.post(&alice, "/v1/chat/completions", &ask).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(error["error"]["code"], "run_not_finished");
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let response = app
+        .http
+        .post(app.url("/v1/chat/completions"))
+        .bearer_auth(&alice)
+        .json(&streamed)
+        .send()
+        .await
+        .expect("stream");
+    let mut reader = SseReader::new(response);
+    let frames = reader.collect(TIMEOUT).await;
+    assert!(reader.closed, "the stream ends");
+    let last = frames.last().expect("a frame").json();
+    assert_eq!(last["error"]["code"], "run_not_finished", "{frames:?}");
+
+    // More earlier turns than a message may bring: 400, nothing stored.
+    let (_, before) = app.get(&alice, "/v1/threads").await;
+    let mut messages: Vec<Value> = (0..101)
+        .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "x"}))
+        .collect();
+    messages.push(json!({"role": "user", "content": "and?"}));
+    let (status, error) = app
+        .post(
+            &alice,
+            "/v1/chat/completions",
+            &json!({"model": "spool-default", "messages": messages}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert_eq!(error["error"]["code"], "too_many_turns");
+    let (_, after) = app.get(&alice, "/v1/threads").await;
+    assert_eq!(before["data"], after["data"], "no thread was created");
+    app.stop().await;
+}
