@@ -1,4 +1,4 @@
-//! The OpenAI-compatible routes (DESIGN §11): the official Python SDK as the client, unchanged;
+//! The OpenAI-compatible routes (DESIGN §11): the official Python and Node SDKs as clients, unchanged;
 //! and a worker killed mid-response while a client resumes with `starting_after`.
 
 use serde_json::{Value, json};
@@ -31,6 +31,28 @@ async fn the_official_python_sdk_works_unchanged() {
         .expect("python");
     let stdout = String::from_utf8_lossy(&output.stdout);
     println!("{stdout}");
+    assert!(
+        output.status.success() && stdout.contains("all passed"),
+        "the SDK script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_official_node_sdk_works_unchanged() {
+    let dir = spool_tests::peers::node_peers().expect("npm peers");
+    let stack = Stack::start().await;
+    let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "50")]).await;
+    let output = tokio::process::Command::new("node")
+        .arg(dir.join("openai_sdk.mjs"))
+        .current_dir(&dir)
+        .env("SPOOL_URL", &stack.base)
+        .env("TOKEN", token("alice", "acme"))
+        .env("REPLY", demo_reply("resume me", 32))
+        .output()
+        .await
+        .expect("node");
+    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.contains("all passed"),
         "the SDK script failed:\n{stdout}\n{}",
