@@ -183,26 +183,7 @@ async fn stream_thread(
         Ok(start) => start,
         Err(control) => return Ok(control),
     };
-    let subscription = hub.subscribe(thread_id).await.map_err(unavailable)?;
-    let session = Session {
-        conn,
-        key,
-        db: state.db.clone(),
-        subscription,
-        position: start.after,
-        at_entry: start.after_entry,
-        backlog: VecDeque::new(),
-        caught_up: false,
-        until: start.until,
-        watch: start.watch,
-        thread_id,
-        pause_shown: false,
-        linger: start.linger,
-        shutdown: state.shutdown.clone(),
-        finished: false,
-        live: false,
-        _open: OpenStream::new(),
-    };
+    let session = Session::open(&state, conn, key, thread_id, start).await?;
     Ok(sse(session.into_stream()))
 }
 
@@ -246,28 +227,18 @@ pub(crate) async fn follow_run(
             (tail, tail != EntryId::default())
         }
     };
-    let subscription = hub.subscribe(thread_id).await.map_err(unavailable)?;
-    Ok(Some(Session {
-        conn,
-        key,
-        db: state.db.clone(),
-        subscription,
-        position: after,
-        at_entry: after_entry,
-        backlog: VecDeque::new(),
-        caught_up: false,
+    let start = Start {
+        after,
+        after_entry,
         until: Until::DoneOf(message_id.to_string()),
         // Watched even when it is over: its worker may still be publishing its last events, and
         // a `done` lost with Redis ends the session once the stream is quiet.
         watch: Some(workflow_id),
-        thread_id,
-        pause_shown: false,
         linger: None,
-        shutdown: state.shutdown.clone(),
-        finished: false,
-        live: false,
-        _open: OpenStream::new(),
-    }))
+    };
+    Ok(Some(
+        Session::open(state, conn, key, thread_id, start).await?,
+    ))
 }
 
 /// The cursor (`Last-Event-ID`, which wins, else `?last_entry_id=`) and `?last_message_id=`.
@@ -536,6 +507,41 @@ impl Drop for OpenStream {
 }
 
 impl Session {
+    /// A session of the thread's stream at `key` from `start`, joined to the thread's live
+    /// feed first (so nothing written meanwhile is missed).
+    async fn open(
+        state: &AppState,
+        conn: RedisConn,
+        key: String,
+        thread_id: ThreadId,
+        start: Start,
+    ) -> Result<Self, ApiError> {
+        let subscription = state
+            .streams
+            .subscribe(thread_id)
+            .await
+            .map_err(unavailable)?;
+        Ok(Self {
+            conn,
+            key,
+            db: state.db.clone(),
+            subscription,
+            position: start.after,
+            at_entry: start.after_entry,
+            backlog: VecDeque::new(),
+            caught_up: false,
+            until: start.until,
+            watch: start.watch,
+            thread_id,
+            pause_shown: false,
+            linger: start.linger,
+            shutdown: state.shutdown.clone(),
+            finished: false,
+            live: false,
+            _open: OpenStream::new(),
+        })
+    }
+
     fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
         futures::stream::unfold(self, |mut session| async move {
             loop {

@@ -229,6 +229,36 @@ fn output_items(prefix: &str, parts: &[MessagePart]) -> Vec<Value> {
     items
 }
 
+/// How long a create that neither streams nor runs in the background waits for its run (the
+/// SDKs' default timeout): after it, the run is answered as it is.
+const BLOCKING_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The caller's run (an admin's: the tenant's); 404 `response_not_found` otherwise.
+pub(crate) async fn find_run(
+    state: &AppState,
+    caller: &Caller,
+    id: spool_shared::WorkflowId,
+) -> Result<Run, ApiError> {
+    spool_shared::db::runs::find_in(&state.db, id, caller.scope())
+        .await?
+        .ok_or_else(response_not_found)
+}
+
+/// 404 `response_not_found`.
+pub(crate) fn response_not_found() -> ApiError {
+    ApiError::not_found("response_not_found", "no such response")
+}
+
+/// The caller's run once it has ended or paused, or after [`BLOCKING_WAIT`] as it is then.
+pub(crate) async fn wait_for_run(
+    state: &AppState,
+    caller: &Caller,
+    id: spool_shared::WorkflowId,
+) -> Result<Run, ApiError> {
+    let deadline = tokio::time::Instant::now() + BLOCKING_WAIT;
+    crate::routes::workflows::wait_settled(state, caller, id, Some(deadline)).await
+}
+
 /// The Responses object of the caller's run, from Postgres.
 pub(crate) async fn load_response(state: &AppState, run: &Run) -> Result<Value, ApiError> {
     let message =

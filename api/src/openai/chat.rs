@@ -25,10 +25,10 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use spool_shared::ThreadId;
 use spool_shared::db::runs::Run;
-use spool_shared::db::{agents, idempotency, messages, runs};
+use spool_shared::db::{agents, idempotency, messages};
 use spool_shared::status::RunStatus;
-use spool_shared::{ThreadId, WorkflowId};
 
 use crate::app::AppState;
 use crate::auth::Caller;
@@ -36,12 +36,8 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
 use crate::openai::responses::{Feed, turns};
-use crate::openai::{DEFAULT_MODEL, model_of, resolve_model};
+use crate::openai::{DEFAULT_MODEL, find_run, model_of, resolve_model, wait_for_run};
 use crate::routes::threads::{UserMessageRequest, enqueue_message, idempotency_key};
-use crate::routes::workflows;
-
-/// How long a completion waits for its run (the SDKs' default timeout).
-const BLOCKING_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// `/v1/chat/completions`, `/v1/models`.
 pub fn router() -> Router<AppState> {
@@ -149,7 +145,7 @@ pub(crate) async fn create_completion(
         enqueue_message(&state, &caller, thread_id, &message, key, &hash, &history).await?;
     let id = enqueued.workflow_id;
     if request.stream == Some(true) {
-        let run = find(&state, &caller, id).await?;
+        let run = find_run(&state, &caller, id).await?;
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
         let mut feed = Feed::open(&state, &caller, run.clone(), None).await?;
         feed.report_pauses = true;
@@ -164,15 +160,8 @@ pub(crate) async fn create_completion(
         };
         return Ok(gateway::sse_without_retry(chunks.into_sse()));
     }
-    let deadline = tokio::time::Instant::now() + BLOCKING_WAIT;
-    let run = workflows::wait_settled(&state, &caller, id, Some(deadline)).await?;
+    let run = wait_for_run(&state, &caller, id).await?;
     completion(&state, &run).await
-}
-
-async fn find(state: &AppState, caller: &Caller, id: WorkflowId) -> Result<Run, ApiError> {
-    runs::find_in(&state.db, id, caller.scope())
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("the run just enqueued is gone").into())
 }
 
 /// The `chat.completion` of a settled run (an error for a failed or paused one).

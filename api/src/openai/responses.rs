@@ -37,13 +37,11 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::gateway::{self, Item, Session};
 use crate::openai::translate::Translator;
-use crate::openai::{load_response, resolve_model};
+use crate::openai::{
+    find_run as find, load_response, resolve_model, response_not_found, wait_for_run,
+};
 use crate::routes::threads::{UserMessageRequest, enqueue_message, idempotency_key};
 use crate::routes::workflows;
-
-/// How long a create without `background` or `stream` waits for its run (the SDKs' default
-/// timeout): after it, the response is answered as it is.
-const BLOCKING_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// `/v1/responses...`.
 pub fn router() -> Router<AppState> {
@@ -263,14 +261,8 @@ pub(crate) async fn create_response(
     let run = if request.background == Some(true) {
         find(&state, &caller, id).await?
     } else {
-        let deadline = tokio::time::Instant::now() + BLOCKING_WAIT;
-        let run = workflows::wait_settled(&state, &caller, id, Some(deadline)).await?;
-        if run.status.is_terminal() {
-            run
-        } else {
-            // Paused or still running: answered as it is.
-            find(&state, &caller, id).await?
-        }
+        // Ended, or paused or still running: answered as it is.
+        wait_for_run(&state, &caller, id).await?
     };
     Ok(Json(load_response(&state, &run).await?).into_response())
 }
@@ -302,17 +294,6 @@ async fn thread_of(
         }
         (None, None) => Ok(ThreadId::new()),
     }
-}
-
-fn response_not_found() -> ApiError {
-    ApiError::not_found("response_not_found", "no such response")
-}
-
-/// The caller's run (an admin's: the tenant's).
-async fn find(state: &AppState, caller: &Caller, id: WorkflowId) -> Result<Run, ApiError> {
-    runs::find_in(&state.db, id, caller.scope())
-        .await?
-        .ok_or_else(response_not_found)
 }
 
 /// Query of `GET /v1/responses/{id}` (others, such as `include`, are accepted and ignored).

@@ -65,15 +65,7 @@ async fn a_tool_run_streams_as_ai_sdk_chunks_and_resumes_from_any_chunk() {
         .find(|e| e.kind == "message_start")
         .expect("message_start");
     // Every stored event matches the document's schema for its type.
-    let document: Value = app
-        .http
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("json");
+    let document: Value = app.openapi_document().await;
     let typed = document["components"]["schemas"]["StreamEnvelope"]["oneOf"]
         .as_array()
         .map(Vec::len);

@@ -228,6 +228,18 @@ impl TestApp {
         .await
     }
 
+    /// The OpenAPI document the app serves.
+    pub(crate) async fn openapi_document(&self) -> serde_json::Value {
+        self.http
+            .get(self.url("/openapi.json"))
+            .send()
+            .await
+            .expect("request")
+            .json()
+            .await
+            .expect("the document is JSON")
+    }
+
     /// Adds an in-process worker to a running app.
     pub(crate) async fn with_worker(mut self, args: WorkerArgs) -> Self {
         self.spawn_worker(args);

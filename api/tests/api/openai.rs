@@ -25,15 +25,7 @@ async fn answers_match_their_documented_schemas_and_tool_steps_are_function_call
     .await;
     let (tools, base) = Tools::start().await;
     let app = app_with(&fake).await;
-    let document: Value = app
-        .http
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("json");
+    let document: Value = app.openapi_document().await;
     let agent = app
         .create_agent(
             "acme",

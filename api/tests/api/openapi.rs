@@ -267,15 +267,7 @@ async fn failed_paused_and_completed_runs_match_their_documented_schemas() {
     })
     .await;
     let app = app_with(&fake).await;
-    let document: Value = app
-        .http
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("json");
+    let document: Value = app.openapi_document().await;
     let codes = &document["components"]["schemas"]["FailureCode"]["enum"];
     for code in FailureCode::ALL {
         assert!(
