@@ -651,18 +651,24 @@ impl Session {
             return None;
         }
         // Following one message: the previous run's last events (written after the tail
-        // this session started from) are not part of it.
+        // this session started from) are not part of it. The events of the agent runs it
+        // started (depth > 0) are: a thread has one run of its own at a time, and the child
+        // runs' events between its start and its end are its tree's.
         if let Until::DoneOf(message) = &self.until
             && entry.message_id != *message
+            && entry.depth == 0
         {
             return None;
         }
-        self.pause_shown = [EventType::RequiresAction, EventType::ApprovalRequested]
-            .iter()
-            .any(|kind| entry.kind == kind.as_str());
+        if entry.depth == 0 || matches!(&self.until, Until::DoneOf(m) if *m == entry.message_id) {
+            self.pause_shown = [EventType::RequiresAction, EventType::ApprovalRequested]
+                .iter()
+                .any(|kind| entry.kind == kind.as_str());
+        }
         if entry.kind == EventType::Done.as_str() {
+            // A child run's `done` ends only a session that follows that child's message.
             self.finished = match &self.until {
-                Until::AnyDone => true,
+                Until::AnyDone => entry.depth == 0,
                 Until::DoneOf(message) => *message == entry.message_id,
             };
         }
@@ -692,7 +698,7 @@ impl Session {
         let action = standing
             .pending_action
             .filter(|_| paused && !self.pause_shown)?;
-        let (kind, data) = action.0.event();
+        let (kind, data) = action.0.event()?;
         let event = Event {
             v: envelope::VERSION,
             kind,
@@ -700,6 +706,7 @@ impl Session {
             workflow_id: run,
             message_id: standing.assistant_message_id,
             attempt: standing.attempt,
+            depth: 0,
             data,
         };
         self.pause_shown = true;

@@ -125,9 +125,10 @@ pub(crate) fn model_of(run: &Run) -> String {
 pub(crate) fn response_status(status: RunStatus) -> &'static str {
     match status {
         RunStatus::Queued => "queued",
-        RunStatus::Running | RunStatus::RequiresAction | RunStatus::AwaitingApproval => {
-            "in_progress"
-        }
+        RunStatus::Running
+        | RunStatus::RequiresAction
+        | RunStatus::AwaitingApproval
+        | RunStatus::Waiting => "in_progress",
         RunStatus::Completed => "completed",
         RunStatus::Failed => "failed",
         RunStatus::Cancelled => "cancelled",

@@ -18,6 +18,7 @@ use serde_json::Value;
 pub use overrides::{RunDefaults, RunOverrides};
 pub use validate::FieldError;
 
+use crate::ids::AgentId;
 use crate::quota::Quotas;
 
 /// Bounds of `max_steps`.
@@ -238,6 +239,11 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 1_000_000)]
     pub max_output_tokens: Option<u32>,
+    /// How deep a run of this agent may nest agent calls (0 to 10, default 3): a call of an
+    /// agent tool from a run at this depth is refused with a tool error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 10, default = 3)]
+    pub max_call_depth: Option<u32>,
 }
 
 /// Read-only tool calls of a step that run at once when `limits.max_parallel_tools` is unset.
@@ -253,6 +259,11 @@ impl Limits {
     pub fn client_timeout_secs(&self) -> u32 {
         self.human_timeout_secs
             .unwrap_or(DEFAULT_HUMAN_TIMEOUT_SECS)
+    }
+
+    /// How deep agent calls may nest.
+    pub fn call_depth(&self) -> u32 {
+        self.max_call_depth.unwrap_or(DEFAULT_MAX_CALL_DEPTH)
     }
 
     /// How many read-only calls of a step run at once.
@@ -431,6 +442,9 @@ pub enum ToolSpec {
     Mcp(McpToolSpec),
     /// A tool the client executes (the run waits for its output).
     Client(ClientToolSpec),
+    /// Another agent of the tenant: a call starts a child run of it with the call's `input`,
+    /// and the run waits (without a worker) for the child's final text as the call's result.
+    Agent(AgentToolSpec),
 }
 
 impl ToolSpec {
@@ -440,6 +454,7 @@ impl ToolSpec {
             Self::Http(t) => &t.name,
             Self::Mcp(t) => &t.name,
             Self::Client(t) => &t.name,
+            Self::Agent(t) => &t.name,
         }
     }
 }
@@ -509,6 +524,37 @@ pub struct ClientToolSpec {
     #[serde(default)]
     pub requires_approval: bool,
 }
+
+/// An agent called as a tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentToolSpec {
+    /// The name the model sees.
+    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
+    pub name: String,
+    /// What the agent does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// The agent (of the same tenant) that answers a call.
+    pub agent_id: AgentId,
+    /// Whether a person must approve each call.
+    #[serde(default)]
+    pub requires_approval: bool,
+}
+
+impl AgentToolSpec {
+    /// The arguments the model gives: the child run's input.
+    pub fn parameters() -> Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {"input": {"type": "string", "description": "The request for the agent."}},
+            "required": ["input"],
+        })
+    }
+}
+
+/// How deep agents may call agents when `limits.max_call_depth` is unset.
+pub const DEFAULT_MAX_CALL_DEPTH: u32 = 3;
 
 fn empty_object_schema() -> Value {
     serde_json::json!({"type": "object"})
@@ -688,7 +734,7 @@ impl ToolSpec {
         match self {
             Self::Http(t) => Some(&t.headers),
             Self::Mcp(t) => Some(&t.headers),
-            Self::Client(_) => None,
+            Self::Client(_) | Self::Agent(_) => None,
         }
     }
 
@@ -696,7 +742,7 @@ impl ToolSpec {
         match self {
             Self::Http(t) => Some(&mut t.headers),
             Self::Mcp(t) => Some(&mut t.headers),
-            Self::Client(_) => None,
+            Self::Client(_) | Self::Agent(_) => None,
         }
     }
 }

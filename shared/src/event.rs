@@ -91,8 +91,20 @@ pub struct Event {
     pub message_id: MessageId,
     /// The attempt that produced it.
     pub attempt: i32,
+    /// How deep its run is in a tree of agent calls: absent (0) for the thread's own run, 1
+    /// for a run an agent tool call of it started, and so on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub depth: u32,
     /// The details; their shape depends on `type`.
     pub data: Value,
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if"
+)]
+fn is_zero(depth: &u32) -> bool {
+    *depth == 0
 }
 
 /// Where an event belongs: everything but the type and data.
@@ -106,6 +118,8 @@ pub struct Origin {
     pub message_id: MessageId,
     /// The attempt.
     pub attempt: i32,
+    /// The run's depth in a tree of agent calls.
+    pub depth: u32,
 }
 
 impl Origin {
@@ -118,6 +132,7 @@ impl Origin {
             workflow_id: self.workflow_id,
             message_id: self.message_id,
             attempt: self.attempt,
+            depth: self.depth,
             data,
         }
     }
@@ -155,6 +170,7 @@ mod tests {
             workflow_id: WorkflowId::new(),
             message_id: MessageId::new(),
             attempt: 2,
+            depth: 0,
         };
         let event = origin.event(
             EventType::TextDelta,

@@ -153,6 +153,25 @@ pub struct RunQuota {
 }
 
 impl RunQuota {
+    /// The same counters with only their token budgets: what a child run (an agent called as
+    /// a tool) carries. It is charged to them and stops when one is spent; it takes and gives
+    /// back no room (its parent holds the run's place).
+    pub fn budgets_only(&self) -> Self {
+        Self {
+            counters: self
+                .budgets()
+                .map(|c| Counter {
+                    owner_id: c.owner_id.clone(),
+                    agent_id: c.agent_id.clone(),
+                    limits: QuotaLimits {
+                        daily_token_budget: c.limits.daily_token_budget,
+                        ..QuotaLimits::default()
+                    },
+                })
+                .collect(),
+        }
+    }
+
     /// The counters with a token budget.
     pub fn budgets(&self) -> impl Iterator<Item = &Counter> {
         self.counters

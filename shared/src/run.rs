@@ -142,6 +142,17 @@ pub struct PendingCall {
     pub arguments: Value,
 }
 
+/// A child run a waiting run waits for: the run an agent tool call started.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AgentCall {
+    /// The call that started it.
+    pub tool_call_id: String,
+    /// The agent tool the model called.
+    pub tool_name: String,
+    /// The child run (`GET /v1/workflows/{id}`).
+    pub workflow_id: crate::ids::WorkflowId,
+}
+
 /// What a paused run waits for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -168,6 +179,11 @@ pub enum PendingAction {
         #[serde(default)]
         expires_at: Option<DateTime<Utc>>,
     },
+    /// `waiting`: the agent runs these calls started; the run goes on once all have ended.
+    AgentRuns {
+        /// The child runs.
+        runs: Vec<AgentCall>,
+    },
 }
 
 impl PendingAction {
@@ -178,14 +194,18 @@ impl PendingAction {
             Self::SubmitToolOutputs { expires_at, .. } | Self::Approval { expires_at, .. } => {
                 *expires_at = Some(deadline);
             }
+            Self::AgentRuns { .. } => {}
         }
         self
     }
 
     /// The stream event that tells a client what the run waits for, and until when: what the
     /// worker publishes when the run pauses, and what the gateway sends if that was lost.
-    pub fn event(&self) -> (EventType, Value) {
-        match self {
+    /// `None` for a wait on agent runs: the client needs to do nothing, and the children's
+    /// own events follow.
+    pub fn event(&self) -> Option<(EventType, Value)> {
+        Some(match self {
+            Self::AgentRuns { .. } => return None,
             Self::Approval {
                 tool_call_id,
                 tool_name,
@@ -203,7 +223,7 @@ impl PendingAction {
                 EventType::RequiresAction,
                 json!({"tool_calls": tool_calls, "expires_at": expires_at}),
             ),
-        }
+        })
     }
 }
 

@@ -17,6 +17,8 @@ pub enum RunStatus {
     RequiresAction,
     /// Paused until a person approves or denies a tool call.
     AwaitingApproval,
+    /// Paused until the agent runs its tool calls started (agents as tools) have ended.
+    Waiting,
     /// Finished with an assistant message.
     Completed,
     /// Finished with an error.
@@ -38,6 +40,7 @@ impl RunStatus {
             Self::Running => "running",
             Self::RequiresAction => "requires_action",
             Self::AwaitingApproval => "awaiting_approval",
+            Self::Waiting => "waiting",
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -59,6 +62,7 @@ impl std::str::FromStr for RunStatus {
             Self::Running,
             Self::RequiresAction,
             Self::AwaitingApproval,
+            Self::Waiting,
             Self::Completed,
             Self::Failed,
             Self::Cancelled,

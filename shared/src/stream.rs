@@ -296,6 +296,8 @@ pub struct Batch<'a> {
     pub workflow: WorkflowId,
     /// The attempt that publishes it (the fence).
     pub attempt: i32,
+    /// The run's depth in a tree of agent calls (0: the thread's own run).
+    pub depth: u32,
     /// Unique per batch; a retry of the batch sends the same id (and the same events).
     pub id: &'a str,
     /// The events, in order; none only raises the fence.
@@ -314,6 +316,7 @@ pub async fn publish(
         thread,
         workflow,
         attempt,
+        depth,
         id,
         events,
     } = *batch;
@@ -331,7 +334,8 @@ pub async fn publish(
         )
         .arg(keys.notify_channel())
         .arg(thread.to_string())
-        .arg(id);
+        .arg(id)
+        .arg(depth);
     for event in events {
         let json = serde_json::to_string(event).map_err(|err| {
             redis::RedisError::from((redis::ErrorKind::Client, "event encoding", err.to_string()))
@@ -405,6 +409,8 @@ pub struct StoredEvent {
     pub message_id: String,
     /// The JSON envelope (the SSE `data:`).
     pub json: String,
+    /// Its run's depth in a tree of agent calls (0: the thread's own run).
+    pub depth: u32,
 }
 
 impl StoredEvent {
@@ -483,12 +489,14 @@ fn stored((id, fields): RawEntry) -> Option<StoredEvent> {
         kind: String::new(),
         message_id: String::new(),
         json: String::new(),
+        depth: 0,
     };
     for (name, value) in fields {
         match name.as_str() {
             "t" => event.kind = value,
             "m" => event.message_id = value,
             "e" => event.json = value,
+            "d" => event.depth = value.parse().unwrap_or(0),
             _ => {}
         }
     }

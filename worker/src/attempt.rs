@@ -83,6 +83,7 @@ async fn execute_in_span(
         workflow_id: run.id,
         message_id: run.assistant_message_id,
         attempt: run.attempt,
+        depth: u32::try_from(run.depth).unwrap_or(0),
     };
     let events = Publisher::start(
         worker.streams.clone(),

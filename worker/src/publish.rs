@@ -140,6 +140,7 @@ async fn publish_loop(
             thread: origin.thread_id,
             workflow: origin.workflow_id,
             attempt: origin.attempt,
+            depth: origin.depth,
             id,
             events,
         };
@@ -264,6 +265,7 @@ mod tests {
             workflow_id: WorkflowId::new(),
             message_id: MessageId::new(),
             attempt: 1,
+            depth: 0,
         }
     }
 

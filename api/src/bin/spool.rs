@@ -455,6 +455,10 @@ impl Reply {
             if let Some(id) = sse.id {
                 self.cursor = Some(id);
             }
+            if event.depth > 0 {
+                show_nested(&event);
+                continue;
+            }
             if event.message_id.to_string() != self.message {
                 continue;
             }
@@ -464,7 +468,8 @@ impl Reply {
         }
     }
 
-    /// Prints what the event adds; `true` at the reply's `done`.
+    /// Prints what the event adds; `true` at the reply's `done`. (An agent run the reply
+    /// started: see [`show_nested`].)
     fn show(&mut self, event: &Event) -> bool {
         for out in self.translator.push(event) {
             match out["type"].as_str() {
@@ -513,5 +518,37 @@ impl Reply {
             _ => {}
         }
         false
+    }
+}
+
+/// Tells what an agent run the reply started is doing (its text becomes the agent tool's
+/// result, which the model answers from): that it works, its tool calls, what it waits for.
+fn show_nested(event: &Event) {
+    let indent = "  ".repeat(event.depth as usize);
+    let data = &event.data;
+    match event.kind {
+        EventType::MessageStart => {
+            eprintln!("spool: {indent}(agent run {} working)", event.workflow_id);
+        }
+        EventType::Step if data["phase"] == "call" => {
+            eprintln!(
+                "spool: {indent}(tool {})",
+                data["tool_name"].as_str().unwrap_or("?")
+            );
+        }
+        EventType::RequiresAction | EventType::ApprovalRequested => {
+            eprintln!(
+                "spool: {indent}(paused: agent run {} waits: GET /v1/workflows/{})",
+                event.workflow_id, event.workflow_id
+            );
+        }
+        EventType::Done => {
+            eprintln!(
+                "spool: {indent}(agent run {} {})",
+                event.workflow_id,
+                data["status"].as_str().unwrap_or("ended")
+            );
+        }
+        _ => {}
     }
 }

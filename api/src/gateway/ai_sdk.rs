@@ -312,6 +312,11 @@ impl Feed {
             };
             match item {
                 Some(Item::Entry(entry)) => {
+                    // The agent runs the run started (depth > 0) stream into the native format
+                    // only: here their answers show as the agent tools' outputs.
+                    if entry.depth > 0 {
+                        continue;
+                    }
                     let Ok(event) = serde_json::from_str::<Event>(&entry.json) else {
                         continue;
                     };

@@ -208,6 +208,7 @@ async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut las
                         kind: GAP.to_owned(),
                         message_id: String::new(),
                         json: String::new(),
+                        depth: 0,
                     }));
                     match stream::tail(&mut conn, &key).await {
                         Ok(tail) => last = tail.unwrap_or_default(),

@@ -484,6 +484,7 @@ mod tests {
             workflow_id: WorkflowId(uuid::Uuid::nil()),
             message_id: MessageId(uuid::Uuid::nil()),
             attempt,
+            depth: 0,
         }
     }
 

@@ -166,9 +166,21 @@ function follow(workflow, message) {
     es.addEventListener(type, (e) => {
       if (e.data === undefined) return; // EventSource's own `error`: it reconnects
       const envelope = JSON.parse(e.data);
-      if (envelope.message_id !== message) return;
+      if (envelope.message_id !== message) {
+        // An agent run this reply started (agents as tools): its answer comes back as the
+        // tool's result; what it waits for is shown, since the reply waits for it too.
+        if (envelope.depth > 0) nested(type, envelope);
+        return;
+      }
       handle(envelope.data || {}, envelope);
     });
+  const nested = (type, envelope) => {
+    const d = envelope.data || {};
+    if (type === "message_start") setStatus("an agent it called is working");
+    else if (type === "requires_action") showClientTools(envelope.workflow_id, d);
+    else if (type === "approval_requested") showApproval(envelope.workflow_id, d);
+    else if (type === "done") setStatus("running");
+  };
   on("message_start", () => setStatus("running"));
   on("text_delta", (d) => {
     const last = reply.tentative[reply.tentative.length - 1];

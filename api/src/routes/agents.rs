@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use spool_shared::AgentId;
-use spool_shared::agent::AgentSpec;
+use spool_shared::agent::{AgentSpec, FieldError, ToolSpec};
 use spool_shared::db::agents::{self, Agent};
 
 use crate::app::AppState;
@@ -67,14 +67,32 @@ pub struct AgentsResponse {
 
 /// The spec to store: `"<redacted>"` header values replaced by what `stored` holds for them,
 /// then validated.
-fn validated(
+/// Agent tools must name an agent of the tenant (`this`, the agent being saved, included).
+async fn validated(
     state: &AppState,
+    tenant: &str,
+    this: Option<AgentId>,
     mut spec: AgentSpec,
     stored: Option<&AgentSpec>,
 ) -> Result<AgentSpec, ApiError> {
     let mut errors = spec.keep_redacted(stored);
     errors.extend(spec.validate());
     errors.extend(state.config.providers.problems(&spec));
+    for (i, tool) in spec.tools.iter().enumerate() {
+        let ToolSpec::Agent(tool) = tool else {
+            continue;
+        };
+        if Some(tool.agent_id) != this
+            && agents::find(&state.db, tool.agent_id, tenant)
+                .await?
+                .is_none()
+        {
+            errors.push(FieldError {
+                field: format!("tools[{i}].agent_id"),
+                message: format!("no agent {} in this tenant", tool.agent_id),
+            });
+        }
+    }
     if errors.is_empty() {
         return Ok(spec);
     }
@@ -118,8 +136,9 @@ async fn post_agent(
     ApiJson(spec): ApiJson<AgentSpec>,
 ) -> Result<(StatusCode, Json<AgentResponse>), ApiError> {
     caller.require_admin()?;
-    let spec = validated(&state, spec, None)?;
-    let agent = agents::insert(&state.db, AgentId::new(), &caller.owner.tenant_id, &spec).await?;
+    let tenant = &caller.owner.tenant_id;
+    let spec = validated(&state, tenant, None, spec, None).await?;
+    let agent = agents::insert(&state.db, AgentId::new(), tenant, &spec).await?;
     Ok((StatusCode::CREATED, Json(agent.into())))
 }
 
@@ -196,7 +215,7 @@ async fn put_agent(
     let stored = agents::find(&state.db, agent_id, tenant)
         .await?
         .ok_or_else(not_found)?;
-    let spec = validated(&state, spec, Some(&stored.spec.0))?;
+    let spec = validated(&state, tenant, Some(agent_id), spec, Some(&stored.spec.0)).await?;
     let agent = agents::update(&state.db, agent_id, tenant, &spec)
         .await?
         .ok_or_else(not_found)?;

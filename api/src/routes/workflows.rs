@@ -77,9 +77,12 @@ pub struct WorkflowResponse {
     pub cancel_requested_at: Option<DateTime<Utc>>,
     /// Why cancellation was asked for (the `reason` given to cancel).
     pub cancel_reason: Option<String>,
-    /// The run that started this one as a tool call (always `null` for now: agents cannot
-    /// call agents yet).
+    /// The run whose agent tool call started this one (`null` for a thread's own run).
     pub parent_workflow_id: Option<WorkflowId>,
+    /// That tool call's id.
+    pub parent_tool_call_id: Option<String>,
+    /// How deep it is in a tree of agent calls (0: a thread's own run).
+    pub depth: i16,
     /// When it was enqueued.
     pub created_at: DateTime<Utc>,
     /// When it was first claimed.
@@ -105,7 +108,9 @@ impl From<Run> for WorkflowResponse {
             pending_action: run.pending_action.map(|a| a.0),
             cancel_requested_at: run.cancel_requested_at,
             cancel_reason: run.cancel_reason,
-            parent_workflow_id: None,
+            parent_workflow_id: run.parent_workflow_id,
+            parent_tool_call_id: run.parent_tool_call_id,
+            depth: run.depth,
             created_at: run.created_at,
             started_at: run.started_at,
             finished_at: run.finished_at,
@@ -388,17 +393,34 @@ pub(crate) async fn cancel(
 ) -> Result<Run, ApiError> {
     let status = runs::request_cancel(&state.db, id, &caller.owner, reason).await?;
     let run = current(state, id, caller).await?;
-    match status {
-        None => return Ok(run),
-        Some(RunStatus::Running) => db::notify_cancel(&state.db, id).await?,
-        Some(_) => match runs::cancel_unclaimed(&state.db, id).await? {
-            Some(attempt) => publish_cancelled(state, &run, attempt).await,
-            // A worker claimed it in between: it sees the request as it starts.
-            None => db::notify_cancel(&state.db, id).await?,
-        },
+    let Some(status) = status else {
+        return Ok(run);
+    };
+    // The agent runs it started first, deepest first: a parent re-queued by its last child's
+    // end finds its own cancel request already standing.
+    for child in runs::active_descendants(&state.db, id).await? {
+        let child_status = runs::request_cancel(&state.db, child.id, &caller.owner, reason).await?;
+        if let Some(child_status) = child_status {
+            end_cancelled(state, &child, child_status).await?;
+        }
     }
+    end_cancelled(state, &run, status).await?;
     tracing::info!(workflow.id = %id, "cancel requested");
     current(state, id, caller).await
+}
+
+/// Ends a run whose cancel was just requested: a worker holding it hears it (and ends it);
+/// one no worker holds is cancelled here, and its stream ended.
+async fn end_cancelled(state: &AppState, run: &Run, status: RunStatus) -> Result<(), ApiError> {
+    match status {
+        RunStatus::Running => db::notify_cancel(&state.db, run.id).await?,
+        _ => match runs::cancel_unclaimed(&state.db, run.id).await? {
+            Some(attempt) => publish_cancelled(state, run, attempt).await,
+            // A worker claimed it in between: it sees the request as it starts.
+            None => db::notify_cancel(&state.db, run.id).await?,
+        },
+    }
+    Ok(())
 }
 
 /// Ends the stream of a run cancelled without a worker (best effort: with Redis down, the
@@ -409,6 +431,7 @@ async fn publish_cancelled(state: &AppState, run: &Run, attempt: i32) {
         workflow_id: run.id,
         message_id: run.assistant_message_id,
         attempt,
+        depth: u32::try_from(run.depth).unwrap_or(0),
     };
     let start = (EventType::MessageStart, json!({"role": "assistant"}));
     let end = end_of_message(RunStatus::Cancelled, Usage::default(), None);
@@ -422,6 +445,7 @@ async fn publish_cancelled(state: &AppState, run: &Run, attempt: i32) {
         thread: run.thread_id,
         workflow: run.id,
         attempt,
+        depth: origin.depth,
         id: &id,
         events: &events,
     };

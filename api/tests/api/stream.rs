@@ -69,6 +69,7 @@ impl TestApp {
             thread: origin.thread_id,
             workflow: origin.workflow_id,
             attempt: origin.attempt,
+            depth: 0,
             id: &id,
             events,
         };
@@ -597,6 +598,7 @@ async fn a_subscriber_that_falls_behind_the_buffer_is_dropped_and_can_resume() {
         workflow_id: spool_shared::WorkflowId::new(),
         message_id: spool_shared::MessageId::new(),
         attempt: 1,
+        depth: 0,
     };
     let publish = |n: usize| {
         let events: Vec<_> = (0..n)
@@ -681,6 +683,7 @@ async fn a_cursor_on_a_thread_with_nothing_running_replays_and_ends_even_without
         workflow_id: spool_shared::WorkflowId::new(),
         message_id: spool_shared::MessageId::new(),
         attempt: 1,
+        depth: 0,
     };
     let events: Vec<_> = ["a", "b", "c"]
         .iter()
@@ -732,6 +735,7 @@ async fn a_client_resuming_after_the_run_ended_but_before_its_done_was_published
             .and_then(|m| m.parse().ok())
             .expect("message id"),
         attempt: 1,
+        depth: 0,
     };
     let end: Vec<_> = [
         spool_shared::event::EventType::MessageEnd,
@@ -900,6 +904,7 @@ async fn a_client_following_a_message_sees_none_of_the_previous_run_s_late_event
             .and_then(|m| m.parse().ok())
             .expect("message id"),
         attempt: 1,
+        depth: 0,
     };
     let late: Vec<_> = [
         spool_shared::event::EventType::MessageEnd,

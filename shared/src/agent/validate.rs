@@ -153,6 +153,7 @@ impl AgentSpec {
                 &(1..=1_000_000),
                 limits.max_output_tokens,
             ),
+            ("limits.max_call_depth", &(0..=10), limits.max_call_depth),
         ];
         for (scope, limits) in [
             ("user", &self.governance.user),
@@ -224,6 +225,8 @@ impl AgentSpec {
                 ToolSpec::Client(t) => {
                     check_schema(&t.parameters, &format!("tools[{i}].parameters"), problems)
                 }
+                // Whether the agent exists (in the tenant) is checked where agents are saved.
+                ToolSpec::Agent(_) => {}
             }
         }
     }

@@ -115,7 +115,7 @@ pub async fn list(
         columns!(),
         " FROM (
              SELECT * FROM messages
-              WHERE thread_id = $1
+              WHERE thread_id = $1 AND depth = 0
                 AND ($3::uuid IS NULL
                      OR seq < (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
               ORDER BY seq DESC
@@ -170,7 +170,7 @@ pub async fn history(
                   WHERE thread_id = $1
                     AND seq <= (SELECT seq FROM messages WHERE id = $2)
                     AND seq > COALESCE((SELECT through_seq FROM summary), 0)
-                    AND status = 'completed' AND content <> ''
+                    AND status = 'completed' AND content <> '' AND depth = 0
                   ORDER BY seq DESC
                   LIMIT $3) recent
           ORDER BY seq",

@@ -100,6 +100,12 @@ pub struct Run {
     pub agent_spec: Option<Json<AgentSpec>>,
     /// The quota counters it was admitted against (`None`: no quota applied).
     pub quota: Option<Json<RunQuota>>,
+    /// The run whose agent tool call started it (agents as tools), if any.
+    pub parent_workflow_id: Option<WorkflowId>,
+    /// That call's id.
+    pub parent_tool_call_id: Option<String>,
+    /// How deep it is in a tree of agent calls (0: the thread's own run).
+    pub depth: i16,
 }
 
 // One list for every statement that returns whole runs (`r.`-prefixed where a join needs it).
@@ -110,7 +116,8 @@ macro_rules! columns {
          status, attempt, reclaims, lease_owner, lease_expires_at, heartbeat_at, \
          cancel_requested_at, error, usage, trace_context, created_at, started_at, finished_at, \
          updated_at, pending_action, pause_expires_at, resumed, overrides, cancel_reason, \
-         cancelled_by, queued_at, agent_spec, quota"
+         cancelled_by, queued_at, agent_spec, quota, parent_workflow_id, parent_tool_call_id, \
+         depth"
     };
     ("r.") => {
         "r.id, r.thread_id, r.tenant_id, r.owner_id, r.agent_id, r.user_message_id, \
@@ -118,7 +125,8 @@ macro_rules! columns {
          r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage, \
          r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at, \
          r.pending_action, r.pause_expires_at, r.resumed, r.overrides, r.cancel_reason, \
-         r.cancelled_by, r.queued_at, r.agent_spec, r.quota"
+         r.cancelled_by, r.queued_at, r.agent_spec, r.quota, r.parent_workflow_id, \
+         r.parent_tool_call_id, r.depth"
     };
 }
 
@@ -321,8 +329,9 @@ pub async fn find_active(
     sqlx::query_as(concat!(
         "SELECT ",
         columns!(""),
-        " FROM runs WHERE thread_id = $1
-            AND status IN ('queued', 'running', 'requires_action', 'awaiting_approval')"
+        " FROM runs WHERE thread_id = $1 AND parent_workflow_id IS NULL
+            AND status IN ('queued', 'running', 'requires_action', 'awaiting_approval',
+                           'waiting')"
     ))
     .bind(thread_id)
     .fetch_optional(executor)
@@ -719,7 +728,8 @@ pub async fn cancel_unclaimed(
              UPDATE runs
                 SET status = 'cancelled', finished_at = now(), updated_at = now(),
                     pending_action = NULL, pause_expires_at = NULL
-              WHERE id = $1 AND status IN ('queued', 'requires_action', 'awaiting_approval')
+              WHERE id = $1
+                AND status IN ('queued', 'requires_action', 'awaiting_approval', 'waiting')
           RETURNING id, attempt, assistant_message_id),
          partial AS (
              SELECT coalesce(string_agg(s.text, E'\n\n' ORDER BY s.step)
@@ -735,6 +745,192 @@ pub async fn cancel_unclaimed(
     .fetch_optional(executor)
     .await?;
     Ok(row.map(|(attempt,)| attempt))
+}
+
+/// A child run an agent tool call starts: the agent, its spec as the call found it, and the
+/// call's input as the child's user message.
+#[derive(Clone, Debug)]
+pub struct NewChild<'a> {
+    /// The child's workflow id.
+    pub id: WorkflowId,
+    /// The call that starts it.
+    pub tool_call_id: &'a str,
+    /// The agent that answers.
+    pub agent_id: AgentId,
+    /// Its spec, which the child executes whatever happens to the agent later.
+    pub agent_spec: &'a AgentSpec,
+    /// The call's `input`: the child's user message.
+    pub input: &'a str,
+    /// The W3C traceparent its attempts join (the parent attempt's span: one trace covers
+    /// the tree); `None`: the parent's own.
+    pub trace_context: Option<&'a str>,
+}
+
+/// What a wait on child runs found.
+#[must_use = "a wait that did not happen must end the attempt"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// The children were started; the run waits for them without a worker.
+    Waiting,
+    /// Nothing was written: a cancel was requested; the attempt must end the run as cancelled.
+    CancelRequested,
+    /// Nothing was written: the lease is lost.
+    Lost,
+}
+
+impl Claimed {
+    /// Saves step `step` with its agent calls, starts a child run for each of `children` (on
+    /// the run's thread, one level deeper, under the run's trace and token budgets), and pauses
+    /// the run (`waiting`, `action`) until they have all ended: in one transaction fenced on
+    /// the attempt, so a crash leaves either the step unsettled with no child or every child
+    /// started. Unless a cancel was requested meanwhile or the lease is lost: then nothing is
+    /// written.
+    pub async fn wait_for_children(
+        &self,
+        pool: &sqlx::PgPool,
+        step: u32,
+        data: &SavedStep,
+        children: &[NewChild<'_>],
+        action: &PendingAction,
+    ) -> sqlx::Result<Wait> {
+        let run = &self.run;
+        let mut tx = pool.begin().await?;
+        let held: Option<(bool,)> = sqlx::query_as(
+            "SELECT cancel_requested_at IS NOT NULL FROM runs
+              WHERE id = $1 AND attempt = $2 AND status = 'running' FOR UPDATE",
+        )
+        .bind(run.id)
+        .bind(run.attempt)
+        .fetch_optional(&mut *tx)
+        .await?;
+        match held {
+            None => return Ok(Wait::Lost),
+            Some((true,)) => return Ok(Wait::CancelRequested),
+            Some((false,)) => {}
+        }
+        let step = i32::try_from(step).unwrap_or(i32::MAX);
+        if !steps::save(&mut *tx, run.id, run.attempt, step, data).await? {
+            return Ok(Wait::Lost);
+        }
+        let quota = run.quota.as_ref().map(|q| q.0.budgets_only());
+        let quota = quota.filter(|q| !q.counters.is_empty());
+        for child in children {
+            insert_child(&mut tx, run, child, quota.as_ref()).await?;
+        }
+        sqlx::query(
+            "UPDATE runs
+                SET status = 'waiting', pending_action = $3, pause_expires_at = NULL,
+                    resumed = false, lease_expires_at = NULL, queued_at = now(),
+                    updated_at = now()
+              WHERE id = $1 AND attempt = $2",
+        )
+        .bind(run.id)
+        .bind(run.attempt)
+        .bind(super::storable(action)?)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Wait::Waiting)
+    }
+}
+
+/// Inserts a child run of `parent` with its user message (the input) and its queued assistant
+/// message, both marked with the child's depth (thread listings and later turns' history
+/// leave them out).
+async fn insert_child(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    parent: &Run,
+    child: &NewChild<'_>,
+    quota: Option<&RunQuota>,
+) -> sqlx::Result<()> {
+    let depth = parent.depth.saturating_add(1);
+    let (user_message, assistant_message) = (MessageId::new(), MessageId::new());
+    sqlx::query(
+        "INSERT INTO messages (id, thread_id, role, content, status, workflow_id, depth)
+         VALUES ($1, $3, 'user', $4, 'completed', $5, $6),
+                ($2, $3, 'assistant', '', 'queued', $5, $6)",
+    )
+    .bind(user_message)
+    .bind(assistant_message)
+    .bind(parent.thread_id)
+    .bind(super::storable_text(child.input))
+    .bind(child.id)
+    .bind(depth)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
+                           assistant_message_id, trace_context, agent_spec, quota,
+                           parent_workflow_id, parent_tool_call_id, depth)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    )
+    .bind(child.id)
+    .bind(parent.thread_id)
+    .bind(&parent.tenant_id)
+    .bind(&parent.owner_id)
+    .bind(child.agent_id)
+    .bind(user_message)
+    .bind(assistant_message)
+    .bind(child.trace_context.or(parent.trace_context.as_deref()))
+    .bind(Json(child.agent_spec))
+    .bind(quota.map(Json))
+    .bind(parent.id)
+    .bind(child.tool_call_id)
+    .bind(depth)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// How a child run ended, as its parent's next attempt reads it.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct ChildEnd {
+    /// The child.
+    pub id: WorkflowId,
+    /// Its status (terminal once the parent is re-queued).
+    pub status: RunStatus,
+    /// Why it failed.
+    pub error: Option<Json<RunFailure>>,
+    /// Its final text.
+    pub content: String,
+    /// Its structured answer, when its agent has a `response_format`.
+    pub output: Option<Json<Value>>,
+}
+
+/// The child runs of `parent` with how they stand and their messages' text.
+pub async fn children(
+    executor: impl PgExecutor<'_>,
+    parent: WorkflowId,
+) -> sqlx::Result<Vec<ChildEnd>> {
+    sqlx::query_as(
+        "SELECT r.id, r.status, r.error, m.content, m.output
+           FROM runs r JOIN messages m ON m.id = r.assistant_message_id
+          WHERE r.parent_workflow_id = $1",
+    )
+    .bind(parent)
+    .fetch_all(executor)
+    .await
+}
+
+/// The runs in the tree of agent calls below `root` that have not ended, deepest first.
+pub async fn active_descendants(
+    executor: impl PgExecutor<'_>,
+    root: WorkflowId,
+) -> sqlx::Result<Vec<Run>> {
+    sqlx::query_as(concat!(
+        "WITH RECURSIVE tree (id) AS (
+             SELECT id FROM runs WHERE parent_workflow_id = $1
+             UNION ALL
+             SELECT r.id FROM runs r JOIN tree t ON r.parent_workflow_id = t.id)
+         SELECT ",
+        columns!("r."),
+        " FROM runs r JOIN tree t ON t.id = r.id
+          WHERE r.status NOT IN ('completed', 'failed', 'cancelled')
+          ORDER BY r.depth DESC, r.created_at"
+    ))
+    .bind(root)
+    .fetch_all(executor)
+    .await
 }
 
 /// Marks the run's assistant message as streaming. Fenced: `false` if the lease is lost.

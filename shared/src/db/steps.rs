@@ -68,6 +68,9 @@ pub enum CallState {
     Approved,
     /// Denied by a person (`reason`).
     Denied,
+    /// A call of an agent tool: waits for the child run it started (`workflow_id`; none yet
+    /// while the step is being saved to start it).
+    PendingAgent,
 }
 
 /// Tool results longer than this many characters are cut, whoever produced them (a tool, a
@@ -127,6 +130,9 @@ pub struct CallResult {
     /// approval's deadline, or the client that ran it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
+    /// The child run an agent tool call started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<WorkflowId>,
 }
 
 /// Who decides a call's fate.
@@ -185,6 +191,7 @@ impl CallResult {
             ended_at: None,
             attempt: None,
             decision: None,
+            workflow_id: None,
         }
     }
 

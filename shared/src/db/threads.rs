@@ -43,8 +43,9 @@ macro_rules! columns {
     () => {
         "t.id, t.agent_id, t.metadata, t.title, t.last_message_at, t.created_at, t.updated_at,
          (SELECT r.id FROM runs r
-           WHERE r.thread_id = t.id
-             AND r.status IN ('queued', 'running', 'requires_action', 'awaiting_approval')
+           WHERE r.thread_id = t.id AND r.parent_workflow_id IS NULL
+             AND r.status IN ('queued', 'running', 'requires_action', 'awaiting_approval',
+                              'waiting')
          ) AS active_workflow_id"
     };
 }

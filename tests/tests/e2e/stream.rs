@@ -98,6 +98,7 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
         workflow_id: WorkflowId(uuid::Uuid::max()),
         message_id: MessageId(uuid::Uuid::max()),
         attempt,
+        depth: 0,
     };
     let publish_kind = |attempt: i32, kind: EventType| {
         let event = origin(attempt).event(kind, json!({"block_id": "b0", "delta": "x"}));
@@ -110,6 +111,7 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
                 thread: events[0].thread_id,
                 workflow: events[0].workflow_id,
                 attempt,
+                depth: 0,
                 id: &id,
                 events: &events,
             };
@@ -162,6 +164,7 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
         workflow_id: WorkflowId::new(),
         message_id: MessageId::new(),
         attempt: 1,
+        depth: 0,
     };
     let delta = |text: &str| {
         origin.event(
@@ -177,6 +180,7 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
                 thread: origin.thread_id,
                 workflow: origin.workflow_id,
                 attempt: origin.attempt,
+                depth: 0,
                 id: &id,
                 events: &events,
             };

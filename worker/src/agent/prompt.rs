@@ -52,13 +52,19 @@ pub(crate) async fn start(db: &PgPool, run: &Run, spec: &AgentSpec) -> sqlx::Res
             content: spec.instructions.clone(),
         });
     }
-    let (history, summary) = messages::history(
-        db,
-        run.thread_id,
-        run.user_message_id,
-        i64::from(spec.history_depth),
-    )
-    .await?;
+    let (history, summary) = if run.depth > 0 {
+        // A child run (an agent called as a tool) sees its input only, not the thread's
+        // conversation, which its parent's model summed up in the call.
+        (own_message(db, run).await?, None)
+    } else {
+        messages::history(
+            db,
+            run.thread_id,
+            run.user_message_id,
+            i64::from(spec.history_depth),
+        )
+        .await?
+    };
     if let Some(summary) = &summary {
         conversation.push(ChatMessage::System {
             content: format!("Summary of the earlier conversation:\n{}", summary.content),
@@ -82,6 +88,21 @@ pub(crate) async fn start(db: &PgPool, run: &Run, spec: &AgentSpec) -> sqlx::Res
         history,
         summary,
     })
+}
+
+/// The run's own user message, as the history of a child run.
+async fn own_message(db: &PgPool, run: &Run) -> sqlx::Result<Vec<messages::HistoryMessage>> {
+    let message = messages::find_in_thread(db, run.user_message_id, run.thread_id).await?;
+    Ok(message
+        .into_iter()
+        .map(|m| messages::HistoryMessage {
+            role: m.role,
+            content: m.content,
+            parts: m.parts,
+            // Never summarised: the history holds nothing older to summarise.
+            seq: 0,
+        })
+        .collect())
 }
 
 /// An earlier assistant message as the model said it: each step's text and tool calls, then

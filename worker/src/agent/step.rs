@@ -12,12 +12,14 @@
 
 use serde_json::{Value, json};
 
-use spool_shared::agent::StopCondition;
-use spool_shared::db::runs::Pause;
+use spool_shared::agent::{AgentSpec, StopCondition};
+use spool_shared::db::agents;
+use spool_shared::db::runs::{self, ChildEnd, NewChild, Pause, Wait};
 use spool_shared::db::steps::{CallResult, CallState, DecidedBy, Decision};
 use spool_shared::event::EventType;
-use spool_shared::run::{Citation, PendingAction, PendingCall};
+use spool_shared::run::{AgentCall, Citation, PendingAction, PendingCall};
 use spool_shared::status::RunStatus;
+use spool_shared::{AgentId, WorkflowId};
 
 use super::Loop;
 use super::answer::{Exit, LoopEnd};
@@ -102,8 +104,12 @@ impl Loop<'_> {
             if let Some(secs) = approval {
                 result.state = CallState::PendingApproval;
                 result.timeout_secs = Some(secs);
-            } else if tool.is_some_and(|t| matches!(t.kind, Kind::Client)) {
-                result.state = CallState::PendingClient;
+            } else if let Some(tool) = tool {
+                match tool.kind {
+                    Kind::Client => result.state = CallState::PendingClient,
+                    Kind::Agent(_) => result.state = CallState::PendingAgent,
+                    _ => {}
+                }
             }
             results.push(result);
         }
@@ -124,12 +130,21 @@ impl Loop<'_> {
             announce_calls(a, step, &output.tool_calls);
         }
         self.apply_decisions(&mut results);
+        let starts = self.agent_calls(a, &output, &mut results).await?;
         self.execute(a, step, &output, &mut results).await?;
         if let Some(halt) = a.stop.now() {
             self.answer.add_text(&output.text);
             return Err(self.halted(halt));
         }
         publish_results(a, step, &mut results);
+        let approval = results
+            .iter()
+            .any(|r| r.state == CallState::PendingApproval);
+        if !approval && !starts.is_empty() {
+            return Err(self
+                .wait_for_agents(a, step, &output, results, starts)
+                .await);
+        }
         if results.iter().any(|r| {
             matches!(
                 r.state,
@@ -139,6 +154,128 @@ impl Loop<'_> {
             return Err(self.pause(a, step, &output, results).await);
         }
         self.commit(a, step, output, results).await
+    }
+
+    /// Settles the step's agent calls that can be settled now, and says which need a child
+    /// run: a call whose child has ended gets the child's final text (or its failure) as its
+    /// result; a call that would nest deeper than `limits.max_call_depth`, names an agent that
+    /// is gone or disabled, or has no `input`, gets a tool error. The others are returned, with
+    /// their agent's spec as it is now, to be started.
+    async fn agent_calls(
+        &self,
+        a: &Attempt<'_>,
+        output: &ModelOutput,
+        results: &mut [CallResult],
+    ) -> Result<Vec<AgentStart>, Exit> {
+        let run = a.claimed.run();
+        let mut starts = Vec::new();
+        let mut ended = None;
+        for (index, result) in results.iter_mut().enumerate() {
+            if result.state != CallState::PendingAgent {
+                continue;
+            }
+            if let Some(child) = result.workflow_id {
+                if ended.is_none() {
+                    ended = Some(runs::children(a.db, run.id).await?);
+                }
+                let end = ended.iter().flatten().find(|end| end.id == child);
+                let (text, is_error) = child_result(end);
+                result.settle(text, is_error);
+                continue;
+            }
+            let Some(Kind::Agent(tool)) = self.tools.find(&result.name).map(|t| &t.kind) else {
+                result.settle(format!("unknown tool `{}`", result.name), true);
+                continue;
+            };
+            let depth = u32::try_from(run.depth).unwrap_or(0);
+            let limit = self.spec.limits.call_depth();
+            if depth >= limit {
+                let error = format!(
+                    "agents may call agents {limit} levels deep at most (max_call_depth); this \
+                     call was not made"
+                );
+                result.settle(error, true);
+                continue;
+            }
+            let arguments = output
+                .tool_calls
+                .iter()
+                .find(|c| c.id == result.tool_call_id)
+                .map_or(Value::Null, ToolCall::parsed_arguments);
+            let Some(input) = arguments["input"].as_str().filter(|i| !i.trim().is_empty()) else {
+                result.settle("the call needs an `input` string".to_owned(), true);
+                continue;
+            };
+            let agent = agents::find(a.db, tool.agent_id, &run.tenant_id).await?;
+            match agent {
+                Some(agent) if agent.spec.0.status.is_active() => starts.push(AgentStart {
+                    index,
+                    agent_id: tool.agent_id,
+                    spec: agent.spec.0,
+                    input: input.to_owned(),
+                }),
+                Some(_) => result.settle(format!("the agent {} is disabled", tool.agent_id), true),
+                None => result.settle(format!("the agent {} does not exist", tool.agent_id), true),
+            }
+        }
+        Ok(starts)
+    }
+
+    /// Starts a child run for each of `starts` and pauses the run (`waiting`) until they have
+    /// ended, with the step saved in the same transaction; a cancel requested meanwhile ends
+    /// the run instead, starting nothing.
+    async fn wait_for_agents(
+        &mut self,
+        a: &Attempt<'_>,
+        step: u32,
+        output: &ModelOutput,
+        mut results: Vec<CallResult>,
+        starts: Vec<AgentStart>,
+    ) -> Exit {
+        let mut calls = Vec::with_capacity(starts.len());
+        for start in &starts {
+            let result = &mut results[start.index];
+            let id = WorkflowId::new();
+            result.workflow_id = Some(id);
+            calls.push(AgentCall {
+                tool_call_id: result.tool_call_id.clone(),
+                tool_name: result.name.clone(),
+                workflow_id: id,
+            });
+        }
+        let traceparent = spool_shared::telemetry::inject_traceparent();
+        let children: Vec<NewChild<'_>> = starts
+            .iter()
+            .zip(&calls)
+            .map(|(start, call)| NewChild {
+                id: call.workflow_id,
+                tool_call_id: &call.tool_call_id,
+                agent_id: start.agent_id,
+                agent_spec: &start.spec,
+                input: &start.input,
+                trace_context: traceparent.as_deref(),
+            })
+            .collect();
+        let saved = output.saved(results.clone(), Vec::new());
+        let action = PendingAction::AgentRuns {
+            runs: calls.clone(),
+        };
+        let waited = a
+            .claimed
+            .wait_for_children(a.db, step, &saved, &children, &action)
+            .await;
+        match waited {
+            Err(err) => Exit::from(err),
+            Ok(Wait::Waiting) => {
+                tracing::info!(children = calls.len(), "waiting for agent runs");
+                LoopEnd::Paused.into()
+            }
+            Ok(Wait::CancelRequested) => {
+                self.answer.add_text(&output.text);
+                self.halted(Halt::Cancelled)
+            }
+            Ok(Wait::Lost) => LoopEnd::LeaseLost.into(),
+        }
     }
 
     /// Settles what people decided, or failed to decide in time: a denial, or the presented
@@ -166,14 +303,11 @@ impl Loop<'_> {
                     result.settle(output, true);
                     result.decision = Some(Decision::now(DecidedBy::Deadline, false, None));
                 }
-                CallState::Approved
-                    if self
-                        .tools
-                        .find(&result.name)
-                        .is_some_and(|t| matches!(t.kind, Kind::Client)) =>
-                {
-                    result.state = CallState::PendingClient;
-                }
+                CallState::Approved => match self.tools.find(&result.name).map(|t| &t.kind) {
+                    Some(Kind::Client) => result.state = CallState::PendingClient,
+                    Some(Kind::Agent(_)) => result.state = CallState::PendingAgent,
+                    _ => {}
+                },
                 CallState::ClientOutput => result.state = CallState::Done,
                 _ => {}
             }
@@ -324,11 +458,45 @@ impl Loop<'_> {
             Ok(Pause::CancelRequested) => self.halted(Halt::Cancelled),
             Ok(Pause::Lost) => LoopEnd::LeaseLost.into(),
             Ok(Pause::Paused(deadline)) => {
-                let (event, data) = action.until(deadline).event();
-                a.events.send(event, data);
+                if let Some((event, data)) = action.until(deadline).event() {
+                    a.events.send(event, data);
+                }
                 LoopEnd::Paused.into()
             }
         }
+    }
+}
+
+/// An agent call to start: the call's place in the step, the agent and its spec, the input.
+pub(crate) struct AgentStart {
+    index: usize,
+    agent_id: AgentId,
+    spec: AgentSpec,
+    input: String,
+}
+
+/// What an agent call's result is, from how its child run ended.
+fn child_result(end: Option<&ChildEnd>) -> (String, bool) {
+    let Some(end) = end else {
+        return ("the agent run is gone".to_owned(), true);
+    };
+    match end.status {
+        RunStatus::Completed => match &end.output {
+            Some(output) => (output.0.to_string(), false),
+            None => (end.content.clone(), false),
+        },
+        RunStatus::Failed => {
+            let reason = end.error.as_ref().map_or_else(
+                || "unknown".to_owned(),
+                |e| format!("{}: {}", e.0.code.as_str(), e.0.message),
+            );
+            (format!("The agent run failed ({reason})."), true)
+        }
+        RunStatus::Cancelled => ("The agent run was cancelled.".to_owned(), true),
+        status => (
+            format!("The agent run has not ended (it is {}).", status.as_str()),
+            true,
+        ),
     }
 }
 

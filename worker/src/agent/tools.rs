@@ -94,6 +94,8 @@ pub(crate) struct Tool {
 pub(crate) enum Kind {
     /// Executed by the client: the run waits for its output.
     Client,
+    /// Answered by a child run of an agent: the run waits for it.
+    Agent(spool_shared::agent::AgentToolSpec),
     Http(spool_shared::agent::HttpToolSpec),
     Mcp {
         session: Arc<McpSession>,
@@ -128,6 +130,16 @@ impl ToolSet {
                     read_only: false,
                     requires_approval: client.requires_approval,
                     kind: Kind::Client,
+                }),
+                ToolSpec::Agent(agent) => tools.push(Tool {
+                    def: ToolDef {
+                        name: agent.name.clone(),
+                        description: agent.description.clone(),
+                        parameters: spool_shared::agent::AgentToolSpec::parameters(),
+                    },
+                    read_only: false,
+                    requires_approval: agent.requires_approval,
+                    kind: Kind::Agent(agent.clone()),
                 }),
             }
         }
@@ -225,6 +237,7 @@ impl ToolSet {
             Kind::Http(_) => "http",
             Kind::Mcp { .. } => "mcp",
             Kind::Client => "client",
+            Kind::Agent(_) => "agent",
         };
         let span = tracing::info_span!("tool",
             otel.name = %format!("tool {}", call.name),
@@ -283,6 +296,7 @@ impl ToolSet {
                     http::call(&engine.http, &self.identity, &target, &arguments, &key).await
                 }
                 Kind::Client => ToolOutput::error("client tools are executed by the client"),
+                Kind::Agent(_) => ToolOutput::error("agent tools are answered by child runs"),
                 Kind::Mcp { session, remote } => {
                     session
                         .call(remote, arguments, &key, engine.tool_timeout)

@@ -3,6 +3,7 @@
 //! transcripts, tools against real local servers (HTTP, MCP), the network policy.
 
 mod agent_loop;
+mod agents;
 mod anthropic;
 mod context;
 mod harness;
