@@ -169,6 +169,10 @@ macro_rules! envelopes {
                 pub message_id: MessageId,
                 /// The attempt that wrote it.
                 pub attempt: i32,
+                /// How deep its run is in a tree of agent calls: absent for the thread's own
+                /// run, 1 for a run its agent tool call started, and so on.
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub depth: Option<u32>,
                 /// The details of this type.
                 pub data: $data,
             }

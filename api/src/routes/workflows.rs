@@ -396,31 +396,45 @@ pub(crate) async fn cancel(
     let Some(status) = status else {
         return Ok(run);
     };
-    // The agent runs it started first, deepest first: a parent re-queued by its last child's
-    // end finds its own cancel request already standing.
+    // The agent runs it started, deepest first. A run waiting for a child that a worker
+    // holds is not ended here: the child's end re-queues it, and the worker that claims it
+    // finds the cancel request and ends it, so every run of the tree ends after its children
+    // (and the thread's stream ends with the parent's `done`).
+    let mut held_below = std::collections::HashSet::new();
     for child in runs::active_descendants(&state.db, id).await? {
-        let child_status = runs::request_cancel(&state.db, child.id, &caller.owner, reason).await?;
-        if let Some(child_status) = child_status {
-            end_cancelled(state, &child, child_status).await?;
+        let Some(child_status) =
+            runs::request_cancel(&state.db, child.id, &caller.owner, reason).await?
+        else {
+            continue;
+        };
+        let ended =
+            !held_below.contains(&child.id) && end_cancelled(state, &child, child_status).await?;
+        if !ended && let Some(parent) = child.parent_workflow_id {
+            held_below.insert(parent);
         }
     }
-    end_cancelled(state, &run, status).await?;
-    tracing::info!(workflow.id = %id, "cancel requested");
+    if held_below.contains(&id) {
+        tracing::info!(workflow.id = %id, "cancel requested; ends after its agent runs");
+    } else {
+        end_cancelled(state, &run, status).await?;
+        tracing::info!(workflow.id = %id, "cancel requested");
+    }
     current(state, id, caller).await
 }
 
-/// Ends a run whose cancel was just requested: a worker holding it hears it (and ends it);
-/// one no worker holds is cancelled here, and its stream ended.
-async fn end_cancelled(state: &AppState, run: &Run, status: RunStatus) -> Result<(), ApiError> {
-    match status {
-        RunStatus::Running => db::notify_cancel(&state.db, run.id).await?,
-        _ => match runs::cancel_unclaimed(&state.db, run.id).await? {
-            Some(attempt) => publish_cancelled(state, run, attempt).await,
-            // A worker claimed it in between: it sees the request as it starts.
-            None => db::notify_cancel(&state.db, run.id).await?,
-        },
+/// Ends a run whose cancel was just requested: one no worker holds is cancelled here, and its
+/// stream ended (`true`); a worker holding it hears it, and ends it (`false`).
+async fn end_cancelled(state: &AppState, run: &Run, status: RunStatus) -> Result<bool, ApiError> {
+    // Not running: cancelled here, unless a worker claimed it in between (it sees the
+    // request as it starts).
+    if status != RunStatus::Running
+        && let Some(attempt) = runs::cancel_unclaimed(&state.db, run.id).await?
+    {
+        publish_cancelled(state, run, attempt).await;
+        return Ok(true);
     }
-    Ok(())
+    db::notify_cancel(&state.db, run.id).await?;
+    Ok(false)
 }
 
 /// Ends the stream of a run cancelled without a worker (best effort: with Redis down, the

@@ -27,6 +27,7 @@ use crate::common::{app_with, finished};
 /// The callers' traces (one per test: the tests run side by side) and span.
 const MODEL_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const TOOL_TRACE: &str = "5c0a3f4688c45eb7b4df03ae1f1f5847";
+const TREE_TRACE: &str = "6d1b4e5799d56fc8c5e0b4f2a2c2e958";
 /// The caller's span, as its `traceparent` header carries it.
 const CALLER_SPAN_ID: &str = "00f067aa0ba902b7";
 
@@ -278,6 +279,67 @@ async fn a_tool_call_is_a_child_span_of_the_attempt_with_its_outcome() {
     assert_eq!(
         attribute(tool, "tool.outcome"),
         Some(&OtelValue::from("ok"))
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_run_started_by_an_agent_tool_call_is_in_its_parent_s_trace() {
+    exporter();
+    let fake = FakeLlm::start(|request, _| {
+        if request["messages"][0]["content"] == "You research." {
+            return fake_llm::text("Found it.", 1);
+        }
+        match tool_results_in(request) {
+            0 => fake_llm::tool_calls(&[("call_r", "research", r#"{"input": "find it"}"#)]),
+            _ => fake_llm::text("Done.", 1),
+        }
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let researcher = app
+        .create_agent(
+            "acme",
+            &json!({"name": "researcher", "model": "gpt-4o-mini", "instructions": "You research."}),
+        )
+        .await;
+    let lead = app
+        .create_agent(
+            "acme",
+            &json!({"name": "lead", "model": "gpt-4o-mini", "instructions": "You lead.",
+                "tools": [{"type": "agent", "name": "research", "agent_id": researcher}]}),
+        )
+        .await;
+    let accepted = post_traced(
+        &app,
+        TREE_TRACE,
+        &json!({"input_text": "Find it", "agent_id": lead}),
+    )
+    .await;
+    assert_eq!(finished(&app, &accepted).await["status"], "completed");
+
+    // Three attempts in the trace: the lead's first (which started the child), the child's,
+    // and the lead's second; the child's is a descendant of the lead's first.
+    let spans = spool_tests::poll_until("three attempts", Duration::from_secs(20), || async {
+        let spans = spans_of_trace(TREE_TRACE);
+        (named(&spans, "run").len() == 3).then_some(spans)
+    })
+    .await;
+    let parent = accepted["workflow_id"].as_str().expect("id");
+    let runs = named(&spans, "run");
+    let (lead_runs, child_runs): (Vec<&SpanData>, Vec<&SpanData>) =
+        runs.into_iter().partition(|span| {
+            attribute(span, "workflow.id") == Some(&OtelValue::from(parent.to_owned()))
+        });
+    assert_eq!((lead_runs.len(), child_runs.len()), (2, 1));
+    let first = lead_runs
+        .iter()
+        .find(|span| attribute(span, "run.attempt") == Some(&OtelValue::I64(1)))
+        .expect("the lead's first attempt");
+    let chain = ancestors(&spans, child_runs[0]);
+    assert!(
+        chain.contains(&first.span_context.span_id()),
+        "the child's attempt descends from the attempt that called it: {chain:?}"
     );
     app.stop().await;
 }

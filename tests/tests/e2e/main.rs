@@ -7,6 +7,7 @@ mod ai_sdk;
 mod cli;
 mod crash;
 mod openai;
+mod orchestration;
 mod page;
 mod providers;
 mod queue;

@@ -68,8 +68,8 @@ pub struct TimelineToolCall {
     /// The arguments the model wrote (as JSON; text that is not JSON as a string).
     #[schema(value_type = Object)]
     pub arguments: Value,
-    /// Where it stands: `done`, or waiting (`pending_client`, `pending_approval`), or decided
-    /// and not yet run (`approved`, `denied`, `client_output`).
+    /// Where it stands: `done`, or waiting (`pending_client`, `pending_approval`,
+    /// `pending_agent`), or decided and not yet run (`approved`, `denied`, `client_output`).
     pub state: CallState,
     /// The result the model saw, once done.
     pub result: Option<String>,
@@ -85,6 +85,9 @@ pub struct TimelineToolCall {
     /// Who decided its fate besides the tool policy (a person, a hook, the deadline, the
     /// client), if anyone.
     pub decision: Option<Decision>,
+    /// The child run that answered a call of an agent tool (`GET /v1/workflows/{id}` and its
+    /// own timeline).
+    pub workflow_id: Option<WorkflowId>,
 }
 
 impl From<(&steps::ToolCall, CallResult)> for TimelineToolCall {
@@ -101,6 +104,7 @@ impl From<(&steps::ToolCall, CallResult)> for TimelineToolCall {
             ended_at: result.ended_at,
             attempt: result.attempt,
             decision: result.decision,
+            workflow_id: result.workflow_id,
         }
     }
 }
