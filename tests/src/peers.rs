@@ -58,7 +58,13 @@ pub fn node_peers() -> anyhow::Result<PathBuf> {
 /// The Python of `tests/peers/.venv`, with `requirements.txt` installed (once per content of
 /// the file: a changed pin reinstalls).
 pub fn python() -> anyhow::Result<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
+    python_in("peers")
+}
+
+/// The Python of `tests/{dir}/.venv`, with `tests/{dir}/requirements.txt` installed (once per
+/// content of the file: a changed pin reinstalls).
+pub fn python_in(dir: &str) -> anyhow::Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let _guard = INSTALL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -101,7 +107,7 @@ pub fn python() -> anyhow::Result<PathBuf> {
                 "-r",
             ])
             .arg(dir.join("requirements.txt")),
-        "pip install -r tests/peers/requirements.txt",
+        &format!("pip install -r {}", dir.join("requirements.txt").display()),
     )?;
     std::fs::write(stamp, b"")?;
     Ok(python)

@@ -575,6 +575,14 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
     let scratch = TestDb::new().await?;
     let c = sizes.concurrency;
     let (mut rate, mut b_rate) = (vec![], vec![]);
+    let (mut arq, mut procrastinate) = (vec![], vec![]);
+    let peers = spool_tests::peers::python_in("bench/peers");
+    if let Err(err) = &peers {
+        report.note(
+            S,
+            format!("the job-queue peers (tests/bench/peers) could not be installed: {err:#}"),
+        );
+    }
     let mut completed = 0;
     for i in 0..sizes.rounds {
         let before = Snapshot::take(&groups(&stack));
@@ -604,6 +612,11 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         let base = pgbench(&scratch.url, LIFECYCLE_SQL, c, Duration::from_secs(secs)).await?;
         let base_busy = machine_busy_secs() - busy;
         b_rate.push(base.tps);
+        if let Ok(python) = &peers {
+            let jobs = sizes.p5_runs;
+            arq.push(peer(python, "arq", jobs, c, &stack.redis_url, &scratch.url).await?);
+            procrastinate.push(peer(python, "procrastinate", jobs, c, "", &scratch.url).await?);
+        }
         if i == 0 {
             report.note(
                 S,
@@ -621,12 +634,74 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
             );
         }
     }
-    report.add(Figure::new(S, "runs completed/s", "runs/s", rate).against(
-        "pgbench, the run's SQL lifecycle",
-        b_rate,
-        Some(0.7),
-    ));
+    report.add(
+        Figure::new(S, "runs completed/s", "runs/s", rate.clone()).against(
+            "pgbench, the run's SQL lifecycle",
+            b_rate,
+            Some(0.7),
+        ),
+    );
+    if peers.is_ok() {
+        for (name, rounds) in [
+            ("arq 0.28, 2 workers at its defaults (max_jobs 10)", arq),
+            (
+                "procrastinate 3.10, 2 workers at its defaults (concurrency 1)",
+                procrastinate,
+            ),
+        ] {
+            report.add(
+                Figure::new(S, "runs completed/s", "runs/s", rate.clone()).against(
+                    name,
+                    rounds,
+                    Some(3.0),
+                ),
+            );
+        }
+    }
     Ok(())
+}
+
+/// One round of a job-queue peer (`tests/bench/peers/queue_peers.py`): `jobs` no-op jobs
+/// enqueued by `clients` clients and run by two of its workers; jobs completed per second.
+async fn peer(
+    python: &std::path::Path,
+    name: &str,
+    jobs: u64,
+    clients: usize,
+    redis_url: &str,
+    db_url: &str,
+) -> anyhow::Result<f64> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/peers/queue_peers.py");
+    let redis = redis_url
+        .split(',')
+        .next()
+        .filter(|u| !u.is_empty())
+        .unwrap_or("redis://127.0.0.1:6379");
+    let output = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(name)
+        .args([
+            "--jobs",
+            &jobs.to_string(),
+            "--clients",
+            &clients.to_string(),
+        ])
+        .args(["--redis", redis, "--db", db_url])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("running the {name} peer"))?;
+    if !output.status.success() {
+        bail!(
+            "the {name} peer failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let line: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .with_context(|| format!("the {name} peer's answer"))?;
+    line["jobs_per_sec"]
+        .as_f64()
+        .with_context(|| format!("no jobs_per_sec from the {name} peer: {line}"))
 }
 
 /// P6: `kill -9` a worker mid-run: time until the run's next event at the client.
