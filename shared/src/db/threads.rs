@@ -255,9 +255,11 @@ pub async fn lock_for_erasure(
     }
     // The runs are locked too: a status change in flight (whose trigger writes a webhook
     // delivery) commits before the erasure reads and deletes, so nothing it wrote survives.
+    // Children before parents, as the end of a child locks them (its row, then its parent's,
+    // to re-queue it): the two never wait for each other in a circle.
     let runs: Vec<(WorkflowId, bool)> = sqlx::query_as(
         "SELECT id, finished_at IS NULL OR finished_at > now() - interval '1 minute'
-           FROM runs WHERE thread_id = $1 ORDER BY id FOR UPDATE",
+           FROM runs WHERE thread_id = $1 ORDER BY depth DESC, id FOR UPDATE",
     )
     .bind(id)
     .fetch_all(conn)
