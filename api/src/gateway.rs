@@ -39,7 +39,7 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::db::{messages, runs, threads};
@@ -590,6 +590,19 @@ impl Session {
                 (None, Some(until)) if tokio::time::Instant::now() < until => Some(until),
                 (None, _) => return None,
             };
+            // Entries already received go out without arming the timers and the shutdown
+            // waiter below: a fast stream sends one per poll (spool-bench P3).
+            match self.subscription.rx.try_recv() {
+                Ok(entry) => {
+                    if let Some(event) = self.emit(entry) {
+                        return Some(event);
+                    }
+                    continue;
+                }
+                Err(TryRecvError::Lagged(missed)) => return Self::lagged(missed),
+                Err(TryRecvError::Closed) => return None,
+                Err(TryRecvError::Empty) => {}
+            }
             tokio::select! {
                 received = self.subscription.rx.recv() => match received {
                     Ok(entry) => {
@@ -597,11 +610,7 @@ impl Session {
                             return Some(event);
                         }
                     }
-                    Err(RecvError::Lagged(missed)) => {
-                        metrics::counter!("spool_sse_slow_subscriber_drops_total").increment(1);
-                        tracing::info!(missed, "slow subscriber dropped; it can resume");
-                        return None;
-                    }
+                    Err(RecvError::Lagged(missed)) => return Self::lagged(missed),
                     Err(RecvError::Closed) => return None,
                 },
                 () = tokio::time::sleep_until(linger.unwrap_or_else(tokio::time::Instant::now)),
@@ -614,6 +623,13 @@ impl Session {
                 () = self.shutdown.cancelled() => return None,
             }
         }
+    }
+
+    /// A subscriber the live feed overtook by `missed` entries is dropped: it can resume.
+    fn lagged(missed: u64) -> Option<Item> {
+        metrics::counter!("spool_sse_slow_subscriber_drops_total").increment(1);
+        tracing::info!(missed, "slow subscriber dropped; it can resume");
+        None
     }
 
     /// The next page of the backlog, continuing from the position.

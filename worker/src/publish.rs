@@ -140,7 +140,6 @@ async fn publish_loop(
             thread: origin.thread_id,
             workflow: origin.workflow_id,
             attempt: origin.attempt,
-            depth: origin.depth,
             id,
             events,
         };

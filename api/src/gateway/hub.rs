@@ -26,9 +26,11 @@ use tokio_util::sync::CancellationToken;
 use spool_shared::ThreadId;
 use spool_shared::stream::{self, EntryId, ReadError, RedisConn, StoredEvent, StreamKeys};
 
-/// Entries read per round trip: the sessions' page ([`super::PAGE`], bounded for the same
-/// reason: an entry may be a whole tool result).
-const PAGE: usize = super::PAGE;
+/// Entries read per round trip: four sessions' pages ([`super::PAGE`]), since a feed keeps up
+/// with a whole thread's output (one event per delta: tens of thousands a second) and each read
+/// is a round trip; still bounded, since an entry may be a whole tool result (50,000
+/// characters).
+const PAGE: usize = 256;
 /// The kind of the entry a feed broadcasts when the entry it continued from is gone (trimmed,
 /// deleted, lost in a failover): its subscribers end with `stream_reset`.
 pub(crate) const GAP: &str = "spool_gap";

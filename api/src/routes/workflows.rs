@@ -459,7 +459,6 @@ async fn publish_cancelled(state: &AppState, run: &Run, attempt: i32) {
         thread: run.thread_id,
         workflow: run.id,
         attempt,
-        depth: origin.depth,
         id: &id,
         events: &events,
     };

@@ -69,7 +69,6 @@ impl TestApp {
             thread: origin.thread_id,
             workflow: origin.workflow_id,
             attempt: origin.attempt,
-            depth: 0,
             id: &id,
             events,
         };

@@ -1,9 +1,8 @@
 -- Publishes one attempt's batch of events to a thread's stream, fenced on the attempt.
 -- KEYS: stream, fence hash, starts hash (one hash tag: one Cluster slot).
--- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, batch id, the run's
---       depth in a tree of agent calls, then (type, message_id, json) for each event. No
---       event: it only raises the fence to this attempt. A child run's entries (depth > 0)
---       carry the depth in a field `d`, so the gateway tells them apart without parsing.
+-- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, batch id, then (type,
+--       message_id, entry) for each event, the entry being the stored field
+--       `{type} {message_id} {depth} {json}`. No event: it only raises the fence to this attempt.
 -- A batch whose id is among the last ones applied for the workflow was already stored (a retry
 -- after a reply was lost): it is not stored again, and the answer is empty.
 local stream, fence, starts = KEYS[1], KEYS[2], KEYS[3]
@@ -37,19 +36,14 @@ if redis.call('EXISTS', stream) == 0 then
 end
 local retention = tonumber(ARGV[3])
 local ids = {}
-local depth = ARGV[7]
-for i = 8, #ARGV, 3 do
+for i = 7, #ARGV, 3 do
   local kind, message, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local id = false
   if kind == 'message_start' then
     id = redis.call('HGET', starts, message)
   end
   if not id then
-    if depth == '0' then
-      id = redis.call('XADD', stream, '*', 't', kind, 'm', message, 'e', payload)
-    else
-      id = redis.call('XADD', stream, '*', 't', kind, 'm', message, 'e', payload, 'd', depth)
-    end
+    id = redis.call('XADD', stream, '*', 'x', payload)
   end
   if kind == 'message_start' then
     redis.call('HSET', starts, message, id)

@@ -111,7 +111,6 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
                 thread: events[0].thread_id,
                 workflow: events[0].workflow_id,
                 attempt,
-                depth: 0,
                 id: &id,
                 events: &events,
             };
@@ -180,7 +179,6 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
                 thread: origin.thread_id,
                 workflow: origin.workflow_id,
                 attempt: origin.attempt,
-                depth: 0,
                 id: &id,
                 events: &events,
             };
