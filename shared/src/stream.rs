@@ -339,8 +339,8 @@ pub async fn publish(
     for event in events {
         let kind = event.kind.as_str();
         let message = event.message_id.to_string();
-        let mut entry = format!("{kind} {message} {} ", event.depth);
-        serde_json::to_writer(EntryWriter(&mut entry), event).map_err(|err| {
+        let mut entry = format!("{kind} {message} {} ", event.depth).into_bytes();
+        serde_json::to_writer(&mut entry, event).map_err(|err| {
             redis::RedisError::from((redis::ErrorKind::Client, "event encoding", err.to_string()))
         })?;
         invocation.arg(kind).arg(message).arg(entry);
@@ -520,22 +520,6 @@ fn unpack(mut event: StoredEvent, mut value: String) -> Option<StoredEvent> {
     value.drain(..head);
     event.json = value;
     Some(event)
-}
-
-/// `serde_json::to_writer` into a `String` (serde_json writes UTF-8 only).
-struct EntryWriter<'a>(&'a mut String);
-
-impl std::io::Write for EntryWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let text = std::str::from_utf8(buf)
-            .map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidData, err))?;
-        self.0.push_str(text);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// The newest entry of the stream, if it has any.
