@@ -829,6 +829,8 @@ impl Claimed {
         .bind(super::storable(action)?)
         .execute(&mut *tx)
         .await?;
+        // The children are claimable at the commit: wake idle workers then.
+        super::notify_runs(&mut *tx).await?;
         tx.commit().await?;
         Ok(Wait::Waiting)
     }

@@ -39,9 +39,17 @@ fn lead_and_researcher(pieces: usize, gap: Duration) -> impl Fn(&Value, usize) -
 /// The stack with one worker on `fake`, and the lead agent calling the researcher; returns
 /// the lead's id and the worker.
 async fn lead(stack: &Stack, fake: &FakeLlm) -> (String, spool_tests::process::Process) {
-    let worker = stack
-        .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
-        .await;
+    lead_with(stack, fake, &[]).await
+}
+
+/// The same, the worker with `settings` on top.
+async fn lead_with(
+    stack: &Stack,
+    fake: &FakeLlm,
+    settings: &[(&str, &str)],
+) -> (String, spool_tests::process::Process) {
+    let llm = [("SPOOL_LLM_BASE_URL", fake.base_url.as_str())];
+    let worker = stack.worker(&[&llm[..], settings].concat()).await;
     let researcher = stack
         .create_agent(&json!({"name": "researcher", "model": "gpt-4o-mini",
             "instructions": "You research."}))
@@ -398,4 +406,16 @@ async fn a_crash_of_the_child_s_worker_resumes_the_child_and_the_parent_complete
     assert_eq!(restarted.len(), 1, "{restarted:?}");
     assert_eq!(restarted[0]["workflow_id"], json!(child.to_string()));
     assert_eq!(restarted[0]["depth"], 1);
+}
+
+#[tokio::test]
+async fn starting_a_child_and_re_queueing_its_parent_wake_idle_workers() {
+    // A worker that polls once a minute: the run can only finish within the test's deadline
+    // if the child's start and the parent's return each wake it with a NOTIFY.
+    let fake = FakeLlm::start(lead_and_researcher(2, Duration::from_millis(1))).await;
+    let stack = Stack::start().await;
+    let (lead, _worker) = lead_with(&stack, &fake, &[("SPOOL_POLL_INTERVAL_MS", "60000")]).await;
+    let accepted = ask(&stack, &lead).await;
+    let run = stack.wait_run(&accepted, "completed").await;
+    assert_eq!(run.attempt, 2);
 }
