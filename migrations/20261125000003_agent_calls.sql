@@ -9,7 +9,7 @@
 -- * The one-active-run rule is about the thread's own runs: children are active beside their
 --   parent.
 -- * When a child ends, the transaction that ends it re-queues its parent if no other child of
---   the parent is still active (the trigger below). The parent's next attempt reads each
+--   the parent is still active (the trigger below), and wakes idle workers. The parent's next attempt reads each
 --   child's answer from the child's run and message: the child writes nothing of the parent's.
 
 ALTER TABLE runs
@@ -45,6 +45,10 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM runs c
                         WHERE c.parent_workflow_id = p.id AND c.id <> NEW.id
                           AND c.status NOT IN ('completed', 'failed', 'cancelled'));
+    -- Idle workers wake for it, as for every other way a run becomes claimable.
+    IF FOUND THEN
+        PERFORM pg_notify('spool_runs', '');
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -88,3 +92,34 @@ CREATE CONSTRAINT TRIGGER runs_quota_release_deleted
           AND OLD.status IN ('queued', 'running', 'requires_action', 'awaiting_approval',
                              'waiting'))
     EXECUTE FUNCTION spool_quota_release();
+
+-- Webhook payloads name a child run's parent.
+CREATE OR REPLACE FUNCTION spool_run_status_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.watched THEN
+        PERFORM pg_notify('spool_run_status', NEW.id::text);
+    END IF;
+    INSERT INTO webhook_deliveries
+           (id, webhook_id, tenant_id, thread_id, workflow_id, event, payload)
+    SELECT gen_random_uuid(), w.id, NEW.tenant_id, NEW.thread_id, NEW.id,
+           'run.' || NEW.status,
+           jsonb_build_object(
+               'type', 'run.' || NEW.status,
+               'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+               'data', jsonb_build_object(
+                   'workflow_id', NEW.id,
+                   'thread_id', NEW.thread_id,
+                   'user_id', NEW.owner_id,
+                   'agent_id', NEW.agent_id,
+                   'status', NEW.status,
+                   'attempt', NEW.attempt,
+                   'error', NEW.error,
+                   'usage', NEW.usage,
+                   'cancel_reason', NEW.cancel_reason,
+                   'pending_action', NEW.pending_action,
+                   'parent_workflow_id', NEW.parent_workflow_id))
+      FROM webhooks w
+     WHERE w.tenant_id = NEW.tenant_id AND ('run.' || NEW.status) = ANY (w.events);
+    RETURN NULL;
+END
+$$;

@@ -283,3 +283,44 @@ pub fn weather_then_echo() -> impl Fn(&Value, usize) -> Reply + Send + Sync + 's
         }
     }
 }
+
+/// Agents as tools, scripted: the lead ([`lead_spec`]) hands the question to its `research`
+/// tool once and then answers `The researcher says: {the tool's result}`; the researcher
+/// ([`researcher_spec`]) answers with `research()`.
+pub fn lead_and_researcher(
+    research: impl Fn() -> Reply + Send + Sync + 'static,
+) -> impl Fn(&Value, usize) -> Reply + Send + Sync + 'static {
+    move |request, _| {
+        if request["messages"][0]["content"] == RESEARCHER_INSTRUCTIONS {
+            return research();
+        }
+        match tool_results_in(request) {
+            0 => tool_calls(&[(
+                "call_r",
+                "research",
+                r#"{"input": "What is the capital of France?"}"#,
+            )]),
+            _ => {
+                let result = last_tool_result(request).unwrap_or("?").to_owned();
+                text(&format!("The researcher says: {result}"), 2)
+            }
+        }
+    }
+}
+
+/// The researcher's instructions (its model calls start with them).
+pub const RESEARCHER_INSTRUCTIONS: &str = "You research.";
+/// The lead's instructions.
+pub const LEAD_INSTRUCTIONS: &str = "You lead.";
+
+/// The researcher agent of [`lead_and_researcher`].
+pub fn researcher_spec() -> Value {
+    json!({"name": "researcher", "model": "gpt-4o-mini", "instructions": RESEARCHER_INSTRUCTIONS})
+}
+
+/// The lead agent of [`lead_and_researcher`], whose `research` tool is the agent `researcher`.
+pub fn lead_spec(researcher: &str) -> Value {
+    json!({"name": "lead", "model": "gpt-4o-mini", "instructions": LEAD_INSTRUCTIONS,
+        "tools": [{"type": "agent", "name": "research", "agent_id": researcher,
+                   "description": "Finds facts."}]})
+}

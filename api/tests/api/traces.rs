@@ -286,29 +286,14 @@ async fn a_tool_call_is_a_child_span_of_the_attempt_with_its_outcome() {
 #[tokio::test]
 async fn an_agent_run_started_by_an_agent_tool_call_is_in_its_parent_s_trace() {
     exporter();
-    let fake = FakeLlm::start(|request, _| {
-        if request["messages"][0]["content"] == "You research." {
-            return fake_llm::text("Found it.", 1);
-        }
-        match tool_results_in(request) {
-            0 => fake_llm::tool_calls(&[("call_r", "research", r#"{"input": "find it"}"#)]),
-            _ => fake_llm::text("Done.", 1),
-        }
-    })
+    let fake = FakeLlm::start(fake_llm::lead_and_researcher(|| {
+        fake_llm::text("Found it.", 1)
+    }))
     .await;
     let app = app_with(&fake).await;
-    let researcher = app
-        .create_agent(
-            "acme",
-            &json!({"name": "researcher", "model": "gpt-4o-mini", "instructions": "You research."}),
-        )
-        .await;
+    let researcher = app.create_agent("acme", &fake_llm::researcher_spec()).await;
     let lead = app
-        .create_agent(
-            "acme",
-            &json!({"name": "lead", "model": "gpt-4o-mini", "instructions": "You lead.",
-                "tools": [{"type": "agent", "name": "research", "agent_id": researcher}]}),
-        )
+        .create_agent("acme", &fake_llm::lead_spec(&researcher))
         .await;
     let accepted = post_traced(
         &app,

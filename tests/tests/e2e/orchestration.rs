@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use spool_tests::fake_llm::{self, FakeLlm, Reply, last_tool_result, tool_results_in};
+use spool_tests::fake_llm::{self, FakeLlm, Reply};
 use spool_tests::sse::{Frame, SseReader};
 use spool_tests::{JWT_SECRET, poll_until, run_row, token, token_with};
 
@@ -15,25 +15,10 @@ use crate::stack::{Stack, TIMEOUT, workflow_id};
 
 const RESEARCH_ANSWER: &str = "Paris is the capital of France, on the Seine.";
 
-/// A lead that hands the question to its `research` tool once, then answers from the result;
-/// a researcher that answers in `pieces` deltas `gap` apart.
+/// The lead and the researcher of `fake_llm::lead_and_researcher`, the researcher answering
+/// in `pieces` deltas `gap` apart.
 fn lead_and_researcher(pieces: usize, gap: Duration) -> impl Fn(&Value, usize) -> Reply {
-    move |request, _| {
-        if request["messages"][0]["content"] == "You research." {
-            return fake_llm::paced_text(RESEARCH_ANSWER, pieces, gap);
-        }
-        match tool_results_in(request) {
-            0 => fake_llm::tool_calls(&[(
-                "call_r",
-                "research",
-                r#"{"input": "What is the capital of France?"}"#,
-            )]),
-            _ => {
-                let result = last_tool_result(request).unwrap_or("?").to_owned();
-                fake_llm::text(&format!("The researcher says: {result}"), 2)
-            }
-        }
-    }
+    fake_llm::lead_and_researcher(move || fake_llm::paced_text(RESEARCH_ANSWER, pieces, gap))
 }
 
 /// The stack with one worker on `fake`, and the lead agent calling the researcher; returns
@@ -50,16 +35,8 @@ async fn lead_with(
 ) -> (String, spool_tests::process::Process) {
     let llm = [("SPOOL_LLM_BASE_URL", fake.base_url.as_str())];
     let worker = stack.worker(&[&llm[..], settings].concat()).await;
-    let researcher = stack
-        .create_agent(&json!({"name": "researcher", "model": "gpt-4o-mini",
-            "instructions": "You research."}))
-        .await;
-    let lead = stack
-        .create_agent(&json!({"name": "lead", "model": "gpt-4o-mini",
-            "instructions": "You lead.",
-            "tools": [{"type": "agent", "name": "research", "agent_id": researcher,
-                       "description": "Finds facts."}]}))
-        .await;
+    let researcher = stack.create_agent(&fake_llm::researcher_spec()).await;
+    let lead = stack.create_agent(&fake_llm::lead_spec(&researcher)).await;
     (lead, worker)
 }
 
@@ -379,7 +356,7 @@ async fn a_crash_of_the_child_s_worker_resumes_the_child_and_the_parent_complete
     let lead_calls = fake
         .requests()
         .iter()
-        .filter(|r| r["messages"][0]["content"] == "You lead.")
+        .filter(|r| r["messages"][0]["content"] == fake_llm::LEAD_INSTRUCTIONS)
         .count();
     assert_eq!(lead_calls, 2, "the lead's model was called once per step");
     let answers: Vec<(String, String, String)> = stack

@@ -6,32 +6,13 @@ use serde_json::{Value, json};
 
 use spool_shared::WorkflowId;
 use spool_shared::db::agents;
-use spool_tests::fake_llm::{self, FakeLlm, Reply, last_tool_result, tool_results_in};
+use spool_tests::fake_llm::{self, FakeLlm, last_tool_result, tool_results_in};
 
 use crate::harness::Harness;
 
 /// The system prompt of a request (the agent that asked).
 fn instructions(request: &Value) -> &str {
     request["messages"][0]["content"].as_str().unwrap_or("")
-}
-
-/// A lead that hands the question to its `research` tool once, then answers from the result;
-/// a researcher that answers in text.
-fn lead_and_researcher(request: &Value, _: usize) -> Reply {
-    if instructions(request) == "You research." {
-        return fake_llm::text("Paris is the capital of France.", 3);
-    }
-    match tool_results_in(request) {
-        0 => fake_llm::tool_calls(&[(
-            "call_r",
-            "research",
-            r#"{"input": "What is the capital of France?"}"#,
-        )]),
-        _ => {
-            let result = last_tool_result(request).unwrap_or("?").to_owned();
-            fake_llm::text(&format!("The researcher says: {result}"), 2)
-        }
-    }
 }
 
 /// The child runs of `parent`: `(id, status, depth, parent_tool_call_id, attempt)`.
@@ -49,18 +30,13 @@ async fn children(app: &Harness, parent: &Value) -> Vec<(WorkflowId, String, i16
 
 #[tokio::test]
 async fn an_agent_tool_call_runs_a_child_and_the_parent_answers_from_its_final_text() {
-    let fake = FakeLlm::start(lead_and_researcher).await;
+    let fake = FakeLlm::start(fake_llm::lead_and_researcher(|| {
+        fake_llm::text("Paris is the capital of France.", 3)
+    }))
+    .await;
     let app = Harness::start(&fake).await;
-    let researcher = app
-        .create_agent(&json!({"name": "researcher", "model": "gpt-4o-mini",
-            "instructions": "You research."}))
-        .await;
-    let lead = app
-        .create_agent(&json!({"name": "lead", "model": "gpt-4o-mini",
-            "instructions": "You lead.",
-            "tools": [{"type": "agent", "name": "research", "agent_id": researcher,
-                       "description": "Finds facts."}]}))
-        .await;
+    let researcher = app.create_agent(&fake_llm::researcher_spec()).await;
+    let lead = app.create_agent(&fake_llm::lead_spec(&researcher)).await;
     let (thread, accepted) = app.ask(&lead, "Capital of France?").await;
 
     // The parent's first attempt starts the child and waits, holding no worker.
@@ -112,16 +88,16 @@ async fn an_agent_tool_call_runs_a_child_and_the_parent_answers_from_its_final_t
     let requests = fake.requests();
     let child_request = requests
         .iter()
-        .find(|r| instructions(r) == "You research.")
+        .find(|r| instructions(r) == fake_llm::RESEARCHER_INSTRUCTIONS)
         .expect("the child's model call");
     assert_eq!(
         child_request["messages"],
-        json!([{"role": "system", "content": "You research."},
+        json!([{"role": "system", "content": fake_llm::RESEARCHER_INSTRUCTIONS},
                {"role": "user", "content": "What is the capital of France?"}])
     );
     let lead_calls = requests
         .iter()
-        .filter(|r| instructions(r) == "You lead.")
+        .filter(|r| instructions(r) == fake_llm::LEAD_INSTRUCTIONS)
         .count();
     assert_eq!(lead_calls, 2, "the lead's model is called once per step");
 
