@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use spool_tests::fake_llm::{self, FakeLlm, Reply};
+use spool_tests::fake_llm::{self, FakeLlm, Reply, tool_results_in};
 use spool_tests::sse::{Frame, SseReader};
 use spool_tests::{JWT_SECRET, poll_until, run_row, token, token_with};
 
@@ -395,4 +395,87 @@ async fn starting_a_child_and_re_queueing_its_parent_wake_idle_workers() {
     let accepted = ask(&stack, &lead).await;
     let run = stack.wait_run(&accepted, "completed").await;
     assert_eq!(run.attempt, 2);
+}
+
+#[tokio::test]
+async fn a_child_that_needs_an_approval_is_answered_on_its_own_workflow_and_its_parent_goes_on() {
+    // The researcher must look the weather up, a call a person approves; the lead answers
+    // from what the researcher then says.
+    let fake = FakeLlm::start(|request: &Value, _| {
+        if request["messages"][0]["content"] == fake_llm::RESEARCHER_INSTRUCTIONS {
+            return match tool_results_in(request) {
+                0 => fake_llm::tool_calls(&[("call_w", "get_weather", r#"{"city": "Paris"}"#)]),
+                _ => fake_llm::text("It is sunny in Paris.", 2),
+            };
+        }
+        fake_llm::lead_and_researcher(|| fake_llm::text("unused", 1))(request, 0)
+    })
+    .await;
+    let (_tools, base) = spool_tests::tools::Tools::start().await;
+    let stack = Stack::start().await;
+    let _worker = stack
+        .worker(&[
+            ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
+            ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
+        ])
+        .await;
+    let mut weather = spool_tests::tools::http_tool("get_weather", format!("{base}/weather"));
+    weather["requires_approval"] = json!(true);
+    let mut researcher = fake_llm::researcher_spec();
+    researcher["tools"] = json!([weather]);
+    let researcher = stack.create_agent(&researcher).await;
+    let lead = stack.create_agent(&fake_llm::lead_spec(&researcher)).await;
+    let accepted = ask(&stack, &lead).await;
+    let child = child_of(&stack, &accepted).await;
+    poll_until("the child to wait for an approval", TIMEOUT, || async {
+        run_row(&stack.db.pool, child)
+            .await
+            .filter(|r| r.status == "awaiting_approval")
+    })
+    .await;
+    let parent = workflow_id(&accepted);
+    assert_eq!(
+        run_row(&stack.db.pool, parent)
+            .await
+            .map(|r| r.status)
+            .as_deref(),
+        Some("waiting")
+    );
+    // The thread's stream told the client, nested, which run waits for whom.
+    let stored = stack.stored(&accepted["thread_id"]).await;
+    let asked = stored
+        .iter()
+        .map(|(_, e)| e)
+        .find(|e| e["type"] == "approval_requested")
+        .expect("an approval request");
+    assert_eq!(
+        (asked["workflow_id"].clone(), asked["depth"].clone()),
+        (json!(child.to_string()), json!(1))
+    );
+
+    let alice = token("alice", "acme");
+    // The parent waits for nobody but its child: it takes no approval itself.
+    let (status, _) = stack
+        .post(
+            &alice,
+            &format!("/v1/workflows/{parent}/approvals/call_w"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CONFLICT);
+    let (status, body) = stack
+        .post(
+            &alice,
+            &format!("/v1/workflows/{child}/approvals/call_w"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert!(status.is_success(), "{status} {body}");
+    stack.wait_run(&accepted, "completed").await;
+    let messages = stack.messages(&accepted).await;
+    assert!(
+        messages.iter().any(|(role, _, content)| role == "assistant"
+            && content == "The researcher says: It is sunny in Paris."),
+        "{messages:?}"
+    );
 }

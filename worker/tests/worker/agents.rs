@@ -37,6 +37,16 @@ async fn an_agent_tool_call_runs_a_child_and_the_parent_answers_from_its_final_t
     let app = Harness::start(&fake).await;
     let researcher = app.create_agent(&fake_llm::researcher_spec()).await;
     let lead = app.create_agent(&fake_llm::lead_spec(&researcher)).await;
+    // An endpoint for the runs' ends: its outbox rows say which run is whose child.
+    spool_shared::db::webhooks::create(
+        &app.db.pool,
+        "acme",
+        "http://127.0.0.1:9/hook",
+        &["run.completed".to_owned()],
+        "whsec_c3Bvb2wtdGVzdC1zZWNyZXQ=",
+    )
+    .await
+    .expect("a webhook");
     let (thread, accepted) = app.ask(&lead, "Capital of France?").await;
 
     // The parent's first attempt starts the child and waits, holding no worker.
@@ -136,6 +146,28 @@ async fn an_agent_tool_call_runs_a_child_and_the_parent_answers_from_its_final_t
     assert_eq!(
         events.last().map(|e| e.event.clone()).as_deref(),
         Some("done")
+    );
+
+    let payloads: Vec<(Value,)> =
+        sqlx::query_as("SELECT payload FROM webhook_deliveries ORDER BY created_at")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("deliveries");
+    let parents: Vec<(Value, Value)> = payloads
+        .iter()
+        .map(|(p,)| {
+            (
+                p["data"]["workflow_id"].clone(),
+                p["data"]["parent_workflow_id"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        parents,
+        [
+            (child_id.clone(), accepted["workflow_id"].clone()),
+            (accepted["workflow_id"].clone(), Value::Null)
+        ]
     );
 }
 
