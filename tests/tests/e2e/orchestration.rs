@@ -86,6 +86,11 @@ async fn wait_streaming(stack: &Stack, run: uuid::Uuid) {
     .await;
 }
 
+/// A run's status as stored.
+async fn status(stack: &Stack, run: uuid::Uuid) -> Option<String> {
+    run_row(&stack.db.pool, run).await.map(|r| r.status)
+}
+
 fn text_of(frames: &[Frame], workflow: &str) -> String {
     frames
         .iter()
@@ -266,13 +271,18 @@ async fn cancelling_the_parent_cancels_the_child_it_waits_for() {
     })
     .await;
     let parent = workflow_id(&accepted);
-    assert_eq!(
-        run_row(&stack.db.pool, parent)
-            .await
-            .map(|r| r.status)
-            .as_deref(),
-        Some("waiting")
-    );
+    assert_eq!(status(&stack, parent).await.as_deref(), Some("waiting"));
+    // A waiting parent is the thread's active run (invariant 2): no second run starts.
+    let thread = accepted["thread_id"].as_str().expect("thread");
+    let (code, refused) = stack
+        .post(
+            &token("alice", "acme"),
+            &format!("/v1/threads/{thread}/user_message"),
+            &json!({"input_text": "and now?"}),
+        )
+        .await;
+    assert_eq!(code, reqwest::StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "thread_busy", "{refused}");
 
     let (status, body) = stack
         .post(
@@ -434,13 +444,7 @@ async fn a_child_that_needs_an_approval_is_answered_on_its_own_workflow_and_its_
     })
     .await;
     let parent = workflow_id(&accepted);
-    assert_eq!(
-        run_row(&stack.db.pool, parent)
-            .await
-            .map(|r| r.status)
-            .as_deref(),
-        Some("waiting")
-    );
+    assert_eq!(status(&stack, parent).await.as_deref(), Some("waiting"));
     // The thread's stream told the client, nested, which run waits for whom.
     let stored = stack.stored(&accepted["thread_id"]).await;
     let asked = stored
