@@ -83,15 +83,11 @@ struct StreamOptions {
                 (crate::openai::schema::ChatCompletionChunk = "text/event-stream"),
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        crate::openai::schema::OpenAiUnauthenticated,
         (status = 403, description = "`admin_required` (`system` or `developer` messages without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy`, `agent_disabled`, `run_not_finished` (the run paused for client tools or an approval)", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 413, description = "`input_too_large`, `body_too_large`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 415, description = "`unsupported_media_type`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 429, description = "`rate_limited`, `concurrency_limited`, `budget_exceeded`", body = crate::openai::schema::OpenAiErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait."))),
+        crate::openai::schema::OpenAiEnqueueRefusals,
         (status = 502, description = "The run failed: its failure code (`model_unavailable`, `timeout`, ...) and `workflow_id`", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]
@@ -331,7 +327,7 @@ impl Chunks {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The models.", body = crate::openai::schema::ModelList),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        crate::openai::schema::OpenAiUnauthenticated,
     )
 )]
 pub(crate) async fn list_models(
@@ -367,7 +363,7 @@ fn default_model() -> Value {
     responses(
         (status = 200, description = "The model.", body = crate::openai::schema::Model),
         (status = 400, description = "`ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        crate::openai::schema::OpenAiUnauthenticated,
         (status = 404, description = "`model_not_found`", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]

@@ -189,15 +189,11 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
                 (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        crate::openai::schema::OpenAiUnauthenticated,
         (status = 403, description = "`admin_required` (`instructions`, `system` or `developer` input without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy` (the conversation has a run in progress), `agent_disabled`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 413, description = "`input_too_large`, `body_too_large`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 415, description = "`unsupported_media_type`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 429, description = "`rate_limited`, `concurrency_limited`, `budget_exceeded`", body = crate::openai::schema::OpenAiErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait."))),
+        crate::openai::schema::OpenAiEnqueueRefusals,
     )
 )]
 pub(crate) async fn create_response(
@@ -325,7 +321,7 @@ pub(crate) struct GetResponseQuery {
                 (crate::openai::schema::ResponseObject = "application/json"),
                 (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
             )),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        crate::openai::schema::OpenAiUnauthenticated,
         (status = 404, description = "`response_not_found` (also another owner's)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 422, description = "`invalid_query`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 503, description = "`stream_unavailable` (Redis is down)", body = crate::openai::schema::OpenAiErrorBody),
@@ -355,7 +351,7 @@ pub(crate) async fn get_response(
     params(("response_id" = WorkflowId, Path, description = "The response.")),
     responses(
         (status = 200, description = "The response, cancelled or being cancelled.", body = crate::openai::schema::ResponseObject),
-        (status = 401, description = "`missing_token`, `invalid_token`, `token_expired`", body = crate::openai::schema::OpenAiErrorBody),
+        crate::openai::schema::OpenAiUnauthenticated,
         (status = 404, description = "`response_not_found`", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]

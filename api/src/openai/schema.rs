@@ -12,6 +12,41 @@ use serde_json::Value;
 
 use spool_shared::{ThreadId, WorkflowId};
 
+/// The 401 of every OpenAI-compatible route, for its OpenAPI `responses(...)`.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 401,
+    description = "`missing_token`, `invalid_token`, `token_expired`"
+)]
+pub struct OpenAiUnauthenticated(
+    #[expect(dead_code, reason = "documents the body")] OpenAiErrorBody,
+);
+
+/// What both creating routes (`/v1/responses`, `/v1/chat/completions`) refuse alike: the
+/// enqueue's size, media type, input and quota errors.
+#[derive(utoipa::IntoResponses)]
+pub enum OpenAiEnqueueRefusals {
+    /// Too large.
+    #[response(status = 413, description = "`input_too_large`, `body_too_large`")]
+    TooLarge(OpenAiErrorBody),
+    /// Not JSON.
+    #[response(status = 415, description = "`unsupported_media_type`")]
+    MediaType(OpenAiErrorBody),
+    /// Not valid.
+    #[response(
+        status = 422,
+        description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`"
+    )]
+    Invalid(OpenAiErrorBody),
+    /// A quota.
+    #[response(
+        status = 429,
+        description = "`rate_limited`, `concurrency_limited`, `budget_exceeded`",
+        headers(("Retry-After" = u32, description = "Seconds to wait."))
+    )]
+    Quota(OpenAiErrorBody),
+}
+
 /// OpenAI's error body: `{"error": {"message", "type", "code", "param"}}`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OpenAiErrorBody {

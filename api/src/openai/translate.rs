@@ -488,6 +488,11 @@ mod tests {
         }
     }
 
+    /// How many of `events` are of `kind`.
+    fn count(events: &[Value], kind: &str) -> usize {
+        events.iter().filter(|e| e["type"] == kind).count()
+    }
+
     fn text(events: &[Value]) -> String {
         events
             .iter()
@@ -551,10 +556,7 @@ mod tests {
             (2, EventType::Done, json!({})),
         ]);
         assert_eq!(text(&out), "The answer is 42");
-        let added = out
-            .iter()
-            .filter(|e| e["type"] == "response.output_item.added")
-            .count();
+        let added = count(&out, "response.output_item.added");
         assert_eq!(added, 1, "{out:#?}");
     }
 
@@ -635,10 +637,7 @@ mod tests {
             (3, EventType::Done, json!({})),
         ]);
         assert_eq!(text(&out), "The answer is 42");
-        let added = out
-            .iter()
-            .filter(|e| e["type"] == "response.output_item.added")
-            .count();
+        let added = count(&out, "response.output_item.added");
         assert_eq!(added, 1, "{out:#?}");
     }
 
