@@ -20,15 +20,21 @@ async fn the_official_python_sdk_works_unchanged() {
     .await;
     let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "50")]).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/openai_sdk.py");
-    let output = tokio::process::Command::new(python)
-        .arg(script)
+    let mut command = tokio::process::Command::new(python);
+    command.arg(script).env("BOB_TOKEN", token("bob", "acme"));
+    run_sdk_script(&stack, command).await;
+}
+
+/// Runs an SDK script against the stack (`SPOOL_URL`, alice's `TOKEN`, the demo `REPLY` to
+/// expect) and checks that it says `all passed`.
+async fn run_sdk_script(stack: &Stack, mut command: tokio::process::Command) {
+    let output = command
         .env("SPOOL_URL", &stack.base)
         .env("TOKEN", token("alice", "acme"))
-        .env("BOB_TOKEN", token("bob", "acme"))
         .env("REPLY", demo_reply("resume me", 32))
         .output()
         .await
-        .expect("python");
+        .expect("the SDK script");
     let stdout = String::from_utf8_lossy(&output.stdout);
     println!("{stdout}");
     assert!(
@@ -43,21 +49,9 @@ async fn the_official_node_sdk_works_unchanged() {
     let dir = spool_tests::peers::node_peers().expect("npm peers");
     let stack = Stack::start().await;
     let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "50")]).await;
-    let output = tokio::process::Command::new("node")
-        .arg(dir.join("openai_sdk.mjs"))
-        .current_dir(&dir)
-        .env("SPOOL_URL", &stack.base)
-        .env("TOKEN", token("alice", "acme"))
-        .env("REPLY", demo_reply("resume me", 32))
-        .output()
-        .await
-        .expect("node");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("all passed"),
-        "the SDK script failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let mut command = tokio::process::Command::new("node");
+    command.arg(dir.join("openai_sdk.mjs")).current_dir(&dir);
+    run_sdk_script(&stack, command).await;
 }
 
 /// `(sequence_number, type, delta)` of each frame.
