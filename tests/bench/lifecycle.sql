@@ -13,21 +13,20 @@
 --   6 SELECT pg_notify('spool_runs', '')  db::notify_runs            shared/src/db.rs
 --   7 COMMIT                              tx.commit()
 --  Worker (autocommit statements on the pool):
---   8 WITH candidate AS (... FOR UPDATE SKIP LOCKED) UPDATE runs ... RETURNING
---                                         runs::claim_next           shared/src/db/runs.rs,
+--   8 WITH candidate AS (... FOR UPDATE SKIP LOCKED), claimed AS (UPDATE runs ... RETURNING),
+--     streaming AS (UPDATE messages) SELECT ...
+--                                         runs::claim                shared/src/db/runs.rs,
 --                                         called by claim::run       worker/src/claim.rs
---   9 UPDATE messages SET status='streaming' FROM runs
---                                         runs::start_streaming      called by run::attempt
---                                                                    worker/src/run.rs
---  10 WITH summary AS (...) SELECT role, content, parts, seq, ... FROM (... messages ...)
---                                         messages::history          called by agent::run
---                                                                    worker/src/agent.rs
---  11 SELECT step, ... FROM run_steps    steps::load                shared/src/db/steps.rs,
---                                                                    called by agent::run
---  12 WITH finished AS (UPDATE runs) UPDATE messages
---                                         runs::finish               called by run::end
--- Not issued for such a run: agents::find (agent::run and agent::run_completed, only when the
--- run has an agent_id), steps::save (only for steps with tool calls), runs::pause / release.
+--                                         (up to the worker's free slots at once; one here)
+--   9 WITH summary AS (...) SELECT role, content, parts, seq, ... FROM (... messages ...)
+--                                         messages::history          called by prompt::start
+--                                                                    worker/src/agent/prompt.rs
+--  10 WITH finished AS (UPDATE runs) UPDATE messages
+--                                         runs::finish               called by attempt::end
+--                                                                    worker/src/attempt.rs
+-- Not issued for such a run: agents::find (only for a run enqueued without its spec),
+-- steps::load (checkpoint::restore, only from the second attempt on), steps::save (only for
+-- steps with tool calls), runs::pause / release.
 -- Not mirrored: runs::heartbeat (the lease keeper renews all held leases in one statement every
 -- SPOOL_HEARTBEAT_SECS, not per run) and the LISTEN connections; events go to Redis, not here.
 --
@@ -110,7 +109,7 @@ COMMIT;
 \set history_depth 10
 \set c_attempt 0
 
--- runs::claim_next($1 worker id, $2 lease): every column of the run, plus previous_status
+-- runs::claim($1 worker id, $2 lease, $3 room = 1): every column of the run, plus previous_status
 WITH RECURSIVE
  -- Every tenant with a queued run: a loose index scan, one probe per tenant.
  tenants (tenant_id) AS (
@@ -120,79 +119,77 @@ WITH RECURSIVE
               WHERE q.status = 'queued' AND q.tenant_id > t.tenant_id
               ORDER BY q.tenant_id LIMIT 1)
        FROM tenants t WHERE t.tenant_id IS NOT NULL),
- -- Each tenant's oldest queued runs (several: concurrent claims skip each other's
- -- locked rows and need the next ones), the tenants with the fewest running runs first.
  fair AS (
      SELECT h.id, h.queued_at,
             (SELECT count(*) FROM runs x
-              WHERE x.tenant_id = t.tenant_id AND x.status = 'running') AS running
+              WHERE x.tenant_id = t.tenant_id AND x.status = 'running')
+            + row_number() OVER (PARTITION BY t.tenant_id ORDER BY h.queued_at) AS turn
        FROM tenants t
        CROSS JOIN LATERAL (SELECT q.id, q.queued_at FROM runs q
                             WHERE q.status = 'queued' AND q.tenant_id = t.tenant_id
-                            ORDER BY q.queued_at LIMIT 16) h
+                            ORDER BY q.queued_at LIMIT 1 + 16) h
       WHERE t.tenant_id IS NOT NULL
-      ORDER BY running, h.queued_at
-      LIMIT 32),
- -- Expired leases (a crash) and expired pauses come first, earliest deadline first.
+      ORDER BY turn, h.queued_at
+      LIMIT 2 * 1 + 32),
  rescue AS (
      (SELECT id, queued_at FROM runs
        WHERE status = 'running' AND lease_expires_at < now()
-       ORDER BY lease_expires_at LIMIT 8)
+       ORDER BY lease_expires_at LIMIT 1 + 8)
      UNION ALL
      (SELECT id, queued_at FROM runs
        WHERE status IN ('awaiting_approval', 'requires_action')
          AND pause_expires_at < now()
-       ORDER BY pause_expires_at LIMIT 8)),
+       ORDER BY pause_expires_at LIMIT 1 + 8)),
  picks AS (
-     SELECT id, 0 AS tier, 0::bigint AS running, queued_at FROM rescue
+     SELECT id, 0 AS tier, 0::bigint AS turn, queued_at FROM rescue
      UNION ALL
-     SELECT id, 1, running, queued_at FROM fair),
+     SELECT id, 1, turn, queued_at FROM fair),
  candidate AS (
      SELECT r.id, r.status AS previous_status
        FROM runs r JOIN picks p ON p.id = r.id
-      -- Checked again on the locked row: another worker may have claimed it.
       WHERE r.status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
         AND (r.status = 'queued'
              OR (r.status = 'running' AND r.lease_expires_at < now())
              OR (r.status IN ('awaiting_approval', 'requires_action')
                  AND r.pause_expires_at < now()))
-      ORDER BY p.tier, p.running, p.queued_at
+      ORDER BY p.tier, p.turn, p.queued_at
       LIMIT 1
-        FOR UPDATE OF r SKIP LOCKED)
- UPDATE runs r
-    SET status = 'running',
-        attempt = r.attempt + 1,
-        reclaims = r.reclaims + (candidate.previous_status = 'running')::int,
-        resumed = CASE candidate.previous_status
-                      WHEN 'running' THEN false
-                      WHEN 'awaiting_approval' THEN true
-                      WHEN 'requires_action' THEN true
-                      ELSE r.resumed END,
-        pending_action = NULL,
-        pause_expires_at = NULL,
-        lease_owner = 'pgbench',
-        lease_expires_at = now() + interval '30 seconds',
-        heartbeat_at = now(),
-        started_at = coalesce(r.started_at, now()),
-        updated_at = now()
-   FROM candidate
-  WHERE r.id = candidate.id
-RETURNING r.id, r.thread_id, r.tenant_id, r.owner_id, r.agent_id, r.user_message_id,
-          r.assistant_message_id, r.status, r.attempt, r.reclaims, r.lease_owner,
-          r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage,
-          r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at,
-          r.pending_action, r.pause_expires_at, r.resumed, r.overrides, r.cancel_reason,
-          r.cancelled_by, r.queued_at, r.agent_spec, candidate.previous_status
+        FOR UPDATE OF r SKIP LOCKED),
+ claimed AS (
+     UPDATE runs r
+        SET status = 'running',
+            attempt = r.attempt + 1,
+            reclaims = r.reclaims + (candidate.previous_status = 'running')::int,
+            resumed = CASE candidate.previous_status
+                          WHEN 'running' THEN false
+                          WHEN 'awaiting_approval' THEN true
+                          WHEN 'requires_action' THEN true
+                          ELSE r.resumed END,
+            pending_action = NULL,
+            pause_expires_at = NULL,
+            lease_owner = 'pgbench',
+            lease_expires_at = now() + interval '30 seconds',
+            heartbeat_at = now(),
+            started_at = coalesce(r.started_at, now()),
+            updated_at = now()
+       FROM candidate
+      WHERE r.id = candidate.id
+  RETURNING r.id, r.thread_id, r.tenant_id, r.owner_id, r.agent_id, r.user_message_id,
+            r.assistant_message_id, r.status, r.attempt, r.reclaims, r.lease_owner,
+            r.lease_expires_at, r.heartbeat_at, r.cancel_requested_at, r.error, r.usage,
+            r.trace_context, r.created_at, r.started_at, r.finished_at, r.updated_at,
+            r.pending_action, r.pause_expires_at, r.resumed, r.overrides, r.cancel_reason,
+            r.cancelled_by, r.queued_at, r.agent_spec, r.quota, r.parent_workflow_id,
+            r.parent_tool_call_id, r.depth, candidate.previous_status),
+ streaming AS (
+     UPDATE messages m
+        SET status = 'streaming', updated_at = now()
+       FROM claimed c
+      WHERE m.id = c.assistant_message_id)
+ SELECT * FROM claimed
 \aset c_
 
 \if :c_attempt > 0
-
--- runs::start_streaming($1 id, $2 attempt)
-UPDATE messages m
-   SET status = 'streaming', updated_at = now()
-  FROM runs r
- WHERE r.id = :c_id AND r.attempt = :c_attempt AND r.status = 'running'
-   AND m.id = r.assistant_message_id;
 
 -- messages::history($1 thread_id, $2 user_message_id, $3 depth)
 WITH summary AS (
@@ -212,9 +209,6 @@ SELECT role, content, parts, seq,
          ORDER BY seq DESC
          LIMIT :history_depth) recent
  ORDER BY seq;
-
--- steps::load($1 workflow_id)
-SELECT step, attempt, created_at, data FROM run_steps WHERE workflow_id = :c_id ORDER BY step;
 
 -- runs::finish($1 id, $2 attempt, $3 'completed', $4 content, $5 parts, $6 usage, $7 error NULL)
 WITH finished AS (

@@ -155,7 +155,7 @@ impl<'a> Loop<'a> {
             );
         }
         // What earlier attempts produced first: every way this attempt ends keeps it.
-        let mut checkpoint = checkpoint::restore(a.db, run.id).await?;
+        let mut checkpoint = checkpoint::restore(a.db, run).await?;
         if let Some(halt) = a.stop.now() {
             return Err(LoopEnd::halted(halt, checkpoint.answer).into());
         }

@@ -249,9 +249,6 @@ async fn attempt(
         let answer = partial_answer(a).await;
         return end(a, spec, RunStatus::Failed, answer, Some(&error)).await;
     }
-    if a.claimed.start_streaming(a.db).await?.is_lost() {
-        return Ok(Ended::LeaseLost);
-    }
     let Some(agent) = spec else {
         a.events
             .send(EventType::MessageStart, json!({"role": "assistant"}));
@@ -286,7 +283,7 @@ async fn attempt(
 /// What earlier attempts produced (their settled steps), for a run that ends without running
 /// the loop; nothing if it cannot be read.
 async fn partial_answer(a: &Attempt<'_>) -> Answer {
-    match checkpoint::restore(a.db, a.claimed.run().id).await {
+    match checkpoint::restore(a.db, a.claimed.run()).await {
         Ok(checkpoint) => checkpoint.answer,
         Err(err) => {
             tracing::warn!(error = %err, "could not read the saved steps; ending without them");

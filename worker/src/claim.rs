@@ -1,9 +1,12 @@
 //! The claim loop and graceful shutdown.
 //!
-//! The loop takes a concurrency permit, then claims one run (one `FOR UPDATE SKIP LOCKED`
-//! statement); when nothing is claimable it sleeps until a NOTIFY on [`RUNS_CHANNEL`] or the
-//! polling interval, whichever comes first (expired leases never notify). In-flight runs live
-//! in a `TaskTracker`, each holding its permit.
+//! The loop waits for room (a concurrency permit), takes all the room there is, and claims up
+//! to that many runs in one statement ([`runs::claim`]). When the claim fills less than its
+//! room, the queue had no more for this worker: it sleeps until a NOTIFY on [`RUNS_CHANNEL`] or
+//! the polling interval, whichever comes first (expired leases never notify). A wake-up first
+//! reads every notification that has already arrived, since the one claim after it sees all
+//! their runs; notifications that arrive later wake it again. In-flight runs live in a
+//! `TaskTracker`, each holding its permit.
 //!
 //! On shutdown it stops claiming, lets in-flight runs finish for the grace period, then tells
 //! the rest to stop and give their runs back to the queue without counting a crash.
@@ -14,6 +17,7 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use futures::FutureExt as _;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::Semaphore;
@@ -59,14 +63,27 @@ pub async fn run_next(worker: &Worker, keeper: &LeaseKeeper) -> anyhow::Result<O
 
 /// Claims one run (one statement) and starts holding its lease.
 async fn claim(worker: &Worker, keeper: &LeaseKeeper) -> sqlx::Result<Option<(Claimed, Lease)>> {
+    Ok(claim_batch(worker, keeper, 1).await?.pop())
+}
+
+/// Claims up to `room` runs (one statement) and starts holding their leases.
+async fn claim_batch(
+    worker: &Worker,
+    keeper: &LeaseKeeper,
+    room: usize,
+) -> sqlx::Result<Vec<(Claimed, Lease)>> {
     let claimed_from = Instant::now();
     let lease = worker.args.lease.lease();
-    let Some(claimed) = runs::claim_next(&worker.db, &worker.id, lease).await? else {
-        return Ok(None);
-    };
-    record_claim(&claimed);
-    let held = keeper.hold(claimed.run().id, claimed.run().attempt, claimed_from);
-    Ok(Some((claimed, held)))
+    let room = u32::try_from(room).unwrap_or(u32::MAX);
+    let claimed = runs::claim(&worker.db, &worker.id, lease, room).await?;
+    Ok(claimed
+        .into_iter()
+        .map(|claimed| {
+            record_claim(&claimed);
+            let held = keeper.hold(claimed.run().id, claimed.run().attempt, claimed_from);
+            (claimed, held)
+        })
+        .collect())
 }
 
 /// Claims and executes runs until `shutdown` fires, then drains. Returns when every in-flight
@@ -100,41 +117,53 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(worker.id = %worker.id, concurrency = args.concurrency, "worker started");
 
     loop {
-        let permit = tokio::select! {
+        let first = tokio::select! {
             permit = permits.clone().acquire_owned() => permit.context("permits closed")?,
             () = shutdown.cancelled() => break,
         };
-        match claim(&worker, &keeper).await {
-            Ok(Some((claimed, held))) => {
-                let execute = attempt::execute(worker.clone(), claimed, held, release.clone());
-                tracker.spawn(async move {
-                    // Held for as long as the attempt runs.
-                    let _permit = permit;
-                    execute.await
-                });
-            }
-            Ok(None) => {
-                drop(permit);
-                tokio::select! {
-                    notification = listener.recv() => {
-                        if let Err(err) = notification {
-                            // The listener reconnects on the next call; poll meanwhile.
-                            tracing::warn!(error = %err, "LISTEN connection failed");
-                            tokio::time::sleep(args.poll_interval()).await;
-                        }
-                    }
-                    () = tokio::time::sleep(args.poll_interval()) => {}
-                    () = shutdown.cancelled() => break,
+        let mut room = vec![first];
+        while let Ok(permit) = permits.clone().try_acquire_owned() {
+            room.push(permit);
+        }
+        let wanted = room.len();
+        let claimed = claim_batch(&worker, &keeper, wanted).await;
+        let queue_emptied = match claimed {
+            Ok(claimed) => {
+                let emptied = claimed.len() < wanted;
+                for ((claimed, held), permit) in claimed.into_iter().zip(room) {
+                    let execute = attempt::execute(worker.clone(), claimed, held, release.clone());
+                    tracker.spawn(async move {
+                        // Held for as long as the attempt runs.
+                        let _permit = permit;
+                        execute.await
+                    });
                 }
+                emptied
             }
             Err(err) => {
-                drop(permit);
                 tracing::warn!(error = %err, "claim failed");
                 tokio::select! {
                     () = tokio::time::sleep(args.poll_interval()) => {}
                     () = shutdown.cancelled() => break,
                 }
+                continue;
             }
+        };
+        if !queue_emptied {
+            continue;
+        }
+        tokio::select! {
+            notification = listener.recv() => match notification {
+                // What else has arrived is served by the same next claim.
+                Ok(_) => while let Some(Ok(_)) = listener.recv().now_or_never() {},
+                Err(err) => {
+                    // The listener reconnects on the next call; poll meanwhile.
+                    tracing::warn!(error = %err, "LISTEN connection failed");
+                    tokio::time::sleep(args.poll_interval()).await;
+                }
+            },
+            () = tokio::time::sleep(args.poll_interval()) => {}
+            () = shutdown.cancelled() => break,
         }
     }
 

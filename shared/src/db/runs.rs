@@ -1,14 +1,15 @@
 //! Runs: the durable job queue.
 //!
-//! - `claim_next` is one statement: it picks a claimable run with `FOR UPDATE SKIP LOCKED`
-//!   (queued, or running with an expired lease, or paused past its deadline), bumps `attempt`,
-//!   and sets the lease from the database clock. Concurrent workers never claim the same run at
+//! - `claim` is one statement: it picks up to as many claimable runs as the worker has room
+//!   for with `FOR UPDATE SKIP LOCKED` (queued, or running with an expired lease, or paused
+//!   past its deadline), bumps each one's `attempt`, sets the lease from the database clock and
+//!   marks the assistant message streaming. Concurrent workers never claim the same run at
 //!   once. Expired leases and pauses go first; queued runs are taken fairly across tenants:
-//!   each tenant's oldest, the tenant with the fewest running runs first, so one tenant's
-//!   backlog never starves another tenant's run.
+//!   each tenant's oldest, the tenant with the fewest running runs first (a batch takes turns
+//!   between tenants), so one tenant's backlog never starves another tenant's run.
 //! - `attempt` is the fencing token, and [`Claimed`] is the handle of the attempt that holds
-//!   it: its methods (`start_streaming`, `save_step`, `pause`, `finish`, `release`) are the only
-//!   writes a worker makes to its run after the claim, and each binds the attempt itself and
+//!   it: its methods (`save_step`, `pause`, `wait_for_children`, `finish`, `release`) are the
+//!   only writes a worker makes to its run after the claim, and each binds the attempt and
 //!   says `WHERE id = $1 AND attempt = $2 AND status = 'running'`. Once another worker has
 //!   reclaimed the run, the old worker's writes match no row and come back [`Fence::Lost`]. The
 //!   heartbeat renews every held `(run, attempt)` pair in one statement with the same fence.
@@ -382,7 +383,7 @@ pub async fn seconds_since_update(
     Ok(row.map(|(age,)| age))
 }
 
-/// A run a worker has just claimed: the handle of its attempt. Only [`claim_next`] makes one,
+/// A run a worker has just claimed: the handle of its attempt. Only [`claim`] makes one,
 /// and its methods are the only way a worker writes to the run afterwards, each fenced on the
 /// attempt (a write of a stale attempt changes nothing and says [`Fence::Lost`]).
 #[derive(Debug, sqlx::FromRow)]
@@ -423,13 +424,6 @@ impl Claimed {
     /// The status before the claim: `running` means the previous holder's lease expired.
     pub fn previous_status(&self) -> RunStatus {
         self.previous_status
-    }
-
-    /// Marks the run's assistant message as streaming.
-    pub async fn start_streaming(&self, executor: impl PgExecutor<'_>) -> sqlx::Result<Fence> {
-        start_streaming(executor, self.run.id, self.run.attempt)
-            .await
-            .map(Fence::of)
     }
 
     /// Saves step `step` (1-based) of the run: once with its calls before they run, once more
@@ -481,16 +475,30 @@ impl Claimed {
     }
 }
 
-/// Claims a claimable run for `worker`: first a running run whose lease has expired or a
-/// paused run whose pause has expired (so an unanswered approval or client tool is enforced
-/// even if no client ever calls again; `previous_status` says which), oldest first; else a
-/// queued run, fairly: the oldest of the tenant with the fewest running runs (ties: the oldest
-/// head). Bumps `attempt` (and `reclaims` for an expired lease) and sets a fresh lease.
+/// Claims a claimable run for `worker`: [`claim`] with room for one.
 pub async fn claim_next(
     executor: impl PgExecutor<'_>,
     worker: &str,
     lease: Duration,
 ) -> sqlx::Result<Option<Claimed>> {
+    Ok(claim(executor, worker, lease, 1).await?.pop())
+}
+
+/// Claims up to `room` claimable runs for `worker` in one statement: first running runs whose
+/// lease has expired and paused runs whose pause has expired (so an unanswered approval or
+/// client tool is enforced even if no client ever calls again; `previous_status` says which),
+/// earliest deadline first; then queued runs, fairly: tenants with the fewest running runs
+/// first, counting the runs this claim gives each (a batch takes turns between tenants rather
+/// than emptying one tenant's backlog), oldest first within a tenant. Bumps `attempt` (and
+/// `reclaims` for an expired lease), sets a fresh lease and marks each run's assistant message
+/// `streaming`. Fewer than `room` (none, say) when fewer were claimable or other workers hold
+/// the rest locked at that moment.
+pub async fn claim(
+    executor: impl PgExecutor<'_>,
+    worker: &str,
+    lease: Duration,
+    room: u32,
+) -> sqlx::Result<Vec<Claimed>> {
     sqlx::query_as(concat!(
         "WITH RECURSIVE
          -- Every tenant with a queued run: a loose index scan, one probe per tenant.
@@ -501,33 +509,35 @@ pub async fn claim_next(
                       WHERE q.status = 'queued' AND q.tenant_id > t.tenant_id
                       ORDER BY q.tenant_id LIMIT 1)
                FROM tenants t WHERE t.tenant_id IS NOT NULL),
-         -- Each tenant's oldest queued runs (several: concurrent claims skip each other's
-         -- locked rows and need the next ones), the tenants with the fewest running runs first.
+         -- Each tenant's oldest queued runs, ranked (more than there is room for: concurrent
+         -- claims skip each other's locked rows and need the next ones); a run's turn is its
+         -- tenant's running runs plus its rank.
          fair AS (
              SELECT h.id, h.queued_at,
                     (SELECT count(*) FROM runs x
-                      WHERE x.tenant_id = t.tenant_id AND x.status = 'running') AS running
+                      WHERE x.tenant_id = t.tenant_id AND x.status = 'running')
+                    + row_number() OVER (PARTITION BY t.tenant_id ORDER BY h.queued_at) AS turn
                FROM tenants t
                CROSS JOIN LATERAL (SELECT q.id, q.queued_at FROM runs q
                                     WHERE q.status = 'queued' AND q.tenant_id = t.tenant_id
-                                    ORDER BY q.queued_at LIMIT 16) h
+                                    ORDER BY q.queued_at LIMIT $3 + 16) h
               WHERE t.tenant_id IS NOT NULL
-              ORDER BY running, h.queued_at
-              LIMIT 32),
+              ORDER BY turn, h.queued_at
+              LIMIT 2 * $3 + 32),
          -- Expired leases (a crash) and expired pauses come first, earliest deadline first.
          rescue AS (
              (SELECT id, queued_at FROM runs
                WHERE status = 'running' AND lease_expires_at < now()
-               ORDER BY lease_expires_at LIMIT 8)
+               ORDER BY lease_expires_at LIMIT $3 + 8)
              UNION ALL
              (SELECT id, queued_at FROM runs
                WHERE status IN ('awaiting_approval', 'requires_action')
                  AND pause_expires_at < now()
-               ORDER BY pause_expires_at LIMIT 8)),
+               ORDER BY pause_expires_at LIMIT $3 + 8)),
          picks AS (
-             SELECT id, 0 AS tier, 0::bigint AS running, queued_at FROM rescue
+             SELECT id, 0 AS tier, 0::bigint AS turn, queued_at FROM rescue
              UNION ALL
-             SELECT id, 1, running, queued_at FROM fair),
+             SELECT id, 1, turn, queued_at FROM fair),
          candidate AS (
              SELECT r.id, r.status AS previous_status
                FROM runs r JOIN picks p ON p.id = r.id
@@ -537,36 +547,45 @@ pub async fn claim_next(
                      OR (r.status = 'running' AND r.lease_expires_at < now())
                      OR (r.status IN ('awaiting_approval', 'requires_action')
                          AND r.pause_expires_at < now()))
-              ORDER BY p.tier, p.running, p.queued_at
-              LIMIT 1
-                FOR UPDATE OF r SKIP LOCKED)
-         UPDATE runs r
-            SET status = 'running',
-                attempt = r.attempt + 1,
-                reclaims = r.reclaims + (candidate.previous_status = 'running')::int,
-                -- Continues cleanly (no attempt_restarted) only after an answered or expired
-                -- pause; after an expired lease (a crash) it restarts, whatever came before.
-                resumed = CASE candidate.previous_status
-                              WHEN 'running' THEN false
-                              WHEN 'awaiting_approval' THEN true
-                              WHEN 'requires_action' THEN true
-                              ELSE r.resumed END,
-                pending_action = NULL,
-                pause_expires_at = NULL,
-                lease_owner = $1,
-                lease_expires_at = now() + $2,
-                heartbeat_at = now(),
-                started_at = coalesce(r.started_at, now()),
-                updated_at = now()
-           FROM candidate
-          WHERE r.id = candidate.id
-      RETURNING ",
+              ORDER BY p.tier, p.turn, p.queued_at
+              LIMIT $3
+                FOR UPDATE OF r SKIP LOCKED),
+         claimed AS (
+             UPDATE runs r
+                SET status = 'running',
+                    attempt = r.attempt + 1,
+                    reclaims = r.reclaims + (candidate.previous_status = 'running')::int,
+                    -- Continues cleanly (no attempt_restarted) only after an answered or
+                    -- expired pause; after an expired lease (a crash) it restarts, whatever
+                    -- came before.
+                    resumed = CASE candidate.previous_status
+                                  WHEN 'running' THEN false
+                                  WHEN 'awaiting_approval' THEN true
+                                  WHEN 'requires_action' THEN true
+                                  ELSE r.resumed END,
+                    pending_action = NULL,
+                    pause_expires_at = NULL,
+                    lease_owner = $1,
+                    lease_expires_at = now() + $2,
+                    heartbeat_at = now(),
+                    started_at = coalesce(r.started_at, now()),
+                    updated_at = now()
+               FROM candidate
+              WHERE r.id = candidate.id
+          RETURNING ",
         columns!("r."),
-        ", candidate.previous_status"
+        ", candidate.previous_status),
+         streaming AS (
+             UPDATE messages m
+                SET status = 'streaming', updated_at = now()
+               FROM claimed c
+              WHERE m.id = c.assistant_message_id)
+         SELECT * FROM claimed"
     ))
     .bind(worker)
     .bind(interval(lease))
-    .fetch_optional(executor)
+    .bind(i64::from(room))
+    .fetch_all(executor)
     .await
 }
 
@@ -935,26 +954,6 @@ pub async fn active_descendants(
     .await
 }
 
-/// Marks the run's assistant message as streaming. Fenced: `false` if the lease is lost.
-async fn start_streaming(
-    executor: impl PgExecutor<'_>,
-    id: WorkflowId,
-    attempt: i32,
-) -> sqlx::Result<bool> {
-    let result = sqlx::query(
-        "UPDATE messages m
-            SET status = 'streaming', updated_at = now()
-           FROM runs r
-          WHERE r.id = $1 AND r.attempt = $2 AND r.status = 'running'
-            AND m.id = r.assistant_message_id",
-    )
-    .bind(id)
-    .bind(attempt)
-    .execute(executor)
-    .await?;
-    Ok(result.rows_affected() == 1)
-}
-
 /// How a run ended, with the assistant message it leaves.
 #[derive(Clone, Debug)]
 pub struct Outcome<'a> {
@@ -1156,6 +1155,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_batch_takes_turns_between_tenants_and_marks_each_message_streaming() {
+        let db = TestDb::new().await.expect("db");
+        backlog(&db, "big", 1_000).await;
+        let (small, message) = queued(&db).await;
+        let batch = super::claim(&db.pool, WORKER, HOUR, 3)
+            .await
+            .expect("claim");
+        let mut tenants: Vec<&str> = batch.iter().map(|c| c.run().tenant_id.as_str()).collect();
+        tenants.sort_unstable();
+        // Turns: big's oldest and acme's run first, then big's second; not big's three oldest.
+        assert_eq!(tenants, ["acme", "big", "big"]);
+        let mine = batch
+            .iter()
+            .find(|c| c.run().id == small)
+            .expect("acme's run");
+        assert_eq!(
+            (mine.run().attempt, mine.run().status),
+            (1, RunStatus::Running)
+        );
+        let (status,): (String,) = sqlx::query_as("SELECT status FROM messages WHERE id = $1")
+            .bind(message)
+            .fetch_one(&db.pool)
+            .await
+            .expect("message");
+        assert_eq!(status, "streaming", "the claim marks the answer streaming");
+        // Room for more than is claimable: what there is, each run once.
+        let rest = super::claim(&db.pool, WORKER, HOUR, 2_000)
+            .await
+            .expect("claim");
+        assert_eq!(rest.len(), 998);
+        assert!(rest.iter().all(|c| c.run().attempt == 1));
+        assert!(claim(&db, HOUR).await.is_none());
+    }
+
+    #[tokio::test]
     async fn an_expired_lease_is_reclaimed_before_any_queued_run() {
         let db = TestDb::new().await.expect("db");
         let (crashed, _) = queued(&db).await;
@@ -1224,7 +1258,6 @@ mod tests {
                 .expect("hb")
                 .is_empty()
         );
-        assert_eq!(a.start_streaming(pool).await.expect("stream"), Fence::Lost);
         assert_eq!(
             a.save_step(pool, 1, &SavedStep::default())
                 .await
@@ -1252,7 +1285,6 @@ mod tests {
             .await
             .expect("hb");
         assert_eq!(renewed.len(), 1);
-        assert_eq!(b.start_streaming(pool).await.expect("stream"), Fence::Held);
         assert_eq!(
             b.finish(pool, &completed("fresh")).await.expect("finish"),
             Fence::Held

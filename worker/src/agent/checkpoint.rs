@@ -9,7 +9,7 @@
 
 use sqlx::PgPool;
 
-use spool_shared::WorkflowId;
+use spool_shared::db::runs::Run;
 use spool_shared::db::steps::{self, CallResult, SavedStep};
 
 use super::answer::Answer;
@@ -48,9 +48,17 @@ impl Checkpoint {
     }
 }
 
-/// Loads the run's saved steps and replays the settled ones.
-pub(crate) async fn restore(db: &PgPool, workflow: WorkflowId) -> sqlx::Result<Checkpoint> {
-    let mut saved = steps::load(db, workflow).await?;
+/// Loads the run's saved steps and replays the settled ones. A first attempt has none to load:
+/// steps are saved only by an attempt holding the run, fenced on its number, so none can exist
+/// before attempt 1 runs (its claim saves a round trip per run).
+pub(crate) async fn restore(db: &PgPool, run: &Run) -> sqlx::Result<Checkpoint> {
+    if run.attempt <= 1 {
+        return Ok(Checkpoint {
+            next: 1,
+            ..Checkpoint::default()
+        });
+    }
+    let mut saved = steps::load(db, run.id).await?;
     let unsettled = saved.pop_if(|step| !step.data.0.is_settled()).map(|step| {
         let SavedStep {
             assistant,
