@@ -5,11 +5,9 @@
 --   1 BEGIN                state.db.begin()        api/src/routes/threads.rs post_user_message
 --   2 INSERT INTO threads ... ON CONFLICT DO UPDATE
 --                          threads::ensure_owned   shared/src/db/threads.rs
---   3 INSERT INTO messages messages::insert        shared/src/db/messages.rs (user, completed)
---   4 INSERT INTO messages messages::insert        (assistant, '', queued)
---   5 INSERT INTO runs     runs::insert            shared/src/db/runs.rs
---   6 SELECT pg_notify     db::notify_runs         shared/src/db.rs
---   7 COMMIT               tx.commit()
+--   3 WITH turn AS (INSERT INTO messages: user, assistant), run AS (INSERT INTO runs)
+--     SELECT pg_notify     runs::insert_with_messages   shared/src/db/runs.rs
+--   4 COMMIT               tx.commit()
 -- Not issued on this path: agents::exists (only with an agent_id) and idempotency::find /
 -- reserve / record (only with an Idempotency-Key). The auth extractor does no SQL.
 --
@@ -44,45 +42,41 @@ ON CONFLICT (id) DO UPDATE SET last_message_at = now()
  WHERE t.tenant_id = 'bench' AND t.owner_id = 'bench-user' AND t.erased_at IS NULL
 RETURNING t.agent_id;
 
--- messages::insert: the user message (role user, status completed; metadata {} when none given)
-INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
-VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+-- runs::insert_with_messages: the user message (role user, status completed; metadata {} when
+-- none given) and the assistant message (empty, queued) in one INSERT, the run (agent_id NULL:
+-- the new thread's agent, the default; idempotency_key NULL: no header; trace_context NULL:
+-- what inject_traceparent() gives without OpenTelemetry), and the NOTIFY (RUNS_CHANNEL =
+-- 'spool_runs', empty payload), in one statement
+WITH turn AS (
+     INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-thread'), 13))::uuid,
-        'user', 'Hello!', 'completed', '{}'::jsonb,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-run'), 13))::uuid);
-
--- messages::insert: the assistant message (empty content, status queued, metadata {})
-INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
-VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             'user', 'Hello!', 'completed', '{}'::jsonb,
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid),
+            ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-thread'), 13))::uuid,
-        'assistant', '', 'queued', '{}'::jsonb,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-run'), 13))::uuid);
-
--- runs::insert: agent_id NULL (the new thread's agent: the default), idempotency_key NULL (no
--- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry),
--- agent_spec NULL (the default agent), quota NULL (no SPOOL_QUOTA_*; spool-bench's quota
--- variant of this script puts the counters here), overrides NULL (the message posts none)
-INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                  assistant_message_id, idempotency_key, trace_context, agent_spec, quota,
-                  overrides)
-VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             'assistant', '', 'queued', '{}'::jsonb,
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid)),
+ run AS (
+     INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
+                       assistant_message_id, idempotency_key, trace_context, agent_spec, quota,
+                       overrides)
+     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-run'), 13))::uuid,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-thread'), 13))::uuid,
-        'bench', 'bench-user', NULL,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             'bench', 'bench-user', NULL,
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-        NULL, NULL, NULL, /* quota */ NULL, NULL);
-
--- db::notify_runs (RUNS_CHANNEL = 'spool_runs', empty payload)
+             NULL, NULL, NULL, /* quota */ NULL, NULL))
 SELECT pg_notify('spool_runs', '');
 
 COMMIT;

@@ -7,21 +7,19 @@
 --  API, api/src/routes/threads.rs post_user_message (identical to tests/bench/enqueue.sql):
 --   1 BEGIN                               state.db.begin()
 --   2 INSERT threads ON CONFLICT UPDATE threads::ensure_owned      shared/src/db/threads.rs
---   3 INSERT INTO messages (user)         messages::insert           shared/src/db/messages.rs
---   4 INSERT INTO messages (assistant)    messages::insert
---   5 INSERT INTO runs                    runs::insert               shared/src/db/runs.rs
---   6 SELECT pg_notify('spool_runs', '')  db::notify_runs            shared/src/db.rs
---   7 COMMIT                              tx.commit()
+--   3 WITH turn AS (INSERT INTO messages), run AS (INSERT INTO runs) SELECT pg_notify(...)
+--                                         runs::insert_with_messages shared/src/db/runs.rs
+--   4 COMMIT                              tx.commit()
 --  Worker (autocommit statements on the pool):
---   8 WITH candidate AS (... FOR UPDATE SKIP LOCKED), claimed AS (UPDATE runs ... RETURNING),
+--   5 WITH candidate AS (... FOR UPDATE SKIP LOCKED), claimed AS (UPDATE runs ... RETURNING),
 --     streaming AS (UPDATE messages) SELECT ...
 --                                         runs::claim                shared/src/db/runs.rs,
 --                                         called by claim::run       worker/src/claim.rs
 --                                         (up to the worker's free slots at once; one here)
---   9 WITH summary AS (...) SELECT role, content, parts, seq, ... FROM (... messages ...)
+--   6 WITH summary AS (...) SELECT role, content, parts, seq, ... FROM (... messages ...)
 --                                         messages::history          called by prompt::start
 --                                                                    worker/src/agent/prompt.rs
---  10 WITH finished AS (UPDATE runs) UPDATE messages
+--   7 WITH finished AS (UPDATE runs) UPDATE messages
 --                                         runs::finish               called by attempt::end
 --                                                                    worker/src/attempt.rs
 -- Not issued for such a run: agents::find (only for a run enqueued without its spec),
@@ -31,7 +29,7 @@
 -- SPOOL_HEARTBEAT_SECS, not per run) and the LISTEN connections; events go to Redis, not here.
 --
 -- KEEP IN SYNC with those functions: when their SQL or the worker's sequence changes, change this
--- file (and tests/bench/enqueue.sql for statements 1-7).
+-- file (and tests/bench/enqueue.sql for statements 1-4).
 --
 -- Differences that cannot be avoided in pgbench (see also enqueue.sql):
 -- * Ids: UUIDv7-like values computed server-side from one random number (Spool binds
@@ -63,43 +61,41 @@ ON CONFLICT (id) DO UPDATE SET last_message_at = now()
  WHERE t.tenant_id = 'bench' AND t.owner_id = 'bench-user' AND t.erased_at IS NULL
 RETURNING t.agent_id;
 
--- messages::insert: the user message (role user, status completed; metadata {} when none given)
-INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
-VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+-- runs::insert_with_messages: the user message (role user, status completed; metadata {} when
+-- none given) and the assistant message (empty, queued) in one INSERT, the run (agent_id NULL:
+-- the new thread's agent, the default; idempotency_key NULL: no header; trace_context NULL:
+-- what inject_traceparent() gives without OpenTelemetry), and the NOTIFY (RUNS_CHANNEL =
+-- 'spool_runs', empty payload), in one statement
+WITH turn AS (
+     INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-thread'), 13))::uuid,
-        'user', 'Hello!', 'completed', '{}'::jsonb,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-run'), 13))::uuid);
-
--- messages::insert: the assistant message (empty content, status queued, metadata {})
-INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
-VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             'user', 'Hello!', 'completed', '{}'::jsonb,
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid),
+            ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-thread'), 13))::uuid,
-        'assistant', '', 'queued', '{}'::jsonb,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-run'), 13))::uuid);
-
--- runs::insert: agent_id NULL (the new thread's agent: the default), idempotency_key NULL (no
--- header), trace_context NULL (what inject_traceparent() gives without OpenTelemetry)
-INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                  assistant_message_id, idempotency_key, trace_context, agent_spec, quota,
-                  overrides)
-VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             'assistant', '', 'queued', '{}'::jsonb,
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid)),
+ run AS (
+     INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
+                       assistant_message_id, idempotency_key, trace_context, agent_spec, quota,
+                       overrides)
+     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-run'), 13))::uuid,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-thread'), 13))::uuid,
-        'bench', 'bench-user', NULL,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             'bench', 'bench-user', NULL,
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
-        (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-        NULL, NULL, NULL, /* quota */ NULL, NULL);
-
--- db::notify_runs (RUNS_CHANNEL = 'spool_runs', empty payload)
+             NULL, NULL, NULL, /* quota */ NULL, NULL))
 SELECT pg_notify('spool_runs', '');
 
 COMMIT;

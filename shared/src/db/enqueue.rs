@@ -4,24 +4,25 @@
 //! the user message, the assistant message that will stream (status `queued`, so its id is
 //! known at once and its content is written exactly once, when the run ends), the run with the
 //! spec of its agent as it is now (the run executes that spec, whatever happens to the agent
-//! later), and a NOTIFY that wakes the workers when the transaction commits. A `202` therefore means all of it
-//! is committed, and any error before the commit leaves nothing behind. The partial unique index
+//! later), and a NOTIFY that wakes the workers when the transaction commits: the thread in one
+//! statement, the rest in a second ([`runs::insert_with_messages`]). A `202` therefore means
+//! all of it is committed, and any error before the commit leaves nothing behind. The partial unique index
 //! on active runs refuses a second one on the thread (invariant 2). When quotas apply, the run
 //! carries its counters and the COMMIT counts it in them (`db::quota`): commit with
 //! [`commit`], which answers a run over a limit with [`EnqueueError::Refused`], everything
 //! rolled back.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::agent::{AgentSpec, FieldError, RunOverrides};
 use crate::db::quota::{self, Refusal};
 use crate::db::runs::{self, NewRun};
 use crate::db::threads::{self, Owner};
-use crate::db::{agents, is_unique_violation, messages, notify_runs};
+use crate::db::{agents, is_unique_violation, messages};
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
 use crate::quota::{Quotas, counters};
-use crate::status::{MessageStatus, Role};
+use crate::status::Role;
 
 /// A user's message to enqueue.
 #[derive(Clone, Debug)]
@@ -141,28 +142,6 @@ pub async fn enqueue(
     for (role, content) in message.history {
         messages::insert_turn(&mut *tx, MessageId::new(), thread_id, *role, content).await?;
     }
-    messages::insert(
-        &mut *tx,
-        enqueued.user_message_id,
-        thread_id,
-        Role::User,
-        message.input_text,
-        MessageStatus::Completed,
-        message.metadata,
-        workflow_id,
-    )
-    .await?;
-    messages::insert(
-        &mut *tx,
-        enqueued.message_id,
-        thread_id,
-        Role::Assistant,
-        "",
-        MessageStatus::Queued,
-        &json!({}),
-        workflow_id,
-    )
-    .await?;
     let run = NewRun {
         id: workflow_id,
         thread_id,
@@ -176,13 +155,14 @@ pub async fn enqueue(
         quota: quota.as_ref(),
         overrides: message.overrides,
     };
-    if let Err(err) = runs::insert(&mut *tx, &run).await {
+    let inserted =
+        runs::insert_with_messages(&mut *tx, &run, message.input_text, message.metadata).await;
+    if let Err(err) = inserted {
         if is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) {
             return Err(EnqueueError::ThreadBusy);
         }
         return Err(err.into());
     }
-    notify_runs(&mut *tx).await?;
     Ok(enqueued)
 }
 

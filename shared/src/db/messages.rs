@@ -49,37 +49,6 @@ macro_rules! columns {
     };
 }
 
-/// Inserts a message.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one column each; called from one place"
-)]
-pub async fn insert(
-    executor: impl PgExecutor<'_>,
-    id: MessageId,
-    thread_id: ThreadId,
-    role: Role,
-    content: &str,
-    status: MessageStatus,
-    metadata: &Value,
-    workflow_id: WorkflowId,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(id)
-    .bind(thread_id)
-    .bind(role)
-    .bind(content)
-    .bind(status)
-    .bind(Json(metadata))
-    .bind(workflow_id)
-    .execute(executor)
-    .await?;
-    Ok(())
-}
-
 /// Inserts a completed message that no run wrote or answered: an earlier turn of a
 /// conversation the client kept.
 pub async fn insert_turn(

@@ -158,14 +158,28 @@ pub struct NewRun<'a> {
     pub overrides: Option<&'a RunOverrides>,
 }
 
-/// Inserts a queued run. Fails with a unique violation of [`ONE_ACTIVE_PER_THREAD`] if the
-/// thread already has an active run.
-pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Result<()> {
+/// Inserts a turn in one statement: the user message (`input`, completed, with `metadata`),
+/// the assistant message that will stream (empty, queued), and the queued run that answers,
+/// then wakes the workers (NOTIFY, delivered at COMMIT). The two messages are one `INSERT`, so
+/// the user's comes first in the thread's order. Fails with a unique violation of
+/// [`ONE_ACTIVE_PER_THREAD`] if the thread already has an active run (nothing is inserted).
+pub async fn insert_with_messages(
+    executor: impl PgExecutor<'_>,
+    run: &NewRun<'_>,
+    input: &str,
+    metadata: &Value,
+) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                           assistant_message_id, idempotency_key, trace_context, agent_spec,
-                           quota, overrides)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        "WITH turn AS (
+             INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+             VALUES ($6, $2, 'user', $13, 'completed', $14, $1),
+                    ($7, $2, 'assistant', '', 'queued', '{}', $1)),
+         run AS (
+             INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
+                               assistant_message_id, idempotency_key, trace_context,
+                               agent_spec, quota, overrides)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12))
+         SELECT pg_notify($15, '')",
     )
     .bind(run.id)
     .bind(run.thread_id)
@@ -179,6 +193,9 @@ pub async fn insert(executor: impl PgExecutor<'_>, run: &NewRun<'_>) -> sqlx::Re
     .bind(run.agent_spec.map(Json))
     .bind(run.quota.map(Json))
     .bind(run.overrides.map(Json))
+    .bind(input)
+    .bind(Json(metadata))
+    .bind(crate::db::RUNS_CHANNEL)
     .execute(executor)
     .await?;
     Ok(())
