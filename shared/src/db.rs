@@ -1,7 +1,7 @@
 //! Postgres: the record. Threads, messages, runs (the durable jobs), agents and idempotency
 //! keys live here; Redis only ever holds a replay buffer.
 //!
-//! Query functions are named for their effect (`runs::claim_next`, `runs::heartbeat`) and take
+//! Query functions are named for their effect (`runs::claim`, `runs::heartbeat`) and take
 //! `impl PgExecutor<'_>` so a caller can run several of them in one transaction. Queries are
 //! checked at run time (`sqlx::query_as` with `FromRow`), not by the `query!` macros: the
 //! macros need a live database or a committed `.sqlx/` cache at every build, and the test
