@@ -240,3 +240,78 @@ pub async fn counters(
     .fetch_all(executor)
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use spool_tests::TestDb;
+
+    /// Takes room for one run in the counter `(tenant, '', '')`, as the admission trigger does:
+    /// `None` when admitted, else the refusal's code.
+    async fn take(
+        db: &TestDb,
+        tenant: &str,
+        active: Option<i64>,
+        rate: Option<i64>,
+    ) -> Option<String> {
+        let (refusal,): (Option<serde_json::Value>,) =
+            sqlx::query_as("SELECT spool_quota_take($1, '', '', $2, $3)")
+                .bind(tenant)
+                .bind(active)
+                .bind(rate)
+                .fetch_one(&db.pool)
+                .await
+                .expect("take");
+        refusal.map(|r| r["code"].as_str().unwrap_or_default().to_owned())
+    }
+
+    async fn shards(db: &TestDb, tenant: &str) -> (i64, i64, i64) {
+        sqlx::query_as(
+            "SELECT count(*), sum(active_runs)::bigint, sum(window_runs)::bigint
+               FROM quota_slots WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_one(&db.pool)
+        .await
+        .expect("shards")
+    }
+
+    #[tokio::test]
+    async fn a_new_counter_has_32_shards_and_admits_exactly_its_limits() {
+        let db = TestDb::new().await.expect("db");
+        for _ in 0..5 {
+            assert_eq!(take(&db, "acme", Some(5), Some(7)).await, None);
+        }
+        assert_eq!(
+            take(&db, "acme", Some(5), Some(7)).await.as_deref(),
+            Some("concurrency_limited")
+        );
+        assert_eq!(shards(&db, "acme").await, (32, 5, 5));
+        // Far from a large limit, every take lands at once (no shard's part is 0 or full).
+        for _ in 0..100 {
+            assert_eq!(take(&db, "big", Some(1_000), None).await, None);
+        }
+        assert_eq!(shards(&db, "big").await.1, 100);
+    }
+
+    #[tokio::test]
+    async fn a_counter_made_with_8_shards_keeps_them_and_still_admits_exactly_its_limit() {
+        let db = TestDb::new().await.expect("db");
+        // As the migration before 32 shards left it (`shards` defaults to 8).
+        sqlx::query(
+            "INSERT INTO quota_slots (tenant_id, owner_id, agent_id, shard)
+             SELECT 'old', '', '', g FROM generate_series(0, 7) g",
+        )
+        .execute(&db.pool)
+        .await
+        .expect("old counter");
+        let mut admitted = 0;
+        for _ in 0..15 {
+            match take(&db, "old", Some(10), None).await {
+                None => admitted += 1,
+                Some(code) => assert_eq!(code, "concurrency_limited"),
+            }
+        }
+        assert_eq!(admitted, 10);
+        assert_eq!(shards(&db, "old").await, (8, 10, 0));
+    }
+}
