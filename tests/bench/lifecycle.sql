@@ -117,10 +117,11 @@ WITH RECURSIVE
        FROM tenants t WHERE t.tenant_id IS NOT NULL),
  fair AS (
      SELECT h.id, h.queued_at,
-            (SELECT count(*) FROM runs x
-              WHERE x.tenant_id = t.tenant_id AND x.status = 'running')
+            c.running
             + row_number() OVER (PARTITION BY t.tenant_id ORDER BY h.queued_at) AS turn
        FROM tenants t
+       CROSS JOIN LATERAL (SELECT count(*) AS running FROM runs x
+                            WHERE x.tenant_id = t.tenant_id AND x.status = 'running') c
        CROSS JOIN LATERAL (SELECT q.id, q.queued_at FROM runs q
                             WHERE q.status = 'queued' AND q.tenant_id = t.tenant_id
                             ORDER BY q.queued_at LIMIT 1 + 16) h
