@@ -492,15 +492,6 @@ impl Claimed {
     }
 }
 
-/// Claims a claimable run for `worker`: [`claim`] with room for one.
-pub async fn claim_next(
-    executor: impl PgExecutor<'_>,
-    worker: &str,
-    lease: Duration,
-) -> sqlx::Result<Option<Claimed>> {
-    Ok(claim(executor, worker, lease, 1).await?.pop())
-}
-
 /// Claims up to `room` claimable runs for `worker` in one statement: first running runs whose
 /// lease has expired and paused runs whose pause has expired (so an unanswered approval or
 /// client tool is enforced even if no client ever calls again; `previous_status` says which),
@@ -1113,7 +1104,10 @@ mod tests {
     }
 
     async fn claim(db: &TestDb, lease: Duration) -> Option<Claimed> {
-        claim_next(&db.pool, WORKER, lease).await.expect("claim")
+        super::claim(&db.pool, WORKER, lease, 1)
+            .await
+            .expect("claim")
+            .pop()
     }
 
     /// `count` queued runs of `tenant` (one thread each), queued an hour ago, oldest first:
