@@ -1,25 +1,23 @@
 -- pgbench script: the whole SQL life of one run, as Spool does it for a message posted to a new
 -- thread and answered by the default agent with the built-in `demo` model (no tools, no hooks,
--- first attempt). One pgbench transaction = the API's enqueue transaction + one worker claim +
+-- first attempt). One pgbench transaction = the API's enqueue statement + one worker claim +
 -- the worker's statements for the run it claimed.
 --
--- Mirrors, in this order (one round trip each):
---  API, api/src/routes/threads.rs post_user_message (identical to tests/bench/enqueue.sql):
---   1 BEGIN                               state.db.begin()
---   2 INSERT threads ON CONFLICT UPDATE threads::ensure_owned      shared/src/db/threads.rs
---   3 WITH turn AS (INSERT INTO messages), run AS (INSERT INTO runs) SELECT pg_notify(...)
---                                         runs::insert_with_messages shared/src/db/runs.rs
---   4 COMMIT                              tx.commit()
+-- Mirrors, in this order (one round trip each, autocommit):
+--  API, api/src/routes/threads.rs enqueue_message (identical to tests/bench/enqueue.sql):
+--   1 WITH thread AS (INSERT threads ON CONFLICT UPDATE), turn AS (INSERT INTO messages),
+--     run AS (INSERT INTO runs) SELECT pg_notify(...)
+--                                         runs::insert_with_thread   shared/src/db/runs.rs
 --  Worker (autocommit statements on the pool):
---   5 WITH candidate AS (... FOR UPDATE SKIP LOCKED), claimed AS (UPDATE runs ... RETURNING),
+--   2 WITH candidate AS (... FOR UPDATE SKIP LOCKED), claimed AS (UPDATE runs ... RETURNING),
 --     streaming AS (UPDATE messages) SELECT ...
 --                                         runs::claim                shared/src/db/runs.rs,
 --                                         called by claim::run       worker/src/claim.rs
 --                                         (up to the worker's free slots at once; one here)
---   6 WITH summary AS (...) SELECT role, content, parts, seq, ... FROM (... messages ...)
+--   3 WITH summary AS (...) SELECT role, content, parts, seq, ... FROM (... messages ...)
 --                                         messages::history          called by prompt::start
 --                                                                    worker/src/agent/prompt.rs
---   7 WITH finished AS (UPDATE runs) UPDATE messages
+--   4 WITH finished AS (UPDATE runs) UPDATE messages
 --                                         runs::finish               called by attempt::end
 --                                                                    worker/src/attempt.rs
 -- Not issued for such a run: agents::find (only for a run enqueued without its spec),
@@ -29,7 +27,7 @@
 -- SPOOL_HEARTBEAT_SECS, not per run) and the LISTEN connections; events go to Redis, not here.
 --
 -- KEEP IN SYNC with those functions: when their SQL or the worker's sequence changes, change this
--- file (and tests/bench/enqueue.sql for statements 1-4).
+-- file (and tests/bench/enqueue.sql for statement 1).
 --
 -- Differences that cannot be avoided in pgbench (see also enqueue.sql):
 -- * Ids: UUIDv7-like values computed server-side from one random number (Spool binds
@@ -50,55 +48,49 @@
 
 \set r random(1, 9000000000000000000)
 
-BEGIN;
-
--- threads::ensure_owned($1 thread_id, $2 tenant_id, $3 owner_id, $4 agent_id = NULL)
-INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
-VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-thread'), 13))::uuid,
-        'bench', 'bench-user', NULL, now())
-ON CONFLICT (id) DO UPDATE SET last_message_at = now()
- WHERE t.tenant_id = 'bench' AND t.owner_id = 'bench-user' AND t.erased_at IS NULL
-RETURNING t.agent_id;
-
--- runs::insert_with_messages: the user message (role user, status completed; metadata {} when
--- none given) and the assistant message (empty, queued) in one INSERT, the run (agent_id NULL:
--- the new thread's agent, the default; idempotency_key NULL: no header; trace_context NULL:
--- what inject_traceparent() gives without OpenTelemetry), and the NOTIFY (RUNS_CHANNEL =
--- 'spool_runs', empty payload), in one statement
-WITH turn AS (
-     INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+-- runs::insert_with_thread($2 thread_id, $3 tenant_id, $4 owner_id, $5 run's agent_id = NULL,
+-- $16 the message's agent_id = NULL): the thread upsert, the user message (role user, status
+-- completed; metadata {} when none given) and the assistant message (empty, queued) in one
+-- INSERT, the run (agent_id NULL: the new thread's agent, the default; idempotency_key NULL: no
+-- header; trace_context NULL: what inject_traceparent() gives without OpenTelemetry), and the
+-- NOTIFY (RUNS_CHANNEL = 'spool_runs', empty payload), in one statement outside a transaction
+WITH thread AS (
+     INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
      VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-thread'), 13))::uuid,
+             'bench', 'bench-user', NULL, now())
+     ON CONFLICT (id) DO UPDATE SET last_message_at = now()
+      WHERE t.tenant_id = 'bench' AND t.owner_id = 'bench-user' AND t.erased_at IS NULL
+        AND (NULL::uuid IS NOT NULL OR t.agent_id IS NOT DISTINCT FROM NULL::uuid)
+     RETURNING t.id),
+ turn AS (
+     INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
+     SELECT m.id, thread.id, m.role, m.content, m.status, m.metadata,
+            (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+         || substr(md5(:r::text || '-run'), 13))::uuid
+       FROM thread,
+            (VALUES (1, (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
-             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-thread'), 13))::uuid,
-             'user', 'Hello!', 'completed', '{}'::jsonb,
-             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-run'), 13))::uuid),
-            ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+                     'user', 'Hello!'::text, 'completed', '{}'::jsonb),
+                    (2, (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-thread'), 13))::uuid,
-             'assistant', '', 'queued', '{}'::jsonb,
-             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-run'), 13))::uuid)),
+                     'assistant', '', 'queued', '{}'::jsonb))
+              AS m (turn, id, role, content, status, metadata)
+      ORDER BY m.turn),
  run AS (
      INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
                        assistant_message_id, idempotency_key, trace_context, agent_spec, quota,
                        overrides)
-     VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+     SELECT (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-run'), 13))::uuid,
-             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
-         || substr(md5(:r::text || '-thread'), 13))::uuid,
-             'bench', 'bench-user', NULL,
-             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+            thread.id, 'bench', 'bench-user', NULL::uuid,
+            (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-user'), 13))::uuid,
-             (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
+            (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
-             NULL, NULL, NULL, /* quota */ NULL, NULL))
-SELECT pg_notify('spool_runs', '');
-
-COMMIT;
+            NULL::text, NULL::text, NULL::jsonb, /* quota */ NULL, NULL::jsonb
+       FROM thread)
+SELECT pg_notify('spool_runs', '') FROM thread;
 
 -- The worker's lease (SPOOL_LEASE_SECS, default 30) and messages::history's depth (the default
 -- agent's history_depth, 10). c_attempt stays 0 when the claim finds nothing.

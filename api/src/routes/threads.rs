@@ -1,9 +1,10 @@
 //! Threads and their messages, and `POST user_message`: the enqueue.
 //!
-//! The enqueue is one transaction: the idempotency key, then [`enqueue`] (thread on first use,
-//! user message, assistant message, run, NOTIFY), then the key's stored response. A `202`
-//! therefore means all of it is committed (invariant 1), and any error before the commit leaves
-//! nothing behind (invariant 10).
+//! The enqueue is atomic: [`enqueue`] (thread on first use, user message, assistant message,
+//! run, NOTIFY) is one statement, alone when the request has no `Idempotency-Key`; with one it
+//! is a transaction: the key, the enqueue, then the key's stored response. A `202` therefore
+//! means all of it is committed (invariant 1), and any error before the commit leaves nothing
+//! behind (invariant 10).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -484,20 +485,27 @@ pub(crate) async fn enqueue_message(
         caller.require_admin()?;
     }
     let overrides = request.overrides();
-    check_agent(state, caller, request.agent_id).await?;
     let owner = &caller.owner;
-    if let Some(key) = key
-        && let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key).await?
-    {
-        return replay(stored, hash);
+    if let Some(key) = key {
+        // A missing agent is a 404 before a replay (without a key the enqueue finds out).
+        check_agent(state, caller, request.agent_id).await?;
+        if let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key).await? {
+            return replay(stored, hash);
+        }
     }
 
-    let mut tx = state.db.begin().await?;
-    if let Some(key) = key
-        && !idempotency::reserve(&mut *tx, &owner.tenant_id, key, hash).await?
+    // A transaction only when the run has company (a key, earlier turns): alone, its one
+    // statement commits by itself (db::enqueue).
+    let mut conn = if key.is_some() || !history.is_empty() {
+        Conn::Tx(state.db.begin().await?)
+    } else {
+        Conn::Alone(state.db.acquire().await?)
+    };
+    if let (Some(key), Conn::Tx(tx)) = (key, &mut conn)
+        && !idempotency::reserve(&mut **tx, &owner.tenant_id, key, hash).await?
     {
         // A concurrent duplicate committed first (we waited on its row): replay it.
-        tx.rollback().await?;
+        drop(conn);
         let stored = idempotency::find(&state.db, &owner.tenant_id, key)
             .await?
             .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
@@ -518,7 +526,7 @@ pub(crate) async fn enqueue_message(
         overrides: overrides.as_ref(),
         history,
     };
-    let enqueued = match enqueue(&mut tx, &message).await {
+    let enqueued = match enqueue(conn.as_mut(), &message).await {
         Ok(enqueued) => enqueued,
         Err(EnqueueError::ThreadNotFound) => return Err(thread_not_found()),
         Err(EnqueueError::AgentNotFound) => {
@@ -531,7 +539,7 @@ pub(crate) async fn enqueue_message(
             ));
         }
         Err(EnqueueError::ThreadBusy) => {
-            tx.rollback().await?;
+            drop(conn);
             return Err(thread_busy(state, thread_id).await);
         }
         Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
@@ -554,13 +562,15 @@ pub(crate) async fn enqueue_message(
         stream_url: stream_url(thread_id),
     };
     let body = serde_json::to_value(&body).map_err(anyhow::Error::from)?;
-    if let Some(key) = key {
-        idempotency::record(&mut *tx, &owner.tenant_id, key, 202, &body, workflow_id).await?;
-    }
-    match commit(tx).await {
-        Ok(()) => {}
-        Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
-        Err(err) => return Err(anyhow::Error::from(err).into()),
+    if let Conn::Tx(mut tx) = conn {
+        if let Some(key) = key {
+            idempotency::record(&mut *tx, &owner.tenant_id, key, 202, &body, workflow_id).await?;
+        }
+        match commit(tx).await {
+            Ok(()) => {}
+            Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
+            Err(err) => return Err(anyhow::Error::from(err).into()),
+        }
     }
     tracing::info!(thread.id = %thread_id, workflow.id = %workflow_id, "run enqueued");
     Ok(Enqueue {
@@ -569,6 +579,22 @@ pub(crate) async fn enqueue_message(
         workflow_id,
         replayed: false,
     })
+}
+
+/// The connection an enqueue runs on: a transaction (rolled back when dropped uncommitted), or
+/// a pooled connection outside any, for an enqueue that is one statement.
+enum Conn {
+    Tx(sqlx::Transaction<'static, sqlx::Postgres>),
+    Alone(sqlx::pool::PoolConnection<sqlx::Postgres>),
+}
+
+impl Conn {
+    fn as_mut(&mut self) -> &mut sqlx::PgConnection {
+        match self {
+            Conn::Tx(tx) => tx,
+            Conn::Alone(conn) => conn,
+        }
+    }
 }
 
 /// The 429 of a quota's refusal.

@@ -1,16 +1,18 @@
 //! The enqueue: a user's message becomes a queued run (invariant 1).
 //!
-//! In the caller's transaction: the thread on first use (if the id is a UUID no one else owns),
-//! the user message, the assistant message that will stream (status `queued`, so its id is
-//! known at once and its content is written exactly once, when the run ends), the run with the
-//! spec of its agent as it is now (the run executes that spec, whatever happens to the agent
-//! later), and a NOTIFY that wakes the workers when the transaction commits: the thread in one
-//! statement, the rest in a second ([`runs::insert_with_messages`]). A `202` therefore means
-//! all of it is committed, and any error before the commit leaves nothing behind. The partial unique index
-//! on active runs refuses a second one on the thread (invariant 2). When quotas apply, the run
-//! carries its counters and the COMMIT counts it in them (`db::quota`): commit with
-//! [`commit`], which answers a run over a limit with [`EnqueueError::Refused`], everything
-//! rolled back.
+//! One statement ([`runs::insert_with_thread`]) makes the thread on first use (if the id is a
+//! UUID no one else owns), the user message, the assistant message that will stream (status
+//! `queued`, so its id is known at once and its content is written exactly once, when the run
+//! ends), the run with the spec of its agent as it is now (the run executes that spec, whatever
+//! happens to the agent later), and a NOTIFY that wakes the workers when it commits. On its own
+//! (no `Idempotency-Key`, no earlier turns) it needs no transaction: one statement is atomic, so
+//! a `POST user_message` to a thread without an agent costs one round trip to Postgres, and a
+//! `202` means all of it is committed while any error leaves nothing behind. With a key or
+//! earlier turns it runs in the caller's transaction beside them. The partial unique index on
+//! active runs refuses a second one on the thread (invariant 2). When quotas apply, the run
+//! carries its counters and its COMMIT counts it in them (`db::quota`): in a transaction,
+//! commit with [`commit`], which answers a run over a limit with [`EnqueueError::Refused`],
+//! everything rolled back; alone, the statement's own commit answers it.
 
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -87,19 +89,104 @@ pub enum EnqueueError {
     Db(#[from] sqlx::Error),
 }
 
-/// Enqueues `message` in the caller's transaction (see the module doc).
+/// Enqueues `message` on `conn` (see the module doc): in the caller's transaction, or alone
+/// in one statement on a connection outside any.
 pub async fn enqueue(
-    tx: &mut PgConnection,
+    conn: &mut PgConnection,
     message: &NewMessage<'_>,
 ) -> Result<Enqueued, EnqueueError> {
     let thread_id = message.thread_id;
-    let thread_agent = threads::ensure_owned(tx, thread_id, message.owner, message.agent_id)
-        .await?
-        .ok_or(EnqueueError::ThreadNotFound)?;
-    let agent_id = message.agent_id.or(thread_agent);
+    // The agent that answers is the message's, else the thread's. When the message names none,
+    // guess that the thread has none either (a new thread has none), and look it up only when
+    // the insert finds the guess wrong: one round trip in the common case.
+    let mut known: Option<Option<AgentId>> = None;
+    if !message.history.is_empty() {
+        // Earlier turns go in before the message, so the thread must exist first.
+        known = Some(
+            threads::ensure_owned(conn, thread_id, message.owner, message.agent_id)
+                .await?
+                .ok_or(EnqueueError::ThreadNotFound)?,
+        );
+        for (role, content) in message.history {
+            messages::insert_turn(&mut *conn, MessageId::new(), thread_id, *role, content).await?;
+        }
+    } else if message.agent_id.is_none() && message.overrides.is_some() {
+        // Overrides are checked against the agent that answers: know it before.
+        known = Some(thread_agent(conn, message).await?);
+    }
+    // A guess proved wrong is looked up and tried again; a thread whose agent changes under
+    // every try (created by a concurrent message, then erased) is reported missing.
+    for _ in 0..3 {
+        let agent_id = message.agent_id.or(known.flatten());
+        let agent_spec = agent_spec(conn, message, agent_id).await?;
+        let enqueued = Enqueued {
+            workflow_id: WorkflowId::new(),
+            user_message_id: MessageId::new(),
+            message_id: MessageId::new(),
+        };
+        let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
+        let quota = counters(message.quotas, governance, &message.owner.user_id);
+        let run = NewRun {
+            id: enqueued.workflow_id,
+            thread_id,
+            owner: message.owner,
+            agent_id,
+            agent_spec: agent_spec.as_ref(),
+            user_message_id: enqueued.user_message_id,
+            assistant_message_id: enqueued.message_id,
+            idempotency_key: message.idempotency_key,
+            trace_context: message.trace_context,
+            quota: quota.as_ref(),
+            overrides: message.overrides,
+        };
+        let inserted = runs::insert_with_thread(
+            &mut *conn,
+            &run,
+            message.agent_id,
+            message.input_text,
+            message.metadata,
+        )
+        .await;
+        match inserted {
+            Ok(true) => return Ok(enqueued),
+            // The thread is someone else's or erased, or the guess of its agent was wrong.
+            Ok(false) => known = Some(thread_agent(conn, message).await?),
+            Err(err) if is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) => {
+                return Err(EnqueueError::ThreadBusy);
+            }
+            // Outside a transaction the statement's own COMMIT counts the run in its quotas.
+            Err(err) => match quota::refusal(&err) {
+                Some(refusal) => return Err(EnqueueError::Refused(refusal)),
+                None => return Err(err.into()),
+            },
+        }
+    }
+    Err(EnqueueError::ThreadNotFound)
+}
+
+/// The agent of the owner's thread (`None`: the default), the message's for a thread not made
+/// yet, or [`EnqueueError::ThreadNotFound`].
+async fn thread_agent(
+    conn: &mut PgConnection,
+    message: &NewMessage<'_>,
+) -> Result<Option<AgentId>, EnqueueError> {
+    match threads::agent_for(conn, message.thread_id, message.owner).await? {
+        threads::ThreadFor::Owned(agent_id) => Ok(agent_id),
+        threads::ThreadFor::New => Ok(message.agent_id),
+        threads::ThreadFor::Other => Err(EnqueueError::ThreadNotFound),
+    }
+}
+
+/// The spec of the agent that answers (`None`: the server's default), checked: it exists, is
+/// active, and the message's overrides fit it.
+async fn agent_spec(
+    conn: &mut PgConnection,
+    message: &NewMessage<'_>,
+    agent_id: Option<AgentId>,
+) -> Result<Option<AgentSpec>, EnqueueError> {
     let agent_spec = match agent_id {
         Some(id) => {
-            let spec = agents::find(&mut *tx, id, &message.owner.tenant_id)
+            let spec = agents::find(&mut *conn, id, &message.owner.tenant_id)
                 .await?
                 .ok_or(EnqueueError::AgentNotFound)?
                 .spec
@@ -131,39 +218,7 @@ pub async fn enqueue(
             return Err(EnqueueError::InvalidOverrides(problems));
         }
     }
-    let enqueued = Enqueued {
-        workflow_id: WorkflowId::new(),
-        user_message_id: MessageId::new(),
-        message_id: MessageId::new(),
-    };
-    let workflow_id = enqueued.workflow_id;
-    let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
-    let quota = counters(message.quotas, governance, &message.owner.user_id);
-    for (role, content) in message.history {
-        messages::insert_turn(&mut *tx, MessageId::new(), thread_id, *role, content).await?;
-    }
-    let run = NewRun {
-        id: workflow_id,
-        thread_id,
-        owner: message.owner,
-        agent_id,
-        agent_spec: agent_spec.as_ref(),
-        user_message_id: enqueued.user_message_id,
-        assistant_message_id: enqueued.message_id,
-        idempotency_key: message.idempotency_key,
-        trace_context: message.trace_context,
-        quota: quota.as_ref(),
-        overrides: message.overrides,
-    };
-    let inserted =
-        runs::insert_with_messages(&mut *tx, &run, message.input_text, message.metadata).await;
-    if let Err(err) = inserted {
-        if is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) {
-            return Err(EnqueueError::ThreadBusy);
-        }
-        return Err(err.into());
-    }
-    Ok(enqueued)
+    Ok(agent_spec)
 }
 
 /// Commits an enqueue's transaction: quotas are checked here (see the module doc).
@@ -172,4 +227,175 @@ pub async fn commit(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), Enq
         Some(refusal) => EnqueueError::Refused(refusal),
         None => EnqueueError::Db(err),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use spool_tests::TestDb;
+
+    use super::*;
+    use crate::quota::QuotaLimits;
+
+    fn owner(user: &str) -> Owner {
+        Owner {
+            tenant_id: "acme".into(),
+            user_id: user.into(),
+        }
+    }
+
+    fn message<'a>(thread_id: ThreadId, owner: &'a Owner, quotas: &'a Quotas) -> NewMessage<'a> {
+        static METADATA: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!({}));
+        NewMessage {
+            thread_id,
+            owner,
+            agent_id: None,
+            input_text: "hi",
+            metadata: &METADATA,
+            idempotency_key: None,
+            trace_context: None,
+            quotas,
+            overrides: None,
+            history: &[],
+        }
+    }
+
+    /// Enqueues on a pooled connection outside any transaction, as `POST user_message` does
+    /// without a key.
+    async fn alone(db: &TestDb, message: &NewMessage<'_>) -> Result<Enqueued, EnqueueError> {
+        let mut conn = db.pool.acquire().await.expect("acquire");
+        enqueue(&mut conn, message).await
+    }
+
+    /// (messages, runs) of the thread.
+    async fn rows(db: &TestDb, thread_id: ThreadId) -> (i64, i64) {
+        sqlx::query_as(
+            "SELECT (SELECT count(*) FROM messages WHERE thread_id = $1),
+                    (SELECT count(*) FROM runs WHERE thread_id = $1)",
+        )
+        .bind(thread_id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("rows")
+    }
+
+    #[tokio::test]
+    async fn one_statement_makes_the_thread_both_messages_in_order_and_the_run() {
+        let db = TestDb::new().await.expect("db");
+        let (alice, quotas) = (owner("alice"), Quotas::default());
+        let thread_id = ThreadId::new();
+        let enqueued = alone(&db, &message(thread_id, &alice, &quotas))
+            .await
+            .expect("enqueue");
+        let order: Vec<(MessageId, String)> =
+            sqlx::query_as("SELECT id, status FROM messages WHERE thread_id = $1 ORDER BY seq")
+                .bind(thread_id)
+                .fetch_all(&db.pool)
+                .await
+                .expect("messages");
+        assert_eq!(
+            order,
+            [
+                (enqueued.user_message_id, "completed".to_owned()),
+                (enqueued.message_id, "queued".to_owned()),
+            ]
+        );
+        let run = runs::find(&db.pool, enqueued.workflow_id, &alice)
+            .await
+            .expect("find")
+            .expect("the run");
+        assert_eq!((run.thread_id, run.agent_id), (thread_id, None));
+        // A second message while the first runs: the busy rule, nothing added.
+        let busy = alone(&db, &message(thread_id, &alice, &quotas)).await;
+        assert!(matches!(busy, Err(EnqueueError::ThreadBusy)), "{busy:?}");
+        assert_eq!(rows(&db, thread_id).await, (2, 1));
+    }
+
+    #[tokio::test]
+    async fn another_owners_thread_is_not_found_and_keeps_its_rows_and_time() {
+        let db = TestDb::new().await.expect("db");
+        let (alice, bob, quotas) = (owner("alice"), owner("bob"), Quotas::default());
+        let thread_id = ThreadId::new();
+        alone(&db, &message(thread_id, &alice, &quotas))
+            .await
+            .expect("alice's message");
+        let touched = || async {
+            let (at,): (chrono::DateTime<chrono::Utc>,) =
+                sqlx::query_as("SELECT last_message_at FROM threads WHERE id = $1")
+                    .bind(thread_id)
+                    .fetch_one(&db.pool)
+                    .await
+                    .expect("thread");
+            at
+        };
+        let before = touched().await;
+        let refused = alone(&db, &message(thread_id, &bob, &quotas)).await;
+        assert!(
+            matches!(refused, Err(EnqueueError::ThreadNotFound)),
+            "{refused:?}"
+        );
+        assert_eq!(rows(&db, thread_id).await, (2, 1));
+        assert_eq!(touched().await, before);
+    }
+
+    #[tokio::test]
+    async fn a_message_naming_no_agent_is_answered_by_its_threads_agent() {
+        let db = TestDb::new().await.expect("db");
+        let (alice, quotas) = (owner("alice"), Quotas::default());
+        let mut spec = AgentSpec::default_agent("gpt-4o-mini", "Be the thread's agent.");
+        spec.name = "steady".into();
+        let agent_id = AgentId::new();
+        agents::insert(&db.pool, agent_id, "acme", &spec)
+            .await
+            .expect("agent");
+        let thread_id = ThreadId::new();
+        threads::create(&db.pool, thread_id, &alice, Some(agent_id), &json!({}))
+            .await
+            .expect("create")
+            .expect("a new thread");
+        // The guess (no agent) is wrong: the insert declines, the thread is looked up, and the
+        // second try carries the thread's agent and its spec.
+        let enqueued = alone(&db, &message(thread_id, &alice, &quotas))
+            .await
+            .expect("enqueue");
+        let run = runs::find(&db.pool, enqueued.workflow_id, &alice)
+            .await
+            .expect("find")
+            .expect("the run");
+        assert_eq!(run.agent_id, Some(agent_id));
+        assert_eq!(
+            run.agent_spec.map(|spec| spec.0.instructions),
+            Some("Be the thread's agent.".to_owned())
+        );
+        assert_eq!(rows(&db, thread_id).await, (2, 1));
+    }
+
+    #[tokio::test]
+    async fn a_quota_refuses_a_run_enqueued_alone_and_nothing_is_left() {
+        let db = TestDb::new().await.expect("db");
+        let alice = owner("alice");
+        let quotas = Quotas {
+            user: QuotaLimits {
+                max_concurrent_runs: Some(1),
+                ..QuotaLimits::default()
+            },
+            tenant: QuotaLimits::default(),
+        };
+        alone(&db, &message(ThreadId::new(), &alice, &quotas))
+            .await
+            .expect("the first run");
+        let thread_id = ThreadId::new();
+        let refused = alone(&db, &message(thread_id, &alice, &quotas)).await;
+        let Err(EnqueueError::Refused(refusal)) = refused else {
+            panic!("not refused: {refused:?}");
+        };
+        assert_eq!(refusal.code, "concurrency_limited");
+        // Not even the thread: the statement's commit failed as a whole.
+        let (threads,): (i64,) = sqlx::query_as("SELECT count(*) FROM threads WHERE id = $1")
+            .bind(thread_id)
+            .fetch_one(&db.pool)
+            .await
+            .expect("threads");
+        assert_eq!((threads, rows(&db, thread_id).await), (0, (0, 0)));
+    }
 }

@@ -158,28 +158,50 @@ pub struct NewRun<'a> {
     pub overrides: Option<&'a RunOverrides>,
 }
 
-/// Inserts a turn in one statement: the user message (`input`, completed, with `metadata`),
-/// the assistant message that will stream (empty, queued), and the queued run that answers,
-/// then wakes the workers (NOTIFY, delivered at COMMIT). The two messages are one `INSERT`, so
-/// the user's comes first in the thread's order. Fails with a unique violation of
-/// [`ONE_ACTIVE_PER_THREAD`] if the thread already has an active run (nothing is inserted).
-pub async fn insert_with_messages(
+/// Inserts a turn in one statement, if the thread takes it: the thread on first use (for the
+/// owner, answered by `thread_agent`, the agent the message names), or else the owner's thread,
+/// which must not be erased and, when the message names no agent, must be answered by the run's
+/// agent (the one whose spec the run carries); then the user message (`input`, completed, with
+/// `metadata`), the assistant message that will stream (empty, queued), the queued run that
+/// answers, and a NOTIFY that wakes the workers (delivered at COMMIT). Returns `false`, with
+/// nothing inserted, when the thread does not take it (someone else's, erased, or answered by
+/// another agent than the run's). The two messages are one `INSERT`, the user's first, so it
+/// has the lower `seq`. Fails with a unique violation of [`ONE_ACTIVE_PER_THREAD`] if the
+/// thread already has an active run (nothing is inserted).
+///
+/// The thread is an upsert: it either inserts the row or locks the existing one and touches it
+/// only if it takes the message. `ON CONFLICT DO UPDATE` sees the latest committed row, so a
+/// client racing itself onto a new thread gets the busy rule's violation, not a `false`, and a
+/// message racing the thread's erasure waits for it and gets `false`.
+pub async fn insert_with_thread(
     executor: impl PgExecutor<'_>,
     run: &NewRun<'_>,
+    thread_agent: Option<AgentId>,
     input: &str,
     metadata: &Value,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "WITH turn AS (
+) -> sqlx::Result<bool> {
+    let row = sqlx::query(
+        "WITH thread AS (
+             INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
+             VALUES ($2, $3, $4, $16, now())
+             ON CONFLICT (id) DO UPDATE SET last_message_at = now()
+              WHERE t.tenant_id = $3 AND t.owner_id = $4 AND t.erased_at IS NULL
+                AND ($16::uuid IS NOT NULL OR t.agent_id IS NOT DISTINCT FROM $5::uuid)
+             RETURNING t.id),
+         turn AS (
              INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
-             VALUES ($6, $2, 'user', $13, 'completed', $14, $1),
-                    ($7, $2, 'assistant', '', 'queued', '{}', $1)),
+             SELECT m.id, thread.id, m.role, m.content, m.status, m.metadata, $1
+               FROM thread,
+                    (VALUES (1, $6::uuid, 'user', $13::text, 'completed', $14::jsonb),
+                            (2, $7::uuid, 'assistant', '', 'queued', '{}'::jsonb))
+                      AS m (turn, id, role, content, status, metadata)
+              ORDER BY m.turn),
          run AS (
              INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
                                assistant_message_id, idempotency_key, trace_context,
                                agent_spec, quota, overrides)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12))
-         SELECT pg_notify($15, '')",
+             SELECT $1, thread.id, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM thread)
+         SELECT pg_notify($15, '') FROM thread",
     )
     .bind(run.id)
     .bind(run.thread_id)
@@ -196,9 +218,10 @@ pub async fn insert_with_messages(
     .bind(input)
     .bind(Json(metadata))
     .bind(crate::db::RUNS_CHANNEL)
-    .execute(executor)
+    .bind(thread_agent)
+    .fetch_optional(executor)
     .await?;
-    Ok(())
+    Ok(row.is_some())
 }
 
 // The owner's run by id.

@@ -105,6 +105,39 @@ pub async fn ensure_owned(
     Ok(row.map(|(agent,)| agent))
 }
 
+/// What a thread id is to an owner about to post to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadFor {
+    /// The owner's thread, answered by this agent (`None`: the default).
+    Owned(Option<AgentId>),
+    /// No thread has the id: a message makes it.
+    New,
+    /// Someone else's thread, or an erased one.
+    Other,
+}
+
+/// What thread `id` is to `owner` (see [`ThreadFor`]).
+pub async fn agent_for(
+    executor: impl PgExecutor<'_>,
+    id: ThreadId,
+    owner: &Owner,
+) -> sqlx::Result<ThreadFor> {
+    let row: Option<(bool, Option<AgentId>)> = sqlx::query_as(
+        "SELECT tenant_id = $2 AND owner_id = $3 AND erased_at IS NULL, agent_id
+           FROM threads WHERE id = $1",
+    )
+    .bind(id)
+    .bind(&owner.tenant_id)
+    .bind(&owner.user_id)
+    .fetch_optional(executor)
+    .await?;
+    Ok(match row {
+        None => ThreadFor::New,
+        Some((true, agent_id)) => ThreadFor::Owned(agent_id),
+        Some((false, _)) => ThreadFor::Other,
+    })
+}
+
 /// The thread in `scope` (the owner's, or for an admin the tenant's), or `None` if it does not
 /// exist, is someone else's or was erased.
 pub async fn find(
