@@ -47,6 +47,8 @@ pub struct AppState {
     pub config: Arc<ApiConfig>,
     /// Run status changes, for `?wait=`.
     pub runs: crate::watch::RunWatch,
+    /// Wakes the workers after an enqueue commits.
+    pub wake: crate::wake::Wake,
 }
 
 /// The full router with its middleware.

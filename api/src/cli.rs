@@ -289,6 +289,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ),
         }),
         runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
+        wake: crate::wake::Wake::start(db.clone(), shutdown.clone()),
     };
 
     let mut workers = tokio::task::JoinSet::new();

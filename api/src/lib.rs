@@ -21,6 +21,7 @@ pub mod openai;
 pub mod openapi;
 pub mod page;
 pub mod routes;
+pub mod wake;
 pub mod watch;
 
 pub use app::{ApiConfig, AppState, router, serve};

@@ -3,9 +3,14 @@
 --
 -- Mirrors (one round trip, as sqlx does):
 --   1 WITH thread AS (INSERT INTO threads ... ON CONFLICT DO UPDATE), turn AS (INSERT INTO
---     messages: user, assistant), run AS (INSERT INTO runs) SELECT pg_notify
+--     messages: user, assistant), run AS (INSERT INTO runs) SELECT true
 --                          runs::insert_with_thread, called by db::enqueue   shared/src/db/
 --                          on a pooled connection   api/src/routes/threads.rs enqueue_message
+-- Not mirrored: the NOTIFY that wakes the workers. The API sends it after the commit from one
+-- task, folding the wakes of every enqueue that committed while the previous one was in flight
+-- (api/src/wake.rs): under load about one per round trip, not one per request. spool-bench
+-- also runs this script with `SELECT pg_notify('spool_runs', '') FROM thread` as its last
+-- line, the baseline issue 14 names ("the three rows and the NOTIFY" in one transaction).
 -- Not issued on this path: agents::find (only with an agent_id), threads::find (only when the
 -- thread has an agent the message does not name), idempotency::find / reserve / record and the
 -- transaction around them (only with an Idempotency-Key). The auth extractor does no SQL.
@@ -34,8 +39,8 @@
 -- $16 the message's agent_id = NULL): the thread upsert, the user message (role user, status
 -- completed; metadata {} when none given) and the assistant message (empty, queued) in one
 -- INSERT, the run (agent_id NULL: the new thread's agent, the default; idempotency_key NULL: no
--- header; trace_context NULL: what inject_traceparent() gives without OpenTelemetry), and the
--- NOTIFY (RUNS_CHANNEL = 'spool_runs', empty payload), in one statement outside a transaction
+-- header; trace_context NULL: what inject_traceparent() gives without OpenTelemetry), in one
+-- statement outside a transaction
 WITH thread AS (
      INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
      VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
@@ -72,4 +77,4 @@ WITH thread AS (
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
             NULL::text, NULL::text, NULL::jsonb, /* quota */ NULL, NULL::jsonb
        FROM thread)
-SELECT pg_notify('spool_runs', '') FROM thread;
+SELECT true FROM thread;

@@ -6,7 +6,8 @@
 -- Mirrors, in this order (one round trip each, autocommit):
 --  API, api/src/routes/threads.rs enqueue_message (identical to tests/bench/enqueue.sql):
 --   1 WITH thread AS (INSERT threads ON CONFLICT UPDATE), turn AS (INSERT INTO messages),
---     run AS (INSERT INTO runs) SELECT pg_notify(...)
+--     run AS (INSERT INTO runs) SELECT true (the API's coalesced NOTIFY after it is not
+--     mirrored: see enqueue.sql)
 --                                         runs::insert_with_thread   shared/src/db/runs.rs
 --  Worker (autocommit statements on the pool):
 --   2 WITH candidate AS (... FOR UPDATE SKIP LOCKED), claimed AS (UPDATE runs ... RETURNING),
@@ -52,8 +53,8 @@
 -- $16 the message's agent_id = NULL): the thread upsert, the user message (role user, status
 -- completed; metadata {} when none given) and the assistant message (empty, queued) in one
 -- INSERT, the run (agent_id NULL: the new thread's agent, the default; idempotency_key NULL: no
--- header; trace_context NULL: what inject_traceparent() gives without OpenTelemetry), and the
--- NOTIFY (RUNS_CHANNEL = 'spool_runs', empty payload), in one statement outside a transaction
+-- header; trace_context NULL: what inject_traceparent() gives without OpenTelemetry), in one
+-- statement outside a transaction
 WITH thread AS (
      INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
      VALUES ((lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0')
@@ -90,7 +91,7 @@ WITH thread AS (
          || substr(md5(:r::text || '-assistant'), 13))::uuid,
             NULL::text, NULL::text, NULL::jsonb, /* quota */ NULL, NULL::jsonb
        FROM thread)
-SELECT pg_notify('spool_runs', '') FROM thread;
+SELECT true FROM thread;
 
 -- The worker's lease (SPOOL_LEASE_SECS, default 30) and messages::history's depth (the default
 -- agent's history_depth, 10). c_attempt stays 0 when the claim finds nothing.

@@ -572,6 +572,7 @@ pub(crate) async fn enqueue_message(
             Err(err) => return Err(anyhow::Error::from(err).into()),
         }
     }
+    state.wake.wake();
     tracing::info!(thread.id = %thread_id, workflow.id = %workflow_id, "run enqueued");
     Ok(Enqueue {
         status: StatusCode::ACCEPTED,

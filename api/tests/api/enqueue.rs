@@ -285,3 +285,38 @@ async fn a_thread_can_be_created_read_and_listed() {
     assert_eq!(older[0]["content"], "first");
     app.stop().await;
 }
+
+/// The enqueue commits without a NOTIFY (one in the statement would make Postgres commit
+/// enqueues one at a time); the API sends one after it. An idle worker waits for exactly that:
+/// without it, runs would start only at the next poll.
+#[tokio::test]
+async fn every_enqueue_is_followed_by_a_notify_that_wakes_the_workers() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&app.db.pool)
+        .await
+        .expect("listener");
+    listener
+        .listen(spool_shared::db::RUNS_CHANNEL)
+        .await
+        .expect("LISTEN");
+    let alice = token("alice", "acme");
+    for key in [None, Some("with-a-key")] {
+        let mut request = app
+            .http
+            .post(app.url(&format!("/v1/threads/{}/user_message", Uuid::new_v4())))
+            .bearer_auth(&alice)
+            .json(&json!({"input_text": "wake up"}));
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await.expect("request");
+        assert_eq!(response.status(), StatusCode::ACCEPTED, "key {key:?}");
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no NOTIFY after the enqueue (key {key:?})"))
+            .expect("notification");
+        assert_eq!(woken.channel(), spool_shared::db::RUNS_CHANNEL);
+        // Nothing else is pending: the next enqueue must bring its own.
+        while listener.next_buffered().is_some() {}
+    }
+}

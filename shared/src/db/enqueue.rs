@@ -4,7 +4,10 @@
 //! UUID no one else owns), the user message, the assistant message that will stream (status
 //! `queued`, so its id is known at once and its content is written exactly once, when the run
 //! ends), the run with the spec of its agent as it is now (the run executes that spec, whatever
-//! happens to the agent later), and a NOTIFY that wakes the workers when it commits. On its own
+//! happens to the agent later). Once it has committed, the caller wakes the workers
+//! ([`crate::db::notify_runs`], or the API's coalescing `wake`): a NOTIFY in the statement
+//! would be delivered exactly at the commit, but Postgres commits notifying transactions one at a
+//! time (a lock held through the WAL flush), which halved the enqueues a second. On its own
 //! (no `Idempotency-Key`, no earlier turns) it needs no transaction: one statement is atomic, so
 //! a `POST user_message` to a thread without an agent costs one round trip to Postgres, and a
 //! `202` means all of it is committed while any error leaves nothing behind. With a key or

@@ -162,8 +162,9 @@ pub struct NewRun<'a> {
 /// owner, answered by `thread_agent`, the agent the message names), or else the owner's thread,
 /// which must not be erased and, when the message names no agent, must be answered by the run's
 /// agent (the one whose spec the run carries); then the user message (`input`, completed, with
-/// `metadata`), the assistant message that will stream (empty, queued), the queued run that
-/// answers, and a NOTIFY that wakes the workers (delivered at COMMIT). Returns `false`, with
+/// `metadata`), the assistant message that will stream (empty, queued) and the queued run that
+/// answers. The caller wakes the workers once it has committed ([`super::notify_runs`]): a NOTIFY
+/// here would make Postgres commit enqueues one at a time. Returns `false`, with
 /// nothing inserted, when the thread does not take it (someone else's, erased, or answered by
 /// another agent than the run's). The two messages are one `INSERT`, the user's first, so it
 /// has the lower `seq`. Fails with a unique violation of [`ONE_ACTIVE_PER_THREAD`] if the
@@ -183,10 +184,10 @@ pub async fn insert_with_thread(
     let row = sqlx::query(
         "WITH thread AS (
              INSERT INTO threads AS t (id, tenant_id, owner_id, agent_id, last_message_at)
-             VALUES ($2, $3, $4, $16, now())
+             VALUES ($2, $3, $4, $15, now())
              ON CONFLICT (id) DO UPDATE SET last_message_at = now()
               WHERE t.tenant_id = $3 AND t.owner_id = $4 AND t.erased_at IS NULL
-                AND ($16::uuid IS NOT NULL OR t.agent_id IS NOT DISTINCT FROM $5::uuid)
+                AND ($15::uuid IS NOT NULL OR t.agent_id IS NOT DISTINCT FROM $5::uuid)
              RETURNING t.id),
          turn AS (
              INSERT INTO messages (id, thread_id, role, content, status, metadata, workflow_id)
@@ -201,7 +202,7 @@ pub async fn insert_with_thread(
                                assistant_message_id, idempotency_key, trace_context,
                                agent_spec, quota, overrides)
              SELECT $1, thread.id, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM thread)
-         SELECT pg_notify($15, '') FROM thread",
+         SELECT true FROM thread",
     )
     .bind(run.id)
     .bind(run.thread_id)
@@ -217,7 +218,6 @@ pub async fn insert_with_thread(
     .bind(run.overrides.map(Json))
     .bind(input)
     .bind(Json(metadata))
-    .bind(crate::db::RUNS_CHANNEL)
     .bind(thread_agent)
     .fetch_optional(executor)
     .await?;

@@ -37,6 +37,18 @@ pub(crate) fn enqueue_sql_with_quotas() -> anyhow::Result<String> {
     Ok(ENQUEUE_SQL.replace(QUOTA, QUOTA_JSON))
 }
 
+/// [`ENQUEUE_SQL`] with the NOTIFY in the statement: the baseline issue 14 names for P1, "the
+/// three rows and the NOTIFY" in one transaction (Spool sends its NOTIFY after the commit,
+/// folded across enqueues: api/src/wake.rs).
+pub(crate) fn enqueue_sql_with_notify() -> anyhow::Result<String> {
+    const LAST: &str = "SELECT true FROM thread;";
+    anyhow::ensure!(
+        ENQUEUE_SQL.matches(LAST).count() == 1,
+        "tests/bench/enqueue.sql no longer ends with {LAST}"
+    );
+    Ok(ENQUEUE_SQL.replace(LAST, "SELECT pg_notify('spool_runs', '') FROM thread;"))
+}
+
 /// One no-op run's whole SQL lifecycle (see the file's header).
 pub(crate) const LIFECYCLE_SQL: &str = include_str!("../../../bench/lifecycle.sql");
 

@@ -13,8 +13,8 @@ use spool_tests::sse::{Frame, SseReader};
 use tokio::task::JoinSet;
 
 use crate::baseline::{
-    ENQUEUE_SQL, LIFECYCLE_SQL, QUOTA_SETTINGS, enqueue_sql_with_quotas, hop_chain, pgbench,
-    xadd_per_second,
+    ENQUEUE_SQL, LIFECYCLE_SQL, QUOTA_SETTINGS, enqueue_sql_with_notify, enqueue_sql_with_quotas,
+    hop_chain, pgbench, xadd_per_second,
 };
 use crate::count::{Counter, End};
 use crate::cpu::{Groups, Perf, Snapshot, machine_busy_secs, pids_named, rss_kib};
@@ -70,15 +70,18 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
     // tenant's and the user's counters.
     let quota_stack = Stack::start(&QUOTA_SETTINGS).await?;
     let quota_sql = enqueue_sql_with_quotas()?;
+    let notify_sql = enqueue_sql_with_notify()?;
     let c = sizes.concurrency;
     let round = Duration::from_secs(sizes.seconds);
     enqueue(&stack, c, Until::Elapsed(Duration::from_millis(500))).await?;
     enqueue(&quota_stack, c, Until::Elapsed(Duration::from_millis(500))).await?;
     pgbench(&stack.db.url, ENQUEUE_SQL, c, Duration::from_secs(1)).await?;
+    pgbench(&stack.db.url, &notify_sql, c, Duration::from_secs(1)).await?;
     pgbench(&quota_stack.db.url, &quota_sql, c, Duration::from_secs(1)).await?;
     let (mut rate, mut p50, mut p99) = (vec![], vec![], vec![]);
     let (mut b_rate, mut b_p50, mut b_p99) = (vec![], vec![], vec![]);
     let (mut q_rate, mut q_p99, mut qb_rate) = (vec![], vec![], vec![]);
+    let (mut n_rate, mut n_p50, mut n_p99) = (vec![], vec![], vec![]);
     for i in 0..sizes.rounds {
         let busy = machine_busy_secs();
         let before = Snapshot::take(&groups(&stack));
@@ -102,6 +105,10 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         b_rate.push(base.tps);
         b_p50.push(ms(&base.latency, 0.5));
         b_p99.push(ms(&base.latency, 0.99));
+        let notify = pgbench(&stack.db.url, &notify_sql, c, round).await?;
+        n_rate.push(notify.tps);
+        n_p50.push(ms(&notify.latency, 0.5));
+        n_p99.push(ms(&notify.latency, 0.99));
         let quota_load = enqueue(&quota_stack, c, Until::Elapsed(round)).await?;
         q_rate.push(quota_load.rate);
         q_p99.push(ms(&quota_load.latency, 0.99));
@@ -126,14 +133,36 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
             );
         }
     }
+    // Issue 11's goal, as its text defines P1: the ratio to pgbench running the same SQL (with
+    // quotas, pgbench runs the quota SQL too) must not drop by more than 10% with every quota.
+    let ratio = |spool: &[f64], base: &[f64]| -> Vec<f64> {
+        spool.iter().zip(base).map(|(s, b)| s / b).collect()
+    };
+    let p1_ratio = ratio(&rate, &b_rate);
+    let p1_quota_ratio = ratio(&q_rate, &qb_rate);
     report.add(Figure::new(S, "requests/s", "req/s", rate.clone()).against(
-        "pgbench, same SQL transaction",
-        b_rate,
+        "pgbench, the three rows and the NOTIFY in one transaction (issue 14)",
+        n_rate,
         Some(0.8),
     ));
-    report.add(Figure::new(S, "latency p50", "ms", p50).against("pgbench p50", b_p50, None));
+    report.add(Figure::new(S, "latency p50", "ms", p50.clone()).against(
+        "that pgbench's p50",
+        n_p50,
+        None,
+    ));
     report.add(Figure::new(S, "latency p99", "ms", p99.clone()).against(
-        "pgbench p99",
+        "that pgbench's p99",
+        n_p99,
+        None,
+    ));
+    report.add(Figure::new(S, "requests/s", "req/s", rate.clone()).against(
+        "pgbench, the same SQL (without the NOTIFY Spool sends apart)",
+        b_rate,
+        None,
+    ));
+    report.add(Figure::new(S, "latency p50", "ms", p50).against("that pgbench's p50", b_p50, None));
+    report.add(Figure::new(S, "latency p99", "ms", p99.clone()).against(
+        "that pgbench's p99",
         b_p99,
         None,
     ));
@@ -158,7 +187,16 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
             "req/s",
             q_rate,
         )
-        .against("pgbench, same SQL transaction with quotas", qb_rate, None),
+        .against("pgbench, the same SQL with quotas", qb_rate, None),
+    );
+    report.add(
+        Figure::new(
+            S,
+            "P1 ratio (Spool ÷ pgbench, same SQL), every quota set",
+            "×",
+            p1_quota_ratio,
+        )
+        .against("P1 ratio without quotas, same run", p1_ratio, Some(0.9)),
     );
     Ok(())
 }
