@@ -6,19 +6,26 @@
 //! the commit's WAL flush), so enqueues could not share a flush: pgbench ran the enqueue
 //! statement at 2,100–2,400 a second with it and 4,400 without it (16 clients, this machine).
 //! Here the enqueue commits alone and calls [`Wake::wake`]; one task sends the NOTIFY. Wakes
-//! that come while it is sending are folded into the next one, so under load there is about one
-//! NOTIFY per round trip, not one per run, and idle workers still wake within a round trip of
-//! the commit.
+//! that come while it is sending, or within [`MIN_GAP`] of its start, are folded into the next
+//! one, so under load there are at most 500 NOTIFYs a second per API process, not one per run
+//! (each one wakes every listening worker, which then claims), and an idle system's first
+//! enqueue still wakes the workers within a round trip of its commit.
 //!
 //! A wake is a hint, not the record: the run is committed before it. A NOTIFY lost to a crash
 //! of this process or of Postgres delays a run by at most the workers' poll interval
 //! (`SPOOL_POLL_INTERVAL_MS`), as it always could. That is also why the NOTIFY commits with
 //! `synchronous_commit` off: its transaction holds nothing worth a flush.
 
+use std::time::Duration;
+
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::db::RUNS_CHANNEL;
+
+/// The least time between the starts of two NOTIFYs: wakes within it share the second one.
+pub const MIN_GAP: Duration = Duration::from_millis(2);
 
 /// The process's worker waker; cheap to clone.
 #[derive(Clone, Debug)]
@@ -34,6 +41,7 @@ impl Wake {
         // the same wake.
         let (pending, mut woken) = mpsc::channel(1);
         tokio::spawn(async move {
+            let mut last: Option<Instant> = None;
             loop {
                 let next = tokio::select! {
                     next = woken.recv() => next,
@@ -42,6 +50,12 @@ impl Wake {
                 if next.is_none() {
                     break;
                 }
+                if let Some(last) = last {
+                    // Wakes that come meanwhile fill the slot: this NOTIFY answers for them.
+                    tokio::time::sleep_until(last + MIN_GAP).await;
+                    let _ = woken.try_recv();
+                }
+                last = Some(Instant::now());
                 let sent = sqlx::query(
                     "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')",
                 )
