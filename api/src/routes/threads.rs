@@ -1,10 +1,10 @@
 //! Threads and their messages, and `POST user_message`: the enqueue.
 //!
 //! The enqueue is atomic: [`enqueue`] (thread on first use, user message, assistant message,
-//! run, NOTIFY) is one statement, alone when the request has no `Idempotency-Key`; with one it
-//! is a transaction: the key, the enqueue, then the key's stored response. A `202` therefore
-//! means all of it is committed (invariant 1), and any error before the commit leaves nothing
-//! behind (invariant 10).
+//! run) is one statement, alone when the request has no `Idempotency-Key`; with one it is a
+//! transaction: the key, the enqueue, then the key's stored response. A `202` therefore means
+//! all of it is committed (invariant 1), and any error before the commit leaves nothing behind
+//! (invariant 10). After the commit the workers are woken (`crate::wake`).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -505,7 +505,7 @@ pub(crate) async fn enqueue_message(
         && !idempotency::reserve(&mut **tx, &owner.tenant_id, key, hash).await?
     {
         // A concurrent duplicate committed first (we waited on its row): replay it.
-        drop(conn);
+        conn.rollback().await?;
         let stored = idempotency::find(&state.db, &owner.tenant_id, key)
             .await?
             .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
@@ -539,7 +539,7 @@ pub(crate) async fn enqueue_message(
             ));
         }
         Err(EnqueueError::ThreadBusy) => {
-            drop(conn);
+            conn.rollback().await?;
             return Err(thread_busy(state, thread_id).await);
         }
         Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
@@ -594,6 +594,15 @@ impl Conn {
         match self {
             Conn::Tx(tx) => tx,
             Conn::Alone(conn) => conn,
+        }
+    }
+
+    /// Rolls a transaction back now, releasing its locks before the caller reads again (a
+    /// failed statement alone has nothing to roll back).
+    async fn rollback(self) -> sqlx::Result<()> {
+        match self {
+            Conn::Tx(tx) => tx.rollback().await,
+            Conn::Alone(_) => Ok(()),
         }
     }
 }
