@@ -17,7 +17,6 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use futures::FutureExt as _;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::Semaphore;
@@ -155,7 +154,7 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
         tokio::select! {
             notification = listener.recv() => match notification {
                 // What else has arrived is served by the same next claim.
-                Ok(_) => while let Some(Ok(_)) = listener.recv().now_or_never() {},
+                Ok(_) => while listener.next_buffered().is_some() {},
                 Err(err) => {
                     // The listener reconnects on the next call; poll meanwhile.
                     tracing::warn!(error = %err, "LISTEN connection failed");
