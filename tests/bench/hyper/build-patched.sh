@@ -22,7 +22,12 @@ for p in json.load(sys.stdin)["packages"]:
         print(p["manifest_path"].rsplit("/", 1)[0])' "$version")"
 [ -n "$src" ] || { echo "hyper $version is not in Cargo.lock" >&2; exit 1; }
 
-rm -rf "$dir" && mkdir -p "$dir/spool"
+# Only a directory this script made (or a new one) is emptied.
+if [ -e "$dir" ] && [ -n "$(ls -A "$dir")" ] && ! [ -d "$dir/spool" -a -d "$dir/hyper" ]; then
+  echo "$dir is not empty and not an earlier output of this script: give another directory" >&2
+  exit 1
+fi
+rm -rf "$dir/spool" "$dir/hyper" && mkdir -p "$dir/spool"
 cp -r "$src" "$dir/hyper"
 (cd "$dir/hyper" && patch -p1 --quiet < "$here/idle-buffers-$version.patch")
 # A copy of the committed tree: the patched build rewrites Cargo.lock, which must not touch
