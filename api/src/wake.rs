@@ -14,7 +14,10 @@
 //! A wake is a hint, not the record: the run is committed before it. A NOTIFY lost to a crash
 //! of this process or of Postgres delays a run by at most the workers' poll interval
 //! (`SPOOL_POLL_INTERVAL_MS`), as it always could. That is also why the NOTIFY commits with
-//! `synchronous_commit` off: its transaction holds nothing worth a flush.
+//! `synchronous_commit` off: its transaction holds nothing worth a flush. (Hence not
+//! [`spool_shared::db::notify_runs`]: its callers notify inside transactions whose commit must
+//! stay synchronous, and `set_config(..., true)` there would make that whole commit
+//! asynchronous.)
 
 use std::time::Duration;
 
