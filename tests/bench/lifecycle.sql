@@ -137,11 +137,13 @@ WITH RECURSIVE
  candidate AS (
      SELECT r.id, r.status AS previous_status
        FROM runs r JOIN picks p ON p.id = r.id
-      WHERE r.status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
-        AND (r.status = 'queued'
-             OR (r.status = 'running' AND r.lease_expires_at < now())
-             OR (r.status IN ('awaiting_approval', 'requires_action')
-                 AND r.pause_expires_at < now()))
+      WHERE CASE r.status
+                WHEN 'queued' THEN true
+                WHEN 'running' THEN r.lease_expires_at < now()
+                WHEN 'awaiting_approval' THEN r.pause_expires_at < now()
+                WHEN 'requires_action' THEN r.pause_expires_at < now()
+                ELSE false
+            END
       ORDER BY p.tier, p.turn, p.queued_at
       LIMIT 1
         FOR UPDATE OF r SKIP LOCKED),

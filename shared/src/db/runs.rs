@@ -530,8 +530,18 @@ pub async fn claim(
     lease: Duration,
     room: u32,
 ) -> sqlx::Result<Vec<Claimed>> {
-    sqlx::query_as(concat!(
-        "WITH RECURSIVE
+    sqlx::query_as(CLAIM)
+        .bind(worker)
+        .bind(interval(lease))
+        .bind(i64::from(room))
+        .fetch_all(executor)
+        .await
+}
+
+/// The claim's statement (`$1` worker, `$2` lease, `$3` room): see [`claim`]. A constant of its
+/// own so a test can `EXPLAIN` it.
+const CLAIM: &str = concat!(
+    "WITH RECURSIVE
          -- Every tenant with a queued run: a loose index scan, one probe per tenant.
          tenants (tenant_id) AS (
              (SELECT tenant_id FROM runs WHERE status = 'queued' ORDER BY tenant_id LIMIT 1)
@@ -573,12 +583,18 @@ pub async fn claim(
          candidate AS (
              SELECT r.id, r.status AS previous_status
                FROM runs r JOIN picks p ON p.id = r.id
-              -- Checked again on the locked row: another worker may have claimed it.
-              WHERE r.status IN ('queued', 'running', 'awaiting_approval', 'requires_action')
-                AND (r.status = 'queued'
-                     OR (r.status = 'running' AND r.lease_expires_at < now())
-                     OR (r.status IN ('awaiting_approval', 'requires_action')
-                         AND r.pause_expires_at < now()))
+              -- Checked again on the locked row: another worker may have claimed it. One
+              -- CASE, which no partial index's predicate matches: the planner finds the picks
+              -- by primary key. Written as conditions on `status`, it could answer them with a
+              -- bitmap scan of the partial indexes instead, which reads every dead entry that
+              -- runs claimed or ended since the last vacuum left there.
+              WHERE CASE r.status
+                        WHEN 'queued' THEN true
+                        WHEN 'running' THEN r.lease_expires_at < now()
+                        WHEN 'awaiting_approval' THEN r.pause_expires_at < now()
+                        WHEN 'requires_action' THEN r.pause_expires_at < now()
+                        ELSE false
+                    END
               ORDER BY p.tier, p.turn, p.queued_at
               LIMIT $3
                 FOR UPDATE OF r SKIP LOCKED),
@@ -605,21 +621,15 @@ pub async fn claim(
                FROM candidate
               WHERE r.id = candidate.id
           RETURNING ",
-        columns!("r."),
-        ", candidate.previous_status),
+    columns!("r."),
+    ", candidate.previous_status),
          streaming AS (
              UPDATE messages m
                 SET status = 'streaming', updated_at = now()
                FROM claimed c
               WHERE m.id = c.assistant_message_id)
          SELECT * FROM claimed"
-    ))
-    .bind(worker)
-    .bind(interval(lease))
-    .bind(i64::from(room))
-    .fetch_all(executor)
-    .await
-}
+);
 
 /// A lease the heartbeat renewed.
 #[derive(Clone, Copy, Debug, sqlx::FromRow)]
@@ -1187,6 +1197,71 @@ mod tests {
             .await
             .expect("id");
         assert_eq!(first_of_big, oldest);
+    }
+
+    /// The index entries a plan's index scans returned, loops included (a bitmap index scan
+    /// returns dead entries too: it cannot tell them apart).
+    fn index_entries_read(plan: &Value) -> f64 {
+        let own = if plan["Node Type"].as_str().unwrap_or("").contains("Index") {
+            plan["Actual Rows"].as_f64().unwrap_or(0.0)
+                * plan["Actual Loops"].as_f64().unwrap_or(1.0)
+        } else {
+            0.0
+        };
+        let children = plan["Plans"]
+            .as_array()
+            .map_or(0.0, |plans| plans.iter().map(index_entries_read).sum());
+        own + children
+    }
+
+    /// Runs that ended since the last vacuum leave dead entries in the indexes their queued and
+    /// running versions were in; a claim must not read them (it did, through a bitmap scan of
+    /// an index no query needed, reading every one of them on every claim).
+    #[tokio::test]
+    async fn a_claim_reads_the_runs_it_may_take_not_those_that_ended() {
+        let db = TestDb::new().await.expect("db");
+        for sql in [
+            "ALTER TABLE runs SET (autovacuum_enabled = false)",
+            "ALTER TABLE messages SET (autovacuum_enabled = false)",
+        ] {
+            sqlx::query(sql).execute(&db.pool).await.expect("no vacuum");
+        }
+        backlog(&db, "big", 5_000).await;
+        for sql in [
+            "UPDATE runs SET status = 'running', attempt = 1,
+                    lease_expires_at = now() + interval '1 hour' WHERE tenant_id = 'big'",
+            "UPDATE runs SET status = 'completed', lease_expires_at = NULL, finished_at = now()
+              WHERE tenant_id = 'big'",
+        ] {
+            sqlx::query(sql)
+                .execute(&db.pool)
+                .await
+                .expect("claimed and ended");
+        }
+        let (run, _) = queued(&db).await;
+        let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM}"
+        )))
+        .bind(WORKER)
+        .bind(interval(HOUR))
+        .bind(1_i64)
+        .fetch_one(&db.pool)
+        .await
+        .expect("explain the claim");
+        let found = find_in(&db.pool, run, Scope::Tenant("acme"))
+            .await
+            .expect("find")
+            .expect("run");
+        assert_eq!(
+            found.status,
+            RunStatus::Running,
+            "the claim took the queued run"
+        );
+        let read = index_entries_read(&plan[0]["Plan"]);
+        assert!(
+            read <= 100.0,
+            "the claim read {read} index entries to take one of one queued runs: {plan:#}"
+        );
     }
 
     #[tokio::test]

@@ -1,0 +1,14 @@
+-- `runs_claimable_idx` (queued_at, every queued, running or paused run) has had no query of its
+-- own since the claim became fair (20261124000002_fair_claims.sql: queued runs by tenant,
+-- expired leases and pauses each by their own deadline), but the planner still used it: the
+-- claim's `candidate` step re-checks the picked runs' status, and the planner answered that
+-- with a bitmap scan of this index ANDed with the others instead of a primary-key probe per
+-- pick. A bitmap scan cannot mark an index entry dead, so it read every entry left behind by
+-- each claimed and finished run since the last vacuum (6,882 of them for 7 queued runs, in
+-- one EXPLAIN ANALYZE after ten seconds of load), and each claim and enqueue wrote one more.
+-- The claim now writes that re-check so that no partial index matches it (shared/src/db/runs.rs)
+-- and probes the primary key (7 probes for 7 picks). Without the index, the run lifecycle's SQL
+-- (tests/bench/lifecycle.sql, pgbench, 16 clients) runs 1,069-1,364 lifecycles/s against
+-- 841-1,017 with it, alternated in one session (BENCHMARKS.md), and each enqueue and claim
+-- writes one index entry fewer.
+DROP INDEX runs_claimable_idx;
