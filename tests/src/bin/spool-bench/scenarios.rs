@@ -675,11 +675,26 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
     report.add(
         Figure::new(S, "runs completed/s", "runs/s", rate.clone()).against(
             "pgbench, the run's SQL lifecycle",
-            b_rate,
+            b_rate.clone(),
             Some(0.7),
         ),
     );
     if peers.is_ok() {
+        // The ceiling of the ratios below: Spool's own SQL for a run, without Spool, on the
+        // same machine in the same rounds.
+        report.add(
+            Figure::new(
+                S,
+                "pgbench lifecycles/s (Spool's SQL alone)",
+                "runs/s",
+                b_rate,
+            )
+            .against(
+                "procrastinate 3.10, 2 workers at its defaults (concurrency 1)",
+                procrastinate.clone(),
+                None,
+            ),
+        );
         for (name, rounds) in [
             ("arq 0.28, 2 workers at its defaults (max_jobs 10)", arq),
             (
