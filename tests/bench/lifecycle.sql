@@ -122,14 +122,15 @@ WITH RECURSIVE
       ORDER BY turn, h.queued_at
       LIMIT 2 * 1 + 32),
  rescue AS (
-     (SELECT id, queued_at FROM runs
-       WHERE status = 'running' AND lease_expires_at < now()
-       ORDER BY lease_expires_at LIMIT 1 + 8)
-     UNION ALL
-     (SELECT id, queued_at FROM runs
-       WHERE status IN ('awaiting_approval', 'requires_action')
-         AND pause_expires_at < now()
-       ORDER BY pause_expires_at LIMIT 1 + 8)),
+     SELECT id, queued_at FROM (
+         (SELECT id, queued_at, lease_expires_at AS deadline FROM runs
+           WHERE status = 'running'
+           ORDER BY lease_expires_at LIMIT 1 + 8)
+         UNION ALL
+         (SELECT id, queued_at, pause_expires_at FROM runs
+           WHERE status IN ('awaiting_approval', 'requires_action')
+           ORDER BY pause_expires_at LIMIT 1 + 8)) earliest
+      WHERE deadline < now()),
  picks AS (
      SELECT id, 0 AS tier, 0::bigint AS turn, queued_at FROM rescue
      UNION ALL

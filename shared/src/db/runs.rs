@@ -566,16 +566,21 @@ const CLAIM: &str = concat!(
               WHERE t.tenant_id IS NOT NULL
               ORDER BY turn, h.queued_at
               LIMIT 2 * $3 + 32),
-         -- Expired leases (a crash) and expired pauses come first, earliest deadline first.
+         -- Expired leases (a crash) and expired pauses come first, earliest deadline first:
+         -- the earliest deadlines, then those of them that have passed. Not `WHERE deadline <
+         -- now()`, which the planner may answer with a bitmap scan: that reads the entry of
+         -- every run that was running or paused with a deadline now past and has ended since
+         -- the last vacuum (a plain scan in deadline order skips them once seen).
          rescue AS (
-             (SELECT id, queued_at FROM runs
-               WHERE status = 'running' AND lease_expires_at < now()
-               ORDER BY lease_expires_at LIMIT $3 + 8)
-             UNION ALL
-             (SELECT id, queued_at FROM runs
-               WHERE status IN ('awaiting_approval', 'requires_action')
-                 AND pause_expires_at < now()
-               ORDER BY pause_expires_at LIMIT $3 + 8)),
+             SELECT id, queued_at FROM (
+                 (SELECT id, queued_at, lease_expires_at AS deadline FROM runs
+                   WHERE status = 'running'
+                   ORDER BY lease_expires_at LIMIT $3 + 8)
+                 UNION ALL
+                 (SELECT id, queued_at, pause_expires_at FROM runs
+                   WHERE status IN ('awaiting_approval', 'requires_action')
+                   ORDER BY pause_expires_at LIMIT $3 + 8)) earliest
+              WHERE deadline < now()),
          picks AS (
              SELECT id, 0 AS tier, 0::bigint AS turn, queued_at FROM rescue
              UNION ALL
@@ -1228,8 +1233,9 @@ mod tests {
         }
         backlog(&db, "big", 5_000).await;
         for sql in [
+            // Their leases ran out long ago (they ended more than a lease ago).
             "UPDATE runs SET status = 'running', attempt = 1,
-                    lease_expires_at = now() + interval '1 hour' WHERE tenant_id = 'big'",
+                    lease_expires_at = now() - interval '1 minute' WHERE tenant_id = 'big'",
             "UPDATE runs SET status = 'completed', lease_expires_at = NULL, finished_at = now()
               WHERE tenant_id = 'big'",
         ] {
