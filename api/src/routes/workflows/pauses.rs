@@ -2,7 +2,7 @@
 //! decision on a tool call (`awaiting_approval`).
 //!
 //! Each answer is one transaction: the run is locked, its unsettled step is edited through the
-//! typed [`SavedStep`](spool_shared::db::steps::SavedStep) (`answer_client`, `decide`), and the
+//! typed [`spool_shared::db::steps::SavedStep`] (`answer_client`, `decide`), and the
 //! run is re-queued with a NOTIFY; the next attempt settles the step and goes on. A run that is
 //! not waiting for that answer (answered already, cancelled, or never paused) is a 409.
 

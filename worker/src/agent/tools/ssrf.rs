@@ -21,7 +21,7 @@
 //! - A request that carries configured headers (often credentials) is never redirected to
 //!   another origin: reqwest drops only `Authorization` and cookies on such a hop, and would send
 //!   an `X-Api-Key` to whatever host a tool server (or an open redirect on it) points at.
-//!   [`GuardedClients::for_headers`] picks the client that stays on the origin.
+//!   [`GuardedClients::for_url`] with `credentials` picks the client that stays on the origin.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
