@@ -8,12 +8,13 @@
 //!   `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, with the key the
 //!   base64 after `whsec_` in the endpoint's secret.
 //! - The URL goes through the tools' network policy ([`NetworkPolicy::check_url`], and the
-//!   resolver of [`guarded_client`]) at every try; redirects are never followed: a 3xx is a failed try (following a 303 would turn the
-//!   signed POST into a GET whose 2xx would count as delivered).
+//!   resolver of [`guarded_client`]) at every try; redirects are never followed: a 3xx is a
+//!   failed try (following a 303 would turn the signed POST into a GET whose 2xx would count as
+//!   delivered).
 //! - A 2xx delivers it. Anything else is retried with exponential backoff ([`retry_in`]: 5 s
 //!   doubling to at most an hour) until 24 h after the event, then abandoned. A worker that
-//!   dies mid-try leaves the lease to expire (the `lease` [`run`] is given); another worker tries again (at least
-//!   once: receivers de-duplicate on `webhook-id`).
+//!   dies mid-try leaves the lease to expire (the `lease` [`run`] is given); another worker
+//!   tries again (at least once: receivers de-duplicate on `webhook-id`).
 
 use std::sync::Arc;
 use std::time::Duration;
