@@ -164,9 +164,9 @@ pub struct NewRun<'a> {
 /// agent (the one whose spec the run carries); then the user message (`input`, completed, with
 /// `metadata`), the assistant message that will stream (empty, queued) and the queued run that
 /// answers. The caller wakes the workers once it has committed (the API's `wake` task; see
-/// [`crate::db::enqueue`]): a NOTIFY here would make Postgres commit enqueues one at a time. Returns `false`, with
-/// nothing inserted, when the thread does not take it (someone else's, erased, or answered by
-/// another agent than the run's). The two messages are one `INSERT`, the user's first, so it
+/// [`crate::db::enqueue`]): a NOTIFY here would make Postgres commit enqueues one at a time.
+/// Returns `false`, with nothing inserted, when the thread does not take it (someone else's,
+/// erased, or answered by another agent than the run's). The two messages are one `INSERT`, the user's first, so it
 /// has the lower `seq`. Fails with a unique violation of [`ONE_ACTIVE_PER_THREAD`] if the
 /// thread already has an active run (nothing is inserted).
 ///
