@@ -49,6 +49,8 @@ pub struct AppState {
     pub runs: crate::watch::RunWatch,
     /// Wakes the workers after an enqueue commits.
     pub wake: crate::wake::Wake,
+    /// The quota counters (Redis), which admit runs.
+    pub admission: spool_shared::quota::admission::Admission,
 }
 
 /// The full router with its middleware.

@@ -269,6 +269,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     )
     .context("REDIS_URL")?;
+    let admission = spool_shared::quota::admission::Admission::new(streams.conn(), &keys);
     let state = AppState {
         db: db.clone(),
         streams,
@@ -290,6 +291,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }),
         runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
         wake: crate::wake::Wake::start(db.clone(), shutdown.clone()),
+        admission,
     };
 
     let mut workers = tokio::task::JoinSet::new();

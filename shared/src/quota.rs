@@ -5,12 +5,15 @@
 //! apply per user and per tenant, from configuration (`SPOOL_QUOTA_*`, [`Quotas`] of the API)
 //! for every run, and from an agent's `governance` for that agent's own runs (counted apart, so
 //! an agent can be held to less than the server allows). [`counters`] resolves which counters a
-//! new run is checked against; `db::quota` keeps them in Postgres, exact across any number of
-//! API processes and atomic with the enqueue.
+//! new run is checked against; [`admission`] counts them in Redis, exact across any number of
+//! API processes and before the enqueue writes anything, and `db::quota` keeps their truth in
+//! Postgres.
 
 use serde::{Deserialize, Serialize};
 
 use crate::ids::AgentId;
+
+pub mod admission;
 
 /// The limits of one counter (all optional; unset is unlimited).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

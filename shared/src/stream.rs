@@ -98,6 +98,11 @@ impl StreamKeys {
         }
     }
 
+    /// The prefix of every key.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The thread's stream.
     pub fn events(&self, thread: ThreadId) -> String {
         format!("{}:{{{thread}}}:events", self.prefix)

@@ -15,8 +15,8 @@
 -- thread has an agent the message does not name), idempotency::find / reserve / record and the
 -- transaction around them (only with an Idempotency-Key). The auth extractor does no SQL.
 --
--- With SPOOL_QUOTA_* set, the run carries its quota counters and the statement's commit counts
--- it in them (the deferred trigger runs_quota_admit, migrations/20261124000005_quotas.sql).
+-- With SPOOL_QUOTA_* set, the run carries its quota counters; it was admitted against them in
+-- Redis before the statement (shared/src/quota/admission.rs), which pgbench does not do.
 --
 -- KEEP IN SYNC with those functions: when their SQL changes, change this file and the copy of
 -- this statement at the top of tests/bench/lifecycle.sql.

@@ -93,7 +93,12 @@ async fn charge(a: &Attempt<'_>, usage: Usage) -> sqlx::Result<Option<Spent>> {
         return Ok(None);
     };
     let tokens = usage.input_tokens.saturating_add(usage.output_tokens);
-    quota::charge(a.db, &run.tenant_id, &quota.0, tokens).await
+    let (spent, counted) = quota::charge(a.db, &run.tenant_id, &quota.0, tokens).await?;
+    if tokens > 0 {
+        // New runs are admitted against Redis's copy of the day's tokens.
+        a.admission.record_tokens(&run.tenant_id, &counted).await;
+    }
+    Ok(spent)
 }
 
 /// What the loop carries from step to step.

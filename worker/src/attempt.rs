@@ -103,6 +103,7 @@ async fn execute_in_span(
         claimed,
         stop: &stop,
         events: &events,
+        admission: &worker.admission,
     };
     let started = std::time::Instant::now();
     let spec = agent::load_spec(a.db, a.engine, run).await;
@@ -325,6 +326,11 @@ async fn end(
     };
     if a.claimed.finish(a.db, &outcome).await?.is_lost() {
         return Ok(Ended::LeaseLost);
+    }
+    // The run holds no room in its quotas any more (best effort: a counter that is full prunes
+    // ended runs itself).
+    if let Some(quota) = &run.quota {
+        a.admission.release(&run.tenant_id, run.id, &quota.0).await;
     }
     for (kind, mut data) in end_of_message(status, answer.usage, error) {
         // `message_end` carries what the stored message says beyond its text.

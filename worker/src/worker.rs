@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+use spool_shared::quota::admission::Admission;
+
 use crate::agent::engine::Engine;
 use crate::config::WorkerArgs;
 use crate::publish::Streams;
@@ -24,6 +26,9 @@ pub struct Worker {
     pub streams: Streams,
     /// Models, tools and the default agent.
     pub engine: Arc<Engine>,
+    /// The quota counters (Redis): a run's end gives back its room, a model call's tokens are
+    /// copied there.
+    pub admission: Admission,
 }
 
 impl Worker {
@@ -39,6 +44,7 @@ impl Worker {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let id = format!("{host}-{}-{}", std::process::id(), &suffix[..8]);
+        let admission = Admission::new(streams.conn.clone(), &streams.keys);
         Ok(Self {
             db,
             database_url,
@@ -46,6 +52,7 @@ impl Worker {
             id,
             streams,
             engine,
+            admission,
         })
     }
 }

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use spool_shared::agent::{RunDefaults, RunOverrides, ToolChoice};
-use spool_shared::db::enqueue::{EnqueueError, NewMessage, commit, enqueue};
+use spool_shared::db::enqueue::{EnqueueError, NewMessage, enqueue};
 use spool_shared::db::messages::{self, Message};
 use spool_shared::db::quota::Refusal;
 use spool_shared::db::runs;
@@ -417,6 +417,8 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
         (status = 429, description = "A quota refuses the run: `rate_limited` (runs per hour), `concurrency_limited` (active runs), `budget_exceeded` (daily tokens); with `scope`, `limit`, `agent_id` (an agent's own quota) and `retry_after`. Nothing is created.",
             body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds until the window or the UTC day ends (5 for `concurrency_limited`: a hint)."))),
+        (status = 503, description = "`quotas_unavailable`: a quota applies and its counters (Redis) cannot be reached. Nothing is created; try again.", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "1"))),
     )
 )]
 async fn post_user_message(
@@ -523,6 +525,7 @@ pub(crate) async fn enqueue_message(
         idempotency_key: key,
         trace_context: trace_context.as_deref(),
         quotas: &state.config.quotas,
+        admission: &state.admission,
         overrides: overrides.as_ref(),
         history,
     };
@@ -543,6 +546,14 @@ pub(crate) async fn enqueue_message(
             return Err(thread_busy(state, thread_id).await);
         }
         Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
+        Err(EnqueueError::QuotasUnavailable(err)) => {
+            tracing::warn!(error = %err, "the quota counters are unavailable");
+            return Err(ApiError::Unavailable {
+                code: "quotas_unavailable",
+                message: "the quota counters are unavailable; try again".into(),
+                retry_after: 1,
+            });
+        }
         Err(EnqueueError::InvalidOverrides(errors)) => {
             return Err(ApiError::invalid_fields(
                 "invalid_overrides",
@@ -563,13 +574,24 @@ pub(crate) async fn enqueue_message(
     };
     let body = serde_json::to_value(&body).map_err(anyhow::Error::from)?;
     if let Conn::Tx(mut tx) = conn {
-        if let Some(key) = key {
-            idempotency::record(&mut *tx, &owner.tenant_id, key, 202, &body, workflow_id).await?;
-        }
-        match commit(tx).await {
-            Ok(()) => {}
-            Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
-            Err(err) => return Err(anyhow::Error::from(err).into()),
+        let committed = match key {
+            Some(key) => {
+                idempotency::record(&mut *tx, &owner.tenant_id, key, 202, &body, workflow_id).await
+            }
+            None => Ok(()),
+        };
+        if let Err(err) = match committed {
+            Ok(()) => tx.commit().await,
+            Err(err) => Err(err),
+        } {
+            // Nothing was made: the run's room goes back.
+            if let Some(quota) = &enqueued.quota {
+                state
+                    .admission
+                    .release(&owner.tenant_id, workflow_id, quota)
+                    .await;
+            }
+            return Err(err.into());
         }
     }
     state.wake.wake();

@@ -118,6 +118,7 @@ impl TestApp {
             }),
             runs: spool_api::watch::RunWatch::start(db.pool.clone(), shutdown.clone()),
             wake: spool_api::wake::Wake::start(db.pool.clone(), shutdown.clone()),
+            admission: spool_shared::quota::admission::Admission::new(streams.conn(), &keys),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -12,21 +12,22 @@
 //! a `POST user_message` to a thread without an agent costs one round trip to Postgres, and a
 //! `202` means all of it is committed while any error leaves nothing behind. With a key or
 //! earlier turns it runs in the caller's transaction beside them. The partial unique index on
-//! active runs refuses a second one on the thread (invariant 2). When quotas apply, the run
-//! carries its counters and its COMMIT counts it in them (`db::quota`): in a transaction,
-//! commit with [`commit`], which answers a run over a limit with [`EnqueueError::Refused`],
-//! everything rolled back; alone, the statement's own commit answers it.
+//! active runs refuses a second one on the thread (invariant 2). When quotas apply, the run is
+//! admitted first, in Redis ([`Admission::take`]: one round trip, no lock held in Postgres), and
+//! its room given back if the statement fails; a caller whose transaction fails after the
+//! enqueue gives it back too ([`Enqueued::quota`]).
 
 use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::agent::{AgentSpec, FieldError, RunOverrides};
-use crate::db::quota::{self, Refusal};
+use crate::db::quota::Refusal;
 use crate::db::runs::{self, NewRun};
 use crate::db::threads::{self, Owner};
 use crate::db::{agents, is_unique_violation, messages};
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
-use crate::quota::{Quotas, counters};
+use crate::quota::admission::{Admission, AdmitError};
+use crate::quota::{Quotas, RunQuota, counters};
 use crate::status::Role;
 
 /// A user's message to enqueue.
@@ -48,6 +49,8 @@ pub struct NewMessage<'a> {
     pub trace_context: Option<&'a str>,
     /// The server's quotas (`SPOOL_QUOTA_*`).
     pub quotas: &'a Quotas,
+    /// Where the quota counters are (used only when a quota applies).
+    pub admission: &'a Admission,
     /// What the message posts to steer its run (checked against the agent that answers).
     pub overrides: Option<&'a RunOverrides>,
     /// Earlier turns stored before the message, completed and without a run (a thread seeded
@@ -56,7 +59,7 @@ pub struct NewMessage<'a> {
 }
 
 /// What the enqueue made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Enqueued {
     /// The run that will answer.
     pub workflow_id: WorkflowId,
@@ -64,6 +67,9 @@ pub struct Enqueued {
     pub user_message_id: MessageId,
     /// The assistant message that will stream.
     pub message_id: MessageId,
+    /// The counters the run took room in: a caller whose transaction does not commit gives
+    /// it back ([`Admission::release`]).
+    pub quota: Option<RunQuota>,
 }
 
 /// Why a message was not enqueued (the transaction must be rolled back).
@@ -84,6 +90,9 @@ pub enum EnqueueError {
     /// A quota refuses the run.
     #[error("{}", .0.message())]
     Refused(Refusal),
+    /// A quota applies and its counters (Redis) cannot be reached.
+    #[error("the quota counters are unavailable: {0}")]
+    QuotasUnavailable(redis::RedisError),
     /// The message's overrides do not fit the agent that answers (by field).
     #[error("the overrides do not fit the agent")]
     InvalidOverrides(Vec<FieldError>),
@@ -122,13 +131,30 @@ pub async fn enqueue(
     for _ in 0..3 {
         let agent_id = message.agent_id.or(known.flatten());
         let agent_spec = agent_spec(conn, message, agent_id).await?;
+        let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
+        let quota = counters(message.quotas, governance, &message.owner.user_id);
         let enqueued = Enqueued {
             workflow_id: WorkflowId::new(),
             user_message_id: MessageId::new(),
             message_id: MessageId::new(),
+            quota,
         };
-        let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
-        let quota = counters(message.quotas, governance, &message.owner.user_id);
+        let quota = enqueued.quota.as_ref();
+        let tenant = &message.owner.tenant_id;
+        if let Some(quota) = quota {
+            match message
+                .admission
+                .take(conn, tenant, enqueued.workflow_id, quota)
+                .await
+            {
+                Ok(()) => {}
+                Err(AdmitError::Refused(refusal)) => return Err(EnqueueError::Refused(refusal)),
+                Err(AdmitError::Unavailable(err)) => {
+                    return Err(EnqueueError::QuotasUnavailable(err));
+                }
+                Err(AdmitError::Db(err)) => return Err(err.into()),
+            }
+        }
         let run = NewRun {
             id: enqueued.workflow_id,
             thread_id,
@@ -139,7 +165,7 @@ pub async fn enqueue(
             assistant_message_id: enqueued.message_id,
             idempotency_key: message.idempotency_key,
             trace_context: message.trace_context,
-            quota: quota.as_ref(),
+            quota,
             overrides: message.overrides,
         };
         let inserted = runs::insert_with_thread(
@@ -150,6 +176,14 @@ pub async fn enqueue(
             message.metadata,
         )
         .await;
+        if !matches!(inserted, Ok(true))
+            && let Some(quota) = quota
+        {
+            message
+                .admission
+                .release(tenant, enqueued.workflow_id, quota)
+                .await;
+        }
         match inserted {
             Ok(true) => return Ok(enqueued),
             // The thread is someone else's or erased, or the guess of its agent was wrong.
@@ -157,11 +191,7 @@ pub async fn enqueue(
             Err(err) if is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) => {
                 return Err(EnqueueError::ThreadBusy);
             }
-            // Outside a transaction the statement's own COMMIT counts the run in its quotas.
-            Err(err) => match quota::refusal(&err) {
-                Some(refusal) => return Err(EnqueueError::Refused(refusal)),
-                None => return Err(err.into()),
-            },
+            Err(err) => return Err(err.into()),
         }
     }
     Err(EnqueueError::ThreadNotFound)
@@ -224,14 +254,6 @@ async fn agent_spec(
     Ok(agent_spec)
 }
 
-/// Commits an enqueue's transaction: quotas are checked here (see the module doc).
-pub async fn commit(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), EnqueueError> {
-    tx.commit().await.map_err(|err| match quota::refusal(&err) {
-        Some(refusal) => EnqueueError::Refused(refusal),
-        None => EnqueueError::Db(err),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -247,7 +269,19 @@ mod tests {
         }
     }
 
-    fn message<'a>(thread_id: ThreadId, owner: &'a Owner, quotas: &'a Quotas) -> NewMessage<'a> {
+    /// Quota counters under a key prefix of the test's own.
+    fn admission() -> Admission {
+        let conn = crate::stream::connect(&spool_tests::redis_url()).expect("redis");
+        let keys = crate::stream::StreamKeys::new(spool_tests::redis_prefix());
+        Admission::new(conn, &keys)
+    }
+
+    fn message<'a>(
+        thread_id: ThreadId,
+        owner: &'a Owner,
+        quotas: &'a Quotas,
+        admission: &'a Admission,
+    ) -> NewMessage<'a> {
         static METADATA: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!({}));
         NewMessage {
             thread_id,
@@ -258,6 +292,7 @@ mod tests {
             idempotency_key: None,
             trace_context: None,
             quotas,
+            admission,
             overrides: None,
             history: &[],
         }
@@ -285,9 +320,10 @@ mod tests {
     #[tokio::test]
     async fn one_statement_makes_the_thread_both_messages_in_order_and_the_run() {
         let db = TestDb::new().await.expect("db");
+        let admission = admission();
         let (alice, quotas) = (owner("alice"), Quotas::default());
         let thread_id = ThreadId::new();
-        let enqueued = alone(&db, &message(thread_id, &alice, &quotas))
+        let enqueued = alone(&db, &message(thread_id, &alice, &quotas, &admission))
             .await
             .expect("enqueue");
         let order: Vec<(MessageId, String)> =
@@ -309,7 +345,7 @@ mod tests {
             .expect("the run");
         assert_eq!((run.thread_id, run.agent_id), (thread_id, None));
         // A second message while the first runs: the busy rule, nothing added.
-        let busy = alone(&db, &message(thread_id, &alice, &quotas)).await;
+        let busy = alone(&db, &message(thread_id, &alice, &quotas, &admission)).await;
         assert!(matches!(busy, Err(EnqueueError::ThreadBusy)), "{busy:?}");
         assert_eq!(rows(&db, thread_id).await, (2, 1));
     }
@@ -317,9 +353,10 @@ mod tests {
     #[tokio::test]
     async fn another_owners_thread_is_not_found_and_keeps_its_rows_and_time() {
         let db = TestDb::new().await.expect("db");
+        let admission = admission();
         let (alice, bob, quotas) = (owner("alice"), owner("bob"), Quotas::default());
         let thread_id = ThreadId::new();
-        alone(&db, &message(thread_id, &alice, &quotas))
+        alone(&db, &message(thread_id, &alice, &quotas, &admission))
             .await
             .expect("alice's message");
         let touched = || async {
@@ -332,7 +369,7 @@ mod tests {
             at
         };
         let before = touched().await;
-        let refused = alone(&db, &message(thread_id, &bob, &quotas)).await;
+        let refused = alone(&db, &message(thread_id, &bob, &quotas, &admission)).await;
         assert!(
             matches!(refused, Err(EnqueueError::ThreadNotFound)),
             "{refused:?}"
@@ -344,6 +381,7 @@ mod tests {
     #[tokio::test]
     async fn a_message_naming_no_agent_is_answered_by_its_threads_agent() {
         let db = TestDb::new().await.expect("db");
+        let admission = admission();
         let (alice, quotas) = (owner("alice"), Quotas::default());
         let mut spec = AgentSpec::default_agent("gpt-4o-mini", "Be the thread's agent.");
         spec.name = "steady".into();
@@ -358,7 +396,7 @@ mod tests {
             .expect("a new thread");
         // The guess (no agent) is wrong: the insert declines, the thread is looked up, and the
         // second try carries the thread's agent and its spec.
-        let enqueued = alone(&db, &message(thread_id, &alice, &quotas))
+        let enqueued = alone(&db, &message(thread_id, &alice, &quotas, &admission))
             .await
             .expect("enqueue");
         let run = runs::find(&db.pool, enqueued.workflow_id, &alice)
@@ -376,6 +414,7 @@ mod tests {
     #[tokio::test]
     async fn a_quota_refuses_a_run_enqueued_alone_and_nothing_is_left() {
         let db = TestDb::new().await.expect("db");
+        let admission = admission();
         let alice = owner("alice");
         let quotas = Quotas {
             user: QuotaLimits {
@@ -384,16 +423,16 @@ mod tests {
             },
             tenant: QuotaLimits::default(),
         };
-        alone(&db, &message(ThreadId::new(), &alice, &quotas))
+        alone(&db, &message(ThreadId::new(), &alice, &quotas, &admission))
             .await
             .expect("the first run");
         let thread_id = ThreadId::new();
-        let refused = alone(&db, &message(thread_id, &alice, &quotas)).await;
+        let refused = alone(&db, &message(thread_id, &alice, &quotas, &admission)).await;
         let Err(EnqueueError::Refused(refusal)) = refused else {
             panic!("not refused: {refused:?}");
         };
         assert_eq!(refusal.code, "concurrency_limited");
-        // Not even the thread: the statement's commit failed as a whole.
+        // Not even the thread: nothing is written for a refused run.
         let (threads,): (i64,) = sqlx::query_as("SELECT count(*) FROM threads WHERE id = $1")
             .bind(thread_id)
             .fetch_one(&db.pool)

@@ -1,16 +1,13 @@
-//! The quota counters (`quota_counters`, see its migration): admission at enqueue, the token
-//! charge of a model call, and the budget check of a running run.
-//!
-//! Admission is the `runs_quota_admit` trigger, deferred to the enqueue's COMMIT (see the
-//! migration `20261124000005_quotas.sql`): it checks each counter of `runs.quota` and takes
-//! room for the run in a shard of it, and fails the COMMIT with SQLSTATE [`REFUSED`] when a
-//! budget is spent or a counter has no room, which rolls everything back; [`refusal`] reads
-//! why. Quotas therefore cost the enqueue no extra round trip, and enqueues of one tenant do
-//! not queue behind each other's commits.
+//! The quotas' truth in Postgres: the day's tokens per counter (`quota_counters`), charged by
+//! the workers after each model call and checked by a running run before its next; and the
+//! account a counter is rebuilt from when Redis, where admission counts
+//! ([`crate::quota::admission`]), does not hold it.
 
-use sqlx::PgExecutor;
+use sqlx::{PgConnection, PgExecutor};
 
+use crate::ids::WorkflowId;
 use crate::quota::{Counter, QuotaScope, RunQuota};
+use crate::status::RunStatus;
 
 /// Why a run was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,55 +51,6 @@ fn whose(scope: QuotaScope, agent_id: Option<&str>) -> String {
 /// Seconds a refusal for concurrency suggests waiting: no run's end can be foreseen.
 pub const CONCURRENCY_RETRY_SECS: u32 = 5;
 
-/// The SQLSTATE with which `spool_quota_admit` refuses a run at COMMIT.
-pub const REFUSED: &str = "SQ429";
-
-/// The refusal JSON `spool_quota_admit` puts in the error's DETAIL.
-#[derive(serde::Deserialize)]
-struct Detail {
-    code: String,
-    limit: u64,
-    #[serde(default)]
-    retry_after: Option<f64>,
-    owner_id: String,
-    agent_id: String,
-}
-
-/// The refusal a failed COMMIT carries, if a quota refused the run.
-pub fn refusal(err: &sqlx::Error) -> Option<Refusal> {
-    let sqlx::Error::Database(db) = err else {
-        return None;
-    };
-    if db.code().as_deref() != Some(REFUSED) {
-        return None;
-    }
-    let detail = db
-        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?
-        .detail()?;
-    let detail: Detail = serde_json::from_str(detail).ok()?;
-    let code = match detail.code.as_str() {
-        "rate_limited" => "rate_limited",
-        "concurrency_limited" => "concurrency_limited",
-        "budget_exceeded" => "budget_exceeded",
-        _ => return None,
-    };
-    let counter = Counter {
-        owner_id: detail.owner_id,
-        agent_id: detail.agent_id,
-        limits: Default::default(),
-    };
-    let retry_after = detail.retry_after.map_or(CONCURRENCY_RETRY_SECS, |secs| {
-        secs.ceil().clamp(1.0, 86_400.0) as u32
-    });
-    Some(Refusal {
-        code,
-        scope: counter.scope(),
-        agent_id: counter.agent().map(str::to_owned),
-        limit: detail.limit,
-        retry_after,
-    })
-}
-
 /// A counter whose daily budget is spent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Spent {
@@ -134,32 +82,41 @@ macro_rules! today {
     };
 }
 
-#[derive(sqlx::FromRow)]
-struct DayTokens {
-    owner_id: String,
-    agent_id: String,
-    day_tokens: i64,
+/// A counter's tokens of a day, as charged.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct DayTokens {
+    /// The user, or `""` for the tenant.
+    pub owner_id: String,
+    /// The agent, or `""` for every agent.
+    pub agent_id: String,
+    /// The UTC day, as days since 1970-01-01.
+    pub day: i64,
+    /// Its tokens.
+    pub day_tokens: i64,
 }
 
 /// Adds `tokens` to today's tokens of `quota`'s budgeted counters of `tenant_id` (with 0, only
-/// reads them) and returns the first counter whose budget is spent. Not part of any run
-/// transaction: a model call's tokens are spent once it answered, whatever happens next.
+/// reads them) and returns the first counter whose budget is spent, with the counters' tokens
+/// as they are now. Not part of any run transaction: a model call's tokens are spent once it
+/// answered, whatever happens next.
 pub async fn charge(
     executor: impl PgExecutor<'_>,
     tenant_id: &str,
     quota: &RunQuota,
     tokens: u64,
-) -> sqlx::Result<Option<Spent>> {
+) -> sqlx::Result<(Option<Spent>, Vec<DayTokens>)> {
     let budgets: Vec<&Counter> = quota.budgets().collect();
     if budgets.is_empty() {
-        return Ok(None);
+        return Ok((None, Vec::new()));
     }
     let owners: Vec<&str> = budgets.iter().map(|c| c.owner_id.as_str()).collect();
     let agents: Vec<&str> = budgets.iter().map(|c| c.agent_id.as_str()).collect();
     let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
     let rows: Vec<DayTokens> = if tokens == 0 {
         sqlx::query_as(concat!(
-            "SELECT owner_id, agent_id,
+            "SELECT owner_id, agent_id, (",
+            today!(),
+            " - DATE '1970-01-01')::bigint AS day,
                     CASE WHEN day = ",
             today!(),
             " THEN day_tokens ELSE 0 END AS day_tokens
@@ -184,7 +141,8 @@ pub async fn charge(
                 day_tokens = CASE WHEN q.day = excluded.day THEN q.day_tokens ELSE 0 END
                              + excluded.day_tokens,
                 day = excluded.day
-             RETURNING q.owner_id, q.agent_id, q.day_tokens"
+             RETURNING q.owner_id, q.agent_id, (q.day - DATE '1970-01-01')::bigint AS day,
+                       q.day_tokens"
         ))
         .bind(tenant_id)
         .bind(&owners)
@@ -193,7 +151,7 @@ pub async fn charge(
         .fetch_all(executor)
         .await?
     };
-    Ok(budgets.into_iter().find_map(|counter| {
+    let spent = budgets.into_iter().find_map(|counter| {
         let budget = counter.limits.daily_token_budget?;
         let row = rows
             .iter()
@@ -204,114 +162,129 @@ pub async fn charge(
             budget,
             tokens: row.day_tokens,
         })
-    }))
+    });
+    Ok((spent, rows))
 }
 
-/// One counter as stored, for operators and tests.
+/// One counter's tokens as stored, for operators and tests.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct CounterRow {
     /// The user, or `""` for the tenant.
     pub owner_id: String,
     /// The agent, or `""` for every agent.
     pub agent_id: String,
-    /// Active runs counted (over its shards).
-    pub active_runs: i64,
     /// Tokens of today (UTC).
     pub day_tokens: i64,
 }
 
-/// The tenant's counters.
+/// The tenant's counters with tokens charged today.
 pub async fn counters(
     executor: impl PgExecutor<'_>,
     tenant_id: &str,
 ) -> sqlx::Result<Vec<CounterRow>> {
     sqlx::query_as(concat!(
-        "SELECT owner_id, agent_id, coalesce(s.active_runs, 0) AS active_runs,
-                coalesce(c.day_tokens, 0) AS day_tokens
-           FROM (SELECT owner_id, agent_id, sum(active_runs)::bigint AS active_runs
-                   FROM quota_slots WHERE tenant_id = $1 GROUP BY 1, 2) s
-           FULL JOIN (SELECT owner_id, agent_id, day_tokens FROM quota_counters
-                       WHERE tenant_id = $1 AND day = ",
+        "SELECT owner_id, agent_id, day_tokens FROM quota_counters
+          WHERE tenant_id = $1 AND day = ",
         today!(),
-        ") c USING (owner_id, agent_id)
-          ORDER BY owner_id, agent_id"
+        " ORDER BY owner_id, agent_id"
     ))
     .bind(tenant_id)
     .fetch_all(executor)
     .await
 }
 
-#[cfg(test)]
-mod tests {
-    use spool_tests::TestDb;
+/// What Postgres knows of one counter: what Redis's copy is made from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Account {
+    /// The hour window: the first of the runs admitted under the counter's hourly limit in the
+    /// last hour (ms since 1970) and how many there are since.
+    pub window: Option<(i64, i64)>,
+    /// Today (UTC), as days since 1970-01-01.
+    pub day: i64,
+    /// Tokens charged today.
+    pub day_tokens: i64,
+    /// The runs admitted under its concurrency limit that are active.
+    pub active: Vec<WorkflowId>,
+}
 
-    /// Takes room for one run in the counter `(tenant, '', '')`, as the admission trigger does:
-    /// `None` when admitted, else the refusal's code.
-    async fn take(
-        db: &TestDb,
-        tenant: &str,
-        active: Option<i64>,
-        rate: Option<i64>,
-    ) -> Option<String> {
-        let (refusal,): (Option<serde_json::Value>,) =
-            sqlx::query_as("SELECT spool_quota_take($1, '', '', $2, $3)")
-                .bind(tenant)
-                .bind(active)
-                .bind(rate)
-                .fetch_one(&db.pool)
-                .await
-                .expect("take");
-        refusal.map(|r| r["code"].as_str().unwrap_or_default().to_owned())
-    }
+#[derive(sqlx::FromRow)]
+struct Admitted {
+    id: WorkflowId,
+    status: RunStatus,
+    created_ms: i64,
+    limits: sqlx::types::Json<crate::quota::QuotaLimits>,
+}
 
-    async fn shards(db: &TestDb, tenant: &str) -> (i64, i64, i64) {
-        sqlx::query_as(
-            "SELECT count(*), sum(active_runs)::bigint, sum(window_runs)::bigint
-               FROM quota_slots WHERE tenant_id = $1",
-        )
-        .bind(tenant)
-        .fetch_one(&db.pool)
+/// The account of `counter` of `tenant`: the runs admitted under it that are active or were
+/// created in the last hour (runs made by agents are their parents' work and hold no room),
+/// and its tokens of today. Read when Redis does not hold the counter (first use, or lost).
+pub async fn account(
+    conn: &mut PgConnection,
+    tenant: &str,
+    counter: &Counter,
+) -> sqlx::Result<Account> {
+    let runs: Vec<Admitted> = sqlx::query_as(
+        "SELECT r.id, r.status, (extract(epoch FROM r.created_at) * 1000)::bigint AS created_ms,
+                c.limits
+           FROM runs r
+          CROSS JOIN LATERAL jsonb_to_recordset(r.quota->'counters')
+                AS c(owner_id text, agent_id text, limits jsonb)
+          WHERE r.id IN (SELECT id FROM runs WHERE tenant_id = $1 AND finished_at IS NULL
+                         UNION
+                         SELECT id FROM runs
+                          WHERE tenant_id = $1 AND created_at > now() - interval '1 hour')
+            AND ($2 = '' OR r.owner_id = $2)
+            AND r.parent_workflow_id IS NULL AND r.quota IS NOT NULL
+            AND c.owner_id = $2 AND c.agent_id = $3",
+    )
+    .bind(tenant)
+    .bind(&counter.owner_id)
+    .bind(&counter.agent_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let (day, day_tokens): (i64, i64) = sqlx::query_as(concat!(
+        "SELECT (",
+        today!(),
+        " - DATE '1970-01-01')::bigint,
+                coalesce((SELECT day_tokens FROM quota_counters
+                           WHERE tenant_id = $1 AND owner_id = $2 AND agent_id = $3
+                             AND day = ",
+        today!(),
+        "), 0)::bigint"
+    ))
+    .bind(tenant)
+    .bind(&counter.owner_id)
+    .bind(&counter.agent_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let hour_ago = chrono::Utc::now().timestamp_millis() - 3_600_000;
+    let hourly: Vec<i64> = runs
+        .iter()
+        .filter(|r| r.limits.runs_per_hour.is_some() && r.created_ms > hour_ago)
+        .map(|r| r.created_ms)
+        .collect();
+    Ok(Account {
+        window: hourly
+            .iter()
+            .min()
+            .map(|&first| (first, i64::try_from(hourly.len()).unwrap_or(i64::MAX))),
+        day,
+        day_tokens,
+        active: runs
+            .iter()
+            .filter(|r| r.limits.max_concurrent_runs.is_some() && !r.status.is_terminal())
+            .map(|r| r.id)
+            .collect(),
+    })
+}
+
+/// The statuses of those of `ids` that exist.
+pub async fn statuses(
+    conn: &mut PgConnection,
+    ids: &[WorkflowId],
+) -> sqlx::Result<Vec<(WorkflowId, RunStatus)>> {
+    sqlx::query_as("SELECT id, status FROM runs WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_all(conn)
         .await
-        .expect("shards")
-    }
-
-    #[tokio::test]
-    async fn a_new_counter_has_32_shards_and_admits_exactly_its_limits() {
-        let db = TestDb::new().await.expect("db");
-        for _ in 0..5 {
-            assert_eq!(take(&db, "acme", Some(5), Some(7)).await, None);
-        }
-        assert_eq!(
-            take(&db, "acme", Some(5), Some(7)).await.as_deref(),
-            Some("concurrency_limited")
-        );
-        assert_eq!(shards(&db, "acme").await, (32, 5, 5));
-        // Far from a large limit, every take lands at once (no shard's part is 0 or full).
-        for _ in 0..100 {
-            assert_eq!(take(&db, "big", Some(1_000), None).await, None);
-        }
-        assert_eq!(shards(&db, "big").await.1, 100);
-    }
-
-    #[tokio::test]
-    async fn a_counter_made_with_8_shards_keeps_them_and_still_admits_exactly_its_limit() {
-        let db = TestDb::new().await.expect("db");
-        // As the migration before 32 shards left it (`shards` defaults to 8).
-        sqlx::query(
-            "INSERT INTO quota_slots (tenant_id, owner_id, agent_id, shard)
-             SELECT 'old', '', '', g FROM generate_series(0, 7) g",
-        )
-        .execute(&db.pool)
-        .await
-        .expect("old counter");
-        let mut admitted = 0;
-        for _ in 0..15 {
-            match take(&db, "old", Some(10), None).await {
-                None => admitted += 1,
-                Some(code) => assert_eq!(code, "concurrency_limited"),
-            }
-        }
-        assert_eq!(admitted, 10);
-        assert_eq!(shards(&db, "old").await, (8, 10, 0));
-    }
 }

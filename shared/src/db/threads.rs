@@ -268,6 +268,9 @@ pub struct Erasing {
     /// The active run and the runs that ended in the last minute: a worker publishes a run's
     /// last events (for up to its flush window) after writing its end to Postgres.
     pub publishing: Vec<WorkflowId>,
+    /// The active runs admitted under quotas, with their tenant and counters: erasing them
+    /// gives their room back ([`crate::quota::admission::Admission::release`]).
+    pub admitted: Vec<(WorkflowId, String, crate::quota::RunQuota)>,
 }
 
 /// Locks the thread in `scope` for erasure (in the caller's transaction): a message racing
@@ -290,16 +293,22 @@ pub async fn lock_for_erasure(
     // delivery) commits before the erasure reads and deletes, so nothing it wrote survives.
     // Children before parents, as the end of a child locks them (its row, then its parent's,
     // to re-queue it): the two never wait for each other in a circle.
-    let runs: Vec<(WorkflowId, bool)> = sqlx::query_as(
-        "SELECT id, finished_at IS NULL OR finished_at > now() - interval '1 minute'
+    type Admitted = Option<sqlx::types::Json<crate::quota::RunQuota>>;
+    let runs: Vec<(WorkflowId, bool, String, Admitted)> = sqlx::query_as(
+        "SELECT id, finished_at IS NULL OR finished_at > now() - interval '1 minute',
+                tenant_id, CASE WHEN finished_at IS NULL THEN quota END
            FROM runs WHERE thread_id = $1 ORDER BY depth DESC, id FOR UPDATE",
     )
     .bind(id)
     .fetch_all(conn)
     .await?;
     Ok(Some(Erasing {
-        publishing: runs.iter().filter(|(_, p)| *p).map(|(id, _)| *id).collect(),
-        runs: runs.into_iter().map(|(id, _)| id).collect(),
+        publishing: runs.iter().filter(|r| r.1).map(|r| r.0).collect(),
+        admitted: runs
+            .iter()
+            .filter_map(|(id, _, tenant, quota)| Some((*id, tenant.clone(), quota.clone()?.0)))
+            .collect(),
+        runs: runs.into_iter().map(|r| r.0).collect(),
     }))
 }
 

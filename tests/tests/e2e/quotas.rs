@@ -302,3 +302,89 @@ async fn a_quota_variable_that_does_not_parse_stops_the_api_with_the_variable_na
         assert!(output.contains(name), "{name}={value}: {output}");
     }
 }
+
+/// Deletes every quota counter of the stack from Redis, as a restart of a Redis that keeps
+/// nothing on disk (or a failover to a replica that had not caught up) loses them.
+async fn lose_the_counters(stack: &Stack) {
+    let client = redis::Client::open(stack.redis_url.as_str()).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:quota:*", stack.prefix))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    assert!(!keys.is_empty(), "the counters live in Redis");
+    redis::cmd("DEL")
+        .arg(&keys)
+        .query_async::<()>(&mut conn)
+        .await
+        .expect("del");
+}
+
+#[tokio::test]
+async fn counters_redis_lost_are_rebuilt_from_postgres_and_both_apis_still_hold_the_limits() {
+    let (stack, _api, other) = two_apis(&[
+        ("SPOOL_QUOTA_USER_CONCURRENT_RUNS", "1"),
+        ("SPOOL_QUOTA_TENANT_RUNS_PER_HOUR", "3"),
+    ])
+    .await;
+    let alice = token("alice", "acme");
+    let (status, _, run) = send(&stack.http, &stack.base, &alice).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{run}");
+    lose_the_counters(&stack).await;
+    // Alice's queued run still holds her one slot, through either API.
+    let results = burst(&stack, &other, &alice, 6).await;
+    assert_eq!(refused(&results, "concurrency_limited").len(), 6, "{results:?}");
+    // Bob's run is the tenant's second of the hour; lost again, the rebuilt window still
+    // counts both, so one more run passes and the next is over the tenant's three.
+    let (status, _, _) = send(&stack.http, &other, &token("bob", "acme")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    lose_the_counters(&stack).await;
+    let (status, _, _) = send(&stack.http, &stack.base, &token("carol", "acme")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, retry_after, body) = send(&stack.http, &other, &token("dave", "acme")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert_eq!(body["error"]["scope"], "tenant");
+    assert!(retry_after.is_some_and(|s| s > 3500), "{retry_after:?}");
+    assert_eq!(rows(&stack).await.2, 3, "refused requests created nothing");
+}
+
+#[tokio::test]
+async fn with_redis_unreachable_a_quota_refuses_with_503_and_nothing_is_made() {
+    let db = spool_tests::TestDb::new().await.expect("test database");
+    // A loopback port with nobody listening.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let redis_url = format!("redis://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let backing = Backing {
+        database_url: &db.url,
+        redis_url: &redis_url,
+        redis_prefix: "spool",
+    };
+    let (_limited, limited) = backing
+        .start_api(&[("SPOOL_QUOTA_USER_CONCURRENT_RUNS", "5")], TIMEOUT)
+        .await
+        .expect("spool-api with a quota");
+    let http = reqwest::Client::new();
+    let alice = token("alice", "acme");
+    let (status, retry_after, body) = send(&http, &limited, &alice).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "quotas_unavailable");
+    assert_eq!(retry_after, Some(1));
+    let (runs,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .expect("runs");
+    assert_eq!(runs, 0);
+    // Without a quota the enqueue needs only Postgres.
+    let (_free, free) = backing
+        .start_api(&[], TIMEOUT)
+        .await
+        .expect("spool-api without quotas");
+    let (status, _, body) = send(&http, &free, &alice).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+}

@@ -30,6 +30,8 @@ pub(crate) struct Attempt<'a> {
     pub(crate) stop: &'a Stop,
     /// Where its events go.
     pub(crate) events: &'a Publisher,
+    /// The quota counters (Redis).
+    pub(crate) admission: &'a spool_shared::quota::admission::Admission,
 }
 
 impl Attempt<'_> {

@@ -153,6 +153,7 @@ impl Harness {
             idempotency_key: None,
             trace_context: None,
             quotas,
+            admission: &self.worker.admission,
             overrides: None,
             history: &[],
         };

@@ -240,6 +240,10 @@ pub(crate) async fn delete_thread(
         }
         return Err(err.into());
     }
+    // The erased active runs hold no room in their quotas any more.
+    for (run, tenant, quota) in &erasing.admitted {
+        state.admission.release(tenant, *run, quota).await;
+    }
     for run in &erasing.publishing {
         // An active run's worker stops at once (else at its next heartbeat, which matches no
         // row); an ended run ignores it.

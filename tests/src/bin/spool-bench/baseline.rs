@@ -27,7 +27,8 @@ pub(crate) const QUOTA_SETTINGS: [(&str, &str); 6] = [
 ];
 
 /// [`ENQUEUE_SQL`] as the enqueue runs it under [`QUOTA_SETTINGS`]: the run carries its
-/// counters, and the `runs_quota_admit` trigger counts it in them at COMMIT.
+/// counters (which Redis admitted it against before the statement: shared/src/quota/admission.rs;
+/// pgbench has no part of that).
 pub(crate) fn enqueue_sql_with_quotas() -> anyhow::Result<String> {
     const QUOTA: &str = "/* quota */ NULL";
     anyhow::ensure!(

@@ -66,8 +66,8 @@ fn groups(stack: &Stack) -> Groups {
 pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()> {
     const S: &str = "P1 enqueue";
     let stack = Stack::start(&[]).await?;
-    // The same API with every quota set (none refusing): its enqueue counts each run in the
-    // tenant's and the user's counters.
+    // The same API with every quota set (none refusing): its enqueue takes room for each run
+    // in the tenant's and the user's counters (in Redis) before its statement.
     let quota_stack = Stack::start(&QUOTA_SETTINGS).await?;
     let quota_sql = enqueue_sql_with_quotas()?;
     let notify_sql = enqueue_sql_with_notify()?;

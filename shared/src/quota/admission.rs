@@ -1,0 +1,386 @@
+//! Admission (DESIGN §8): the quota counters a run is admitted against live in Redis, where one
+//! script checks every counter of the run and takes room in each, or in none; Postgres's
+//! `runs` and `quota_counters` tables stay the truth they are rebuilt from.
+//!
+//! Why Redis: in Postgres each enqueue updated a few rows that every enqueue of the tenant
+//! shares, and those updates cost the enqueue about a quarter of its throughput whatever the
+//! layout (BENCHMARKS.md, "Quotas' cost on the enqueue"). A script in Redis costs one round
+//! trip, outside the enqueue's transaction, and holds no lock there.
+//!
+//! Keys, per counter (one hash tag per tenant, so a run's counters share a Cluster slot):
+//! `{prefix}:quota:{<tenant, hex>}:<owner, hex>:<agent>` is a hash (`w` the hour window's start
+//! in ms, `n` the runs in it, `d` a UTC day as days since 1970, `t` the tokens charged that
+//! day) and the same key with `:active` a sorted set of the counter's active runs (id → the
+//! take's time in ms). The tenant and owner are hex-encoded: any text they hold stays inside
+//! its part of the key.
+//!
+//! How each count stays right:
+//! - A run takes room before its enqueue statement, and gives it back ([`Admission::release`])
+//!   when that statement (or its transaction) fails, when the run ends in a worker, and when
+//!   its thread is erased. A release is removing the run's id, so doing it twice is harmless.
+//! - A run ended on a path that gives nothing back (a cancel, a time limit, a process killed
+//!   between the commit and the release) still holds its id in the set. When a set is full,
+//!   the take asks Postgres about its oldest members and removes those that ended, or that no
+//!   run has [`ORPHAN_AFTER_MS`] after their take (an enqueue that died before its commit),
+//!   then tries again: a limit is never held by a run that is not active.
+//! - A counter Redis does not hold (never used, or lost in a restart or failover) is made from
+//!   Postgres before the take ([`crate::db::quota::account`]): the active runs under it, the
+//!   runs of the last hour, the day's tokens. Enqueues that took room in the lost counter and
+//!   commit while it is being made again are the one thing such a rebuild can miss.
+//! - Tokens are charged in Postgres by the worker, which copies the day's total to the hash
+//!   ([`Admission::record_tokens`]); a copy lost with Redis is read back from Postgres.
+//!
+//! With quotas configured and Redis unreachable, enqueues are refused (503): a quota that cannot
+//! be counted is not skipped.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use sqlx::PgConnection;
+
+use crate::db::quota::{self, CONCURRENCY_RETRY_SECS, Refusal};
+use crate::ids::WorkflowId;
+use crate::quota::{Counter, RunQuota};
+use crate::stream::{RedisConn, StreamKeys};
+
+static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("take.lua")));
+static LOAD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("load.lua")));
+static TOKENS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("tokens.lua")));
+
+/// How long after its take a member of a set whose run Postgres does not have is presumed to be
+/// an enqueue still committing (afterwards: one that died, whose room is given back).
+pub const ORPHAN_AFTER_MS: i64 = 30_000;
+
+/// Why a run was not admitted.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    /// A quota refuses it.
+    #[error("{}", .0.message())]
+    Refused(Refusal),
+    /// Redis is unreachable: the counters cannot be read.
+    #[error("the quota counters are unavailable: {0}")]
+    Unavailable(#[from] redis::RedisError),
+    /// Postgres failed while rebuilding or pruning a counter.
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// The quota counters of a deployment in Redis.
+#[derive(Clone)]
+pub struct Admission {
+    conn: RedisConn,
+    prefix: String,
+}
+
+/// What one take answered.
+enum Answer {
+    Admitted,
+    /// These counters (indexes into the run's) must be made first.
+    Load(Vec<usize>),
+    Refused {
+        code: &'static str,
+        counter: usize,
+        retry_after: u32,
+    },
+    /// The counter's set is full: Redis's time and its oldest members with their take times.
+    Full {
+        counter: usize,
+        now_ms: i64,
+        members: Vec<(String, i64)>,
+    },
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admission {
+    /// The counters under the deployment's key prefix.
+    pub fn new(conn: RedisConn, keys: &StreamKeys) -> Self {
+        Self {
+            conn,
+            prefix: format!("{}:quota", keys.prefix()),
+        }
+    }
+
+    /// The counter's hash and set of active runs.
+    fn keys(&self, tenant: &str, counter: &Counter) -> (String, String) {
+        let hash = format!(
+            "{}:{{{}}}:{}:{}",
+            self.prefix,
+            hex::encode(tenant),
+            hex::encode(&counter.owner_id),
+            counter.agent_id
+        );
+        let active = format!("{hash}:active");
+        (hash, active)
+    }
+
+    /// Admits `run` against every counter of `quota` and takes room for it in each (see the
+    /// module doc); `db` answers what Redis does not hold. Nothing is taken when it is refused.
+    pub async fn take(
+        &self,
+        db: &mut PgConnection,
+        tenant: &str,
+        run: WorkflowId,
+        quota: &RunQuota,
+    ) -> Result<(), AdmitError> {
+        // Each round either admits, refuses, or makes progress (a counter made, a set pruned);
+        // a few rounds cover counters lost and pruned at once.
+        for _ in 0..4 {
+            match self.try_take(tenant, run, quota).await? {
+                Answer::Admitted => return Ok(()),
+                Answer::Load(missing) => {
+                    for i in missing {
+                        self.load(db, tenant, &quota.counters[i]).await?;
+                    }
+                }
+                Answer::Refused {
+                    code,
+                    counter,
+                    retry_after,
+                } => return Err(refused(code, &quota.counters[counter], retry_after)),
+                Answer::Full {
+                    counter,
+                    now_ms,
+                    members,
+                } => {
+                    let ended = ended(db, now_ms, &members).await?;
+                    if ended.is_empty() {
+                        let c = &quota.counters[counter];
+                        return Err(refused("concurrency_limited", c, CONCURRENCY_RETRY_SECS));
+                    }
+                    let (_, active) = self.keys(tenant, &quota.counters[counter]);
+                    redis::cmd("ZREM")
+                        .arg(&active)
+                        .arg(&ended)
+                        .query_async::<()>(&mut self.conn.clone())
+                        .await?;
+                }
+            }
+        }
+        Err(AdmitError::Unavailable(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the quota counters kept changing under the take",
+        ))))
+    }
+
+    async fn try_take(
+        &self,
+        tenant: &str,
+        run: WorkflowId,
+        quota: &RunQuota,
+    ) -> Result<Answer, redis::RedisError> {
+        let mut invocation = TAKE.prepare_invoke();
+        invocation.arg(run.to_string());
+        for counter in &quota.counters {
+            let (hash, active) = self.keys(tenant, counter);
+            invocation.key(hash).key(active);
+            let limits = &counter.limits;
+            invocation
+                .arg(
+                    limits
+                        .runs_per_hour
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                )
+                .arg(
+                    limits
+                        .max_concurrent_runs
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                )
+                .arg(
+                    limits
+                        .daily_token_budget
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                );
+        }
+        let answer: Vec<redis::Value> = invocation.invoke_async(&mut self.conn.clone()).await?;
+        parse(&answer, quota.counters.len())
+    }
+
+    /// Makes a counter Redis does not hold from Postgres's account of it.
+    async fn load(
+        &self,
+        db: &mut PgConnection,
+        tenant: &str,
+        counter: &Counter,
+    ) -> Result<(), AdmitError> {
+        let account = quota::account(db, tenant, counter).await?;
+        let (hash, active) = self.keys(tenant, counter);
+        let mut invocation = LOAD.prepare_invoke();
+        invocation.key(hash).key(active);
+        match account.window {
+            Some((started_ms, runs)) => invocation.arg(started_ms).arg(runs),
+            None => invocation.arg("").arg(0),
+        };
+        invocation.arg(account.day).arg(account.day_tokens);
+        for id in &account.active {
+            invocation.arg(id.to_string());
+        }
+        invocation
+            .invoke_async::<i64>(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Gives back the room `run` holds in the counters of `quota` with a concurrency limit.
+    /// Best effort: a release that fails is made up for when the counter is next full.
+    pub async fn release(&self, tenant: &str, run: WorkflowId, quota: &RunQuota) {
+        let mut pipe = redis::pipe();
+        for counter in &quota.counters {
+            if counter.limits.max_concurrent_runs.is_some() {
+                pipe.cmd("ZREM")
+                    .arg(self.keys(tenant, counter).1)
+                    .arg(run.to_string())
+                    .ignore();
+            }
+        }
+        if pipe.is_empty() {
+            return;
+        }
+        if let Err(err) = pipe.query_async::<()>(&mut self.conn.clone()).await {
+            tracing::warn!(error = %err, workflow.id = %run,
+                "could not give back a run's quota room; it is pruned when its counter is full");
+        }
+    }
+
+    /// Copies the day's tokens Postgres counted for the counters of `tenant` (`rows` as
+    /// [`quota::charge`] returns them) to their hashes. Best effort: a copy that fails is made
+    /// up for by the next charge, or by a rebuild.
+    pub async fn record_tokens(&self, tenant: &str, rows: &[quota::DayTokens]) {
+        for row in rows {
+            let counter = Counter {
+                owner_id: row.owner_id.clone(),
+                agent_id: row.agent_id.clone(),
+                limits: Default::default(),
+            };
+            let mut invocation = TOKENS.prepare_invoke();
+            invocation
+                .key(self.keys(tenant, &counter).0)
+                .arg(row.day)
+                .arg(row.day_tokens);
+            if let Err(err) = invocation.invoke_async::<i64>(&mut self.conn.clone()).await {
+                tracing::warn!(error = %err, "could not copy a counter's tokens to Redis");
+                return;
+            }
+        }
+    }
+}
+
+/// The members of a full set whose runs are not active: ended, or never committed
+/// [`ORPHAN_AFTER_MS`] after their take.
+async fn ended(
+    db: &mut PgConnection,
+    now_ms: i64,
+    members: &[(String, i64)],
+) -> sqlx::Result<Vec<String>> {
+    let ids: Vec<WorkflowId> = members
+        .iter()
+        .filter_map(|(id, _)| id.parse().ok())
+        .collect();
+    let statuses = quota::statuses(db, &ids).await?;
+    Ok(members
+        .iter()
+        .filter(|(id, taken_ms)| {
+            let known = id
+                .parse::<WorkflowId>()
+                .ok()
+                .and_then(|id| statuses.iter().find(|(run, _)| *run == id));
+            match known {
+                Some((_, status)) => status.is_terminal(),
+                None => now_ms - taken_ms > ORPHAN_AFTER_MS,
+            }
+        })
+        .map(|(id, _)| id.clone())
+        .collect())
+}
+
+fn refused(code: &'static str, counter: &Counter, retry_after: u32) -> AdmitError {
+    let limit = match code {
+        "rate_limited" => counter.limits.runs_per_hour.map(u64::from),
+        "concurrency_limited" => counter.limits.max_concurrent_runs.map(u64::from),
+        _ => counter.limits.daily_token_budget,
+    };
+    AdmitError::Refused(Refusal {
+        code,
+        scope: counter.scope(),
+        agent_id: counter.agent().map(str::to_owned),
+        limit: limit.unwrap_or_default(),
+        retry_after: retry_after.clamp(1, 86_400),
+    })
+}
+
+fn text(value: &redis::Value) -> Option<String> {
+    match value {
+        redis::Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        redis::Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn number(value: &redis::Value) -> Option<i64> {
+    match value {
+        redis::Value::Int(n) => Some(*n),
+        other => text(other)?.parse::<f64>().ok().map(|n| n as i64),
+    }
+}
+
+/// Reads the take script's answer (see take.lua).
+fn parse(answer: &[redis::Value], counters: usize) -> Result<Answer, redis::RedisError> {
+    let bad = || {
+        redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "unexpected answer from the quota script",
+        ))
+    };
+    let code = answer.first().and_then(text).ok_or_else(bad)?;
+    // The script counts counters from 1.
+    let index = |i: usize| {
+        answer
+            .get(i)
+            .and_then(number)
+            .and_then(|n| usize::try_from(n - 1).ok())
+            .filter(|&n| n < counters)
+            .ok_or_else(bad)
+    };
+    let seconds = |i: usize| -> u32 {
+        answer
+            .get(i)
+            .and_then(number)
+            .map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+    };
+    Ok(match code.as_str() {
+        "ok" => Answer::Admitted,
+        "load" => Answer::Load((1..answer.len()).map(index).collect::<Result<_, _>>()?),
+        "rate_limited" => Answer::Refused {
+            code: "rate_limited",
+            counter: index(1)?,
+            retry_after: seconds(2),
+        },
+        "budget_exceeded" => Answer::Refused {
+            code: "budget_exceeded",
+            counter: index(1)?,
+            retry_after: seconds(2),
+        },
+        "concurrency_limited" => Answer::Full {
+            counter: index(1)?,
+            now_ms: answer.get(3).and_then(number).ok_or_else(bad)?,
+            members: answer[4..]
+                .chunks(2)
+                .filter_map(|pair| Some((text(pair.first()?)?, number(pair.get(1)?)?)))
+                .collect(),
+        },
+        _ => return Err(bad()),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,271 @@
+//! Admission against real Redis and Postgres: atomic takes, counters rebuilt after Redis lost
+//! them, full sets pruned of runs that ended, tokens copied from Postgres.
+
+use serde_json::json;
+use spool_tests::TestDb;
+
+use super::*;
+use crate::db::enqueue::{EnqueueError, Enqueued, NewMessage, enqueue};
+use crate::db::threads::Owner;
+use crate::ids::ThreadId;
+use crate::quota::{QuotaLimits, Quotas};
+
+fn admission() -> Admission {
+    let conn = crate::stream::connect(&spool_tests::redis_url()).expect("redis");
+    Admission::new(conn, &StreamKeys::new(spool_tests::redis_prefix()))
+}
+
+fn user_limits(limits: QuotaLimits) -> Quotas {
+    Quotas {
+        user: limits,
+        tenant: QuotaLimits::default(),
+    }
+}
+
+/// A run of `user` of tenant `acme` on a new thread, admitted under `quotas`.
+async fn enqueue_under(
+    db: &TestDb,
+    admission: &Admission,
+    user: &str,
+    quotas: &Quotas,
+) -> Result<Enqueued, EnqueueError> {
+    let owner = Owner {
+        tenant_id: "acme".into(),
+        user_id: user.into(),
+    };
+    let metadata = json!({});
+    let message = NewMessage {
+        thread_id: ThreadId::new(),
+        owner: &owner,
+        agent_id: None,
+        input_text: "hi",
+        metadata: &metadata,
+        idempotency_key: None,
+        trace_context: None,
+        quotas,
+        admission,
+        overrides: None,
+        history: &[],
+    };
+    let mut conn = db.pool.acquire().await.expect("acquire");
+    enqueue(&mut conn, &message).await
+}
+
+fn code(result: &Result<Enqueued, EnqueueError>) -> &'static str {
+    match result {
+        Ok(_) => "admitted",
+        Err(EnqueueError::Refused(refusal)) => refusal.code,
+        Err(_) => "error",
+    }
+}
+
+/// The one counter `quotas` gives alice's runs.
+fn alices(quotas: &Quotas) -> Counter {
+    crate::quota::counters(quotas, None, "alice")
+        .expect("a counter")
+        .counters
+        .remove(0)
+}
+
+/// Redis forgets the counter, as a restart or a failover without persistence does.
+async fn lose(admission: &Admission, counter: &Counter) {
+    let (hash, active) = admission.keys("acme", counter);
+    redis::cmd("DEL")
+        .arg(&hash)
+        .arg(&active)
+        .query_async::<()>(&mut admission.conn.clone())
+        .await
+        .expect("del");
+}
+
+async fn members(admission: &Admission, counter: &Counter) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(admission.keys("acme", counter).1)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut admission.conn.clone())
+        .await
+        .expect("zrange")
+}
+
+#[tokio::test]
+async fn racing_takes_for_a_limit_of_one_admit_exactly_one() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        max_concurrent_runs: Some(1),
+        ..QuotaLimits::default()
+    });
+    let results = futures::future::join_all(
+        (0..16).map(|_| enqueue_under(&db, &admission, "alice", &quotas)),
+    )
+    .await;
+    let codes: Vec<_> = results.iter().map(code).collect();
+    assert_eq!(
+        codes.iter().filter(|c| **c == "admitted").count(),
+        1,
+        "{codes:?}"
+    );
+    assert_eq!(
+        codes
+            .iter()
+            .filter(|c| **c == "concurrency_limited")
+            .count(),
+        15,
+        "{codes:?}"
+    );
+    let (runs,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .expect("runs");
+    assert_eq!(runs, 1, "a refused run leaves nothing");
+    assert_eq!(members(&admission, &alices(&quotas)).await.len(), 1);
+}
+
+#[tokio::test]
+async fn counters_redis_lost_are_made_again_from_postgres() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        runs_per_hour: Some(3),
+        max_concurrent_runs: Some(2),
+        ..QuotaLimits::default()
+    });
+    let first = enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("first");
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("second");
+    let counter = alices(&quotas);
+    lose(&admission, &counter).await;
+    // Both runs are active: the concurrency limit holds after the loss.
+    let third = enqueue_under(&db, &admission, "alice", &quotas).await;
+    assert_eq!(code(&third), "concurrency_limited");
+    // One ends; its room is free (the rebuilt set is pruned), and the hour's third run passes.
+    sqlx::query("UPDATE runs SET status = 'cancelled', finished_at = now() WHERE id = $1")
+        .bind(first.workflow_id)
+        .execute(&db.pool)
+        .await
+        .expect("cancel");
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("third of the hour");
+    // Lost again: three runs this hour, rebuilt from Postgres, so a fourth is over the rate.
+    lose(&admission, &counter).await;
+    sqlx::query("UPDATE runs SET status = 'cancelled', finished_at = now()")
+        .execute(&db.pool)
+        .await
+        .expect("cancel all");
+    let fourth = enqueue_under(&db, &admission, "alice", &quotas).await;
+    let Err(EnqueueError::Refused(refusal)) = &fourth else {
+        panic!("not refused: {fourth:?}");
+    };
+    assert_eq!(refusal.code, "rate_limited");
+    assert!(
+        (3590..=3600).contains(&refusal.retry_after),
+        "{}",
+        refusal.retry_after
+    );
+}
+
+#[tokio::test]
+async fn a_full_counter_prunes_ended_runs_and_dead_enqueues_but_not_one_committing() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        max_concurrent_runs: Some(2),
+        ..QuotaLimits::default()
+    });
+    let counter = alices(&quotas);
+    let quota = crate::quota::counters(&quotas, None, "alice").expect("quota");
+    let mut conn = db.pool.acquire().await.expect("conn");
+    // A run that ended on a path that gave nothing back (its worker died after the commit).
+    let ended = enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("run");
+    sqlx::query("UPDATE runs SET status = 'failed', finished_at = now() WHERE id = $1")
+        .bind(ended.workflow_id)
+        .execute(&db.pool)
+        .await
+        .expect("fail");
+    // An enqueue that took room and died before its statement, a minute ago.
+    let dead = WorkflowId::new();
+    admission
+        .take(&mut conn, "acme", dead, &quota)
+        .await
+        .expect("take");
+    redis::cmd("ZADD")
+        .arg(admission.keys("acme", &counter).1)
+        .arg("XX")
+        .arg(chrono::Utc::now().timestamp_millis() - 60_000)
+        .arg(dead.to_string())
+        .query_async::<()>(&mut admission.conn.clone())
+        .await
+        .expect("age it");
+    // Full (2 of 2); both are pruned, and two runs get in.
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("pruned room");
+    // One enqueue taking room right now, its run not committed yet: not pruned.
+    let committing = WorkflowId::new();
+    admission
+        .take(&mut conn, "acme", committing, &quota)
+        .await
+        .expect("take");
+    let over = enqueue_under(&db, &admission, "alice", &quotas).await;
+    assert_eq!(code(&over), "concurrency_limited");
+    let mut held = members(&admission, &counter).await;
+    held.sort();
+    let (ended, dead) = (ended.workflow_id.to_string(), dead.to_string());
+    assert!(!held.contains(&ended) && !held.contains(&dead), "{held:?}");
+    assert!(held.contains(&committing.to_string()), "{held:?}");
+    // Its enqueue failed after all: it gives the room back, twice without harm.
+    admission.release("acme", committing, &quota).await;
+    admission.release("acme", committing, &quota).await;
+    assert_eq!(members(&admission, &counter).await.len(), 1);
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("released room");
+}
+
+#[tokio::test]
+async fn a_spent_budget_refuses_from_the_copied_tokens_and_after_redis_lost_them() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        daily_token_budget: Some(100),
+        ..QuotaLimits::default()
+    });
+    let quota = crate::quota::counters(&quotas, None, "alice").expect("quota");
+    let run = enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("nothing spent yet");
+    // The worker charges the run's model call in Postgres and copies the total.
+    let (spent, counted) = crate::db::quota::charge(&db.pool, "acme", &quota, 120)
+        .await
+        .expect("charge");
+    assert!(spent.is_some());
+    admission.record_tokens("acme", &counted).await;
+    let refused = enqueue_under(&db, &admission, "alice", &quotas).await;
+    assert_eq!(code(&refused), "budget_exceeded");
+    // An older copy (a charge whose copy arrives late) does not lower it.
+    let mut stale = counted.clone();
+    stale[0].day_tokens = 10;
+    admission.record_tokens("acme", &stale).await;
+    assert_eq!(
+        code(&enqueue_under(&db, &admission, "alice", &quotas).await),
+        "budget_exceeded"
+    );
+    // Lost: read back from Postgres.
+    lose(&admission, &alices(&quotas)).await;
+    assert_eq!(
+        code(&enqueue_under(&db, &admission, "alice", &quotas).await),
+        "budget_exceeded"
+    );
+    // Bob's counter is his own.
+    enqueue_under(&db, &admission, "bob", &quotas)
+        .await
+        .expect("bob");
+    let _ = run;
+}
