@@ -24,6 +24,9 @@
 //! one slot, so every script and command of a thread goes to one node; PUBLISH reaches every
 //! node's subscribers over the cluster bus.
 //!
+//! The quota counters live under `{prefix}:quota:` with a hash tag per tenant (see
+//! [`crate::quota::admission`]).
+//!
 //! Notifications go to the pub/sub channel `{prefix}:notify` (payload: the thread id). They are
 //! wake-up hints for the SSE gateway's per-thread readers, never data: a lost notification only
 //! delays delivery until the reader's next poll.

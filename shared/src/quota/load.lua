@@ -27,4 +27,10 @@ end
 if #members > 0 then
   redis.call('ZADD', KEYS[2], unpack(members))
 end
+-- Made again from Postgres a day and an hour later (or when next used after that): Redis holds
+-- only counters in use, and no count drifts for longer. The set expires a minute after its
+-- hash, so the hash never stands without the set it counts with (take.lua does the same for a
+-- set it makes anew).
+redis.call('PEXPIRE', KEYS[1], 25 * 3600000)
+redis.call('PEXPIRE', KEYS[2], 25 * 3600000 + 60000)
 return 1

@@ -17,9 +17,12 @@ local day = math.floor(secs / 86400)
 local hour = 3600000
 local counters = #KEYS / 2
 
+-- A counter's hash always holds `d` (load.lua makes it so): without it, the counter is missing.
 local missing = {'load'}
+local held = {}
 for i = 1, counters do
-  if redis.call('EXISTS', KEYS[2 * i - 1]) == 0 then
+  held[i] = redis.call('HMGET', KEYS[2 * i - 1], 'w', 'n', 'd', 't')
+  if not held[i][3] then
     missing[#missing + 1] = i
   end
 end
@@ -28,15 +31,20 @@ if #missing > 1 then
 end
 
 local windows = {}
+local cards = {}
 for i = 1, counters do
-  local meta, active = KEYS[2 * i - 1], KEYS[2 * i]
+  local active = KEYS[2 * i]
   local rate, conc, budget = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
-  local fields = redis.call('HMGET', meta, 'w', 'n', 'd', 't')
+  local fields = held[i]
   if budget ~= '' and tonumber(fields[3]) == day
      and tonumber(fields[4]) >= tonumber(budget) then
     return {'budget_exceeded', i, (day + 1) * 86400 - secs}
   end
-  if conc ~= '' and redis.call('ZCARD', active) >= tonumber(conc) then
+  local card = 0
+  if conc ~= '' then
+    card = redis.call('ZCARD', active)
+  end
+  if conc ~= '' and card >= tonumber(conc) then
     local answer = {'concurrency_limited', i, 0, now}
     local oldest = redis.call('ZRANGE', active, 0, 999, 'WITHSCORES')
     for j = 1, #oldest do
@@ -52,6 +60,7 @@ for i = 1, counters do
     return {'rate_limited', i, math.ceil((started + hour - now) / 1000)}
   end
   windows[i] = started
+  cards[i] = card
 end
 
 for i = 1, counters do
@@ -65,6 +74,14 @@ for i = 1, counters do
   end
   if ARGV[3 * i] ~= '' then
     redis.call('ZADD', active, now, ARGV[1])
+    if cards[i] == 0 then
+      -- A set made anew (it goes when emptied) expires a minute after its hash, as load.lua
+      -- makes them: the hash never stands without its set.
+      local left = redis.call('PTTL', meta)
+      if left > 0 then
+        redis.call('PEXPIRE', active, left + 60000)
+      end
+    end
   end
 end
 return {'ok'}

@@ -337,7 +337,11 @@ async fn counters_redis_lost_are_rebuilt_from_postgres_and_both_apis_still_hold_
     lose_the_counters(&stack).await;
     // Alice's queued run still holds her one slot, through either API.
     let results = burst(&stack, &other, &alice, 6).await;
-    assert_eq!(refused(&results, "concurrency_limited").len(), 6, "{results:?}");
+    assert_eq!(
+        refused(&results, "concurrency_limited").len(),
+        6,
+        "{results:?}"
+    );
     // Bob's run is the tenant's second of the hour; lost again, the rebuilt window still
     // counts both, so one more run passes and the next is over the tenant's three.
     let (status, _, _) = send(&stack.http, &other, &token("bob", "acme")).await;

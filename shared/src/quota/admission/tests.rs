@@ -119,7 +119,26 @@ async fn racing_takes_for_a_limit_of_one_admit_exactly_one() {
         .await
         .expect("runs");
     assert_eq!(runs, 1, "a refused run leaves nothing");
-    assert_eq!(members(&admission, &alices(&quotas)).await.len(), 1);
+    let counter = alices(&quotas);
+    assert_eq!(members(&admission, &counter).await.len(), 1);
+    // Both keys expire a day and an hour after the counter was made (by the first take), the
+    // set a minute after its hash.
+    let (hash, active) = admission.keys("acme", &counter);
+    let mut ttls = Vec::new();
+    for key in [hash, active] {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut admission.conn.clone())
+            .await
+            .expect("pttl");
+        ttls.push(ttl);
+    }
+    let day_and_hour = 25 * 3_600_000;
+    assert!(
+        (day_and_hour - 60_000..=day_and_hour).contains(&ttls[0]),
+        "{ttls:?}"
+    );
+    assert!(ttls[1] > ttls[0] + 50_000, "{ttls:?}");
 }
 
 #[tokio::test]

@@ -109,7 +109,11 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         n_rate.push(notify.tps);
         n_p50.push(ms(&notify.latency, 0.5));
         n_p99.push(ms(&notify.latency, 0.99));
+        let busy = machine_busy_secs();
+        let before = Snapshot::take(&groups(&quota_stack));
         let quota_load = enqueue(&quota_stack, c, Until::Elapsed(round)).await?;
+        let quota_busy = machine_busy_secs() - busy;
+        let quota_split = Snapshot::take(&groups(&quota_stack)).since(&before);
         q_rate.push(quota_load.rate);
         q_p99.push(ms(&quota_load.latency, 0.99));
         qb_rate.push(
@@ -129,6 +133,15 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
                     spool_busy * 1000.0 / load.count.max(1) as f64,
                     base_busy * 1000.0 / base.transactions.max(1) as f64,
                     base.transactions,
+                ),
+            );
+            report.note(
+                S,
+                format!(
+                    "every quota set: {} requests, CPU {}; machine CPU per request {:.3} ms",
+                    quota_load.count,
+                    quota_split.describe(quota_load.count),
+                    quota_busy * 1000.0 / quota_load.count.max(1) as f64,
                 ),
             );
         }
