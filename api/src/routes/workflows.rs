@@ -430,6 +430,10 @@ async fn end_cancelled(state: &AppState, run: &Run, status: RunStatus) -> Result
     if status != RunStatus::Running
         && let Some(attempt) = runs::cancel_unclaimed(&state.db, run.id).await?
     {
+        // Its room in its quotas goes back (a worker's end of a run does the same).
+        if let Some(quota) = &run.quota {
+            state.admission.release(&run.tenant_id, run.id, quota).await;
+        }
         publish_cancelled(state, run, attempt).await;
         return Ok(true);
     }

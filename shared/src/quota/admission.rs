@@ -16,13 +16,15 @@
 //!
 //! How each count stays right:
 //! - A run takes room before its enqueue statement, and gives it back ([`Admission::release`])
-//!   when that statement (or its transaction) fails, when the run ends in a worker, and when
-//!   its thread is erased. A release is removing the run's id, so doing it twice is harmless.
-//! - A run ended on a path that gives nothing back (a cancel, a time limit, a process killed
-//!   between the commit and the release) still holds its id in the set. When a set is full,
-//!   the take asks Postgres about its oldest members and removes those that ended, or that no
-//!   run has [`ORPHAN_AFTER_MS`] after their take (an enqueue that died before its commit),
-//!   then tries again: a limit is never held by a run that is not active.
+//!   when that statement (or its transaction) fails, when a worker ends the run (every end of
+//!   a claimed run, time limits included), when the API cancels it unclaimed, and when its
+//!   thread is erased. A release is removing the run's id, so doing it twice is harmless.
+//! - A run whose release was lost (a process killed between the commit and the release, Redis
+//!   unreachable then) still holds its id in the set. When a set is full, the take asks
+//!   Postgres about its 1,000 oldest members and removes those that ended, or that no run has
+//!   [`ORPHAN_AFTER_MS`] after their take (an enqueue that died before its commit), then tries
+//!   again. A lost release behind 1,000 older active runs holds its room until the counter is
+//!   next made from Postgres (below): at most a day.
 //! - A counter Redis does not hold (never used, or lost in a restart or failover) is made from
 //!   Postgres before the take ([`crate::db::quota::account`]): the active runs under it, the
 //!   runs of the last hour, the day's tokens. Enqueues that took room in the lost counter and

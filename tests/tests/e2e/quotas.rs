@@ -158,8 +158,42 @@ async fn two_api_processes_share_one_concurrency_limit_and_a_refusal_creates_not
         .await;
     assert!(status.is_success(), "{body}");
     stack.wait_run(run, "cancelled").await;
+    // Given back by the cancel itself, not left for a full counter to prune.
+    let held = held_in_redis(&stack).await;
+    let cancelled = run["workflow_id"].as_str().expect("workflow id");
+    let erased = bob_run["workflow_id"].as_str().expect("workflow id");
+    assert!(
+        !held.iter().any(|id| id == cancelled || id == erased),
+        "{held:?}"
+    );
     let (status, _, body) = send(&stack.http, &other, &alice).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+}
+
+/// Every run the stack's concurrency counters hold in Redis.
+async fn held_in_redis(stack: &Stack) -> Vec<String> {
+    let client = redis::Client::open(stack.redis_url.as_str()).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let sets: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:quota:*:active", stack.prefix))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    let mut held = Vec::new();
+    for set in sets {
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&set)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("zrange");
+        held.extend(members);
+    }
+    held
 }
 
 #[tokio::test]
