@@ -135,7 +135,9 @@ impl Admission {
         quota: &RunQuota,
     ) -> Result<(), AdmitError> {
         // Each round either admits, refuses, or makes progress (a counter made, a set pruned);
-        // a few rounds cover counters lost and pruned at once.
+        // a few rounds cover counters lost and pruned at once. A set that fills again as fast
+        // as it is pruned is full.
+        let mut full = None;
         for _ in 0..4 {
             match self.try_take(tenant, run, quota).await? {
                 Answer::Admitted => return Ok(()),
@@ -159,6 +161,7 @@ impl Admission {
                         let c = &quota.counters[counter];
                         return Err(refused("concurrency_limited", c, CONCURRENCY_RETRY_SECS));
                     }
+                    full = Some(counter);
                     let (_, active) = self.keys(tenant, &quota.counters[counter]);
                     redis::cmd("ZREM")
                         .arg(&active)
@@ -168,9 +171,13 @@ impl Admission {
                 }
             }
         }
+        if let Some(counter) = full {
+            let c = &quota.counters[counter];
+            return Err(refused("concurrency_limited", c, CONCURRENCY_RETRY_SECS));
+        }
         Err(AdmitError::Unavailable(redis::RedisError::from((
             redis::ErrorKind::Client,
-            "the quota counters kept changing under the take",
+            "the quota counters kept going missing under the take",
         ))))
     }
 
@@ -229,9 +236,12 @@ impl Admission {
         for id in &account.active {
             invocation.arg(id.to_string());
         }
-        invocation
-            .invoke_async::<i64>(&mut self.conn.clone())
-            .await?;
+        let made: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
+        if made == 1 {
+            tracing::info!(tenant, owner = %counter.owner_id, agent = %counter.agent_id,
+                active = account.active.len(), day_tokens = account.day_tokens,
+                "quota counter made from Postgres");
+        }
         Ok(())
     }
 
