@@ -28,15 +28,22 @@
 //! - A counter Redis does not hold (never used, or lost in a restart or failover) is made from
 //!   Postgres before the take ([`crate::db::quota::account`]): the active runs under it, the
 //!   runs of the last hour, the day's tokens. Enqueues that took room in the lost counter and
-//!   commit while it is being made again are the one thing such a rebuild can miss. A counter
-//!   expires a day and an hour after it was made (its set a minute after its hash, so a hash
-//!   never stands without its set) and is made again the same way when next used: Redis holds
-//!   only counters in use, and no drift outlives a day.
+//!   commit while it is being made again are the one thing such a rebuild can miss (besides
+//!   runs of threads erased within the hour, which Postgres no longer has). A counter expires
+//!   a day and an hour after it was made (its set a minute after its hash, so a hash never
+//!   stands without its set) and is made again the same way when next used: Redis holds only
+//!   counters in use, and no drift outlives a day.
 //! - Tokens are charged in Postgres by the worker, which copies the day's total to the hash
 //!   ([`Admission::record_tokens`]); a copy lost with Redis is read back from Postgres.
 //!
 //! With quotas configured and Redis unreachable, enqueues are refused (503): a quota that cannot
 //! be counted is not skipped.
+//!
+//! Written here (three short scripts) because no crate does this job: `governor` counts in
+//! process memory, which DESIGN §8 rules out, and Redis rate limiters (the `redis-cell` module,
+//! or scripts like these) count one window per key, without sets of active runs that can be
+//! checked against Postgres, all-or-nothing across a run's counters, or a rebuild from
+//! Postgres.
 
 use std::sync::LazyLock;
 
