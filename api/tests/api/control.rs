@@ -559,12 +559,20 @@ async fn a_wait_answers_when_the_run_ends_or_at_its_deadline_and_holds_no_connec
     .await;
     let held = connections().await;
     assert!(held <= 8 + 1, "{held} connections for 1,000 waits");
+    let woken = Instant::now();
     let app = app.with_worker(worker_args(5, 0)).await;
     for wait in waits {
         let (status, run) = wait.await.expect("task");
         assert_eq!(status, StatusCode::OK);
         assert_eq!(run["status"], "completed", "{run}");
     }
+    // Woken by the run's end, not by their 60 s deadline (at least 40 s away when the worker
+    // started, since they all arrived within the 20 s poll above).
+    assert!(
+        woken.elapsed() < Duration::from_secs(30),
+        "the waits answered {:?} after the worker started",
+        woken.elapsed()
+    );
     app.stop().await;
 }
 
@@ -586,11 +594,18 @@ async fn the_timeline_shows_each_model_call_tool_call_and_decision_in_order() {
     let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
     let steps_path = format!("/v1/workflows/{workflow}/steps");
 
-    // Paused: `?wait=` answers at the pause, and the timeline shows the call waiting.
+    // Paused: `?wait=` answers at the pause (not at its 30 s deadline), and the timeline shows
+    // the call waiting.
+    let asked = Instant::now();
     let (_, paused) = app
         .get(&alice, &format!("/v1/workflows/{workflow}?wait=30"))
         .await;
     assert_eq!(paused["status"], "awaiting_approval");
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        asked.elapsed()
+    );
     let (status, timeline) = app.get(&alice, &steps_path).await;
     assert_eq!(status, StatusCode::OK, "{timeline}");
     assert_eq!(timeline["status"], "awaiting_approval");
@@ -649,5 +664,49 @@ async fn the_timeline_shows_each_model_call_tool_call_and_decision_in_order() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = app.get(&admin("acme"), &steps_path).await;
     assert_eq!(status, StatusCode::OK, "the tenant's admin");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_timeline_shows_a_call_a_hook_denied_as_the_hooks_decision() {
+    let fake = FakeLlm::start(weather_then_echo()).await;
+    let (tools, base) = Tools::start().await;
+    let hook = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|| async {
+            axum::Json(json!({"decision": "deny", "reason": "weather is classified"}))
+        }),
+    );
+    let hook_url = format!("{}/hook", spool_tests::serve(hook).await);
+    let app = app_with(&fake).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "guarded", "model": "gpt-4o-mini",
+                "tools": [http_tool("get_weather", format!("{base}/weather"))],
+                "hooks": [{"event": "pre_tool_use", "type": "http", "url": hook_url}]}),
+        )
+        .await;
+    let alice = token("alice", "acme");
+    let (_, accepted) = ask(&app, &agent, "weather?").await;
+    let workflow = accepted["workflow_id"].as_str().expect("id").to_owned();
+    let (_, done) = app
+        .get(&alice, &format!("/v1/workflows/{workflow}?wait=30"))
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(tools.calls().is_empty(), "the denied call was not made");
+    let (status, timeline) = app
+        .get(&alice, &format!("/v1/workflows/{workflow}/steps"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{timeline}");
+    let call = &timeline["steps"][0]["tool_calls"][0];
+    assert_eq!(call["name"], "get_weather", "{timeline}");
+    assert_eq!(call["is_error"], true, "{call}");
+    assert_eq!(call["decision"]["by"], "hook", "{call}");
+    assert_eq!(call["decision"]["approved"], false, "{call}");
+    assert_eq!(
+        call["decision"]["reason"], "weather is classified",
+        "{call}"
+    );
     app.stop().await;
 }
