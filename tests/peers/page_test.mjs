@@ -6,7 +6,8 @@
 //    network and kills the worker); waits for the reply to complete.
 // 2. Sends "survive a reload", reloads the page mid-answer, waits for the reply to complete.
 // 3. Sends "cancel me" and clicks Cancel mid-answer.
-// 4. Opens the page with a token the server refuses: the sign-in form shows.
+// 4. Opens the page with a token the server refuses, then with an expired one (EXPIRED_TOKEN in
+//    the environment): the sign-in form shows for both.
 // Prints one JSON line with what the page showed; saves a screenshot after step 2.
 //
 // Usage: node page_test.mjs --actions BASE TOKEN THREAD
@@ -120,6 +121,11 @@ try {
   await refused.goto(`${base}/#token=not-a-token`);
   await refused.locator("#signin").waitFor({ state: "visible", timeout: 10000 });
   result.signInShown = true;
+  // A token that was good and has expired: the same sign-in prompt.
+  const expired = await browser.newPage();
+  await expired.goto(`${base}/#token=${process.env.EXPIRED_TOKEN}`);
+  await expired.locator("#signin").waitFor({ state: "visible", timeout: 10000 });
+  result.expiredSignInShown = true;
 } finally {
   lines.close();
   await browser.close();

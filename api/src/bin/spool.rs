@@ -32,9 +32,9 @@ struct Cli {
     /// The server's base URL.
     #[arg(long, env = "SPOOL_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// A bearer token (`spool-api token --sub U --tenant T`).
+    /// A bearer token (`spool-api token --sub U --tenant T`); required.
     #[arg(long, env = "SPOOL_TOKEN", hide_env_values = true)]
-    token: String,
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -158,10 +158,19 @@ fn print(value: &Value) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Checked here rather than by clap, whose missing-argument error is a usage block: a
+    // missing token is one line, like every other misuse.
+    let Some(token) = cli.token.filter(|token| !token.trim().is_empty()) else {
+        eprintln!(
+            "spool: no token: set SPOOL_TOKEN or pass --token (an operator makes one with \
+             `spool-api token --sub USER --tenant TENANT`)"
+        );
+        return std::process::ExitCode::from(2);
+    };
     let client = Client {
         http: reqwest::Client::new(),
         base: cli.url.trim_end_matches('/').to_owned(),
-        token: cli.token,
+        token,
     };
     match run(&client, cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -163,6 +163,8 @@ async fn spool_reports_misuse_in_one_line() {
     assert!(stderr.contains("cannot reach"), "{stderr}");
     let (code, stderr) = run(vec![]).await;
     assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("SPOOL_TOKEN"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     let stack = Stack::start().await;
     let (code, stderr) = run(vec![
@@ -172,4 +174,142 @@ async fn spool_reports_misuse_in_one_line() {
     .await;
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("401 invalid_token"), "{stderr}");
+}
+
+/// `spool ARGS` against `stack` with `token`: exit code, stdout, stderr.
+async fn spool(stack: &Stack, token: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = tokio::process::Command::new(spool_tests::process::binary("spool"))
+        .args(args)
+        .env_clear()
+        .env("SPOOL_URL", &stack.base)
+        .env("SPOOL_TOKEN", token)
+        .output()
+        .await
+        .expect("spool");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// What `spool ARGS` printed, as JSON, after checking it exited 0.
+async fn spool_json(stack: &Stack, token: &str, args: &[&str]) -> Value {
+    let (code, stdout, stderr) = spool(stack, token, args).await;
+    assert_eq!(code, Some(0), "spool {args:?}: {stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|err| panic!("spool {args:?}: {err}: {stdout}"))
+}
+
+#[tokio::test]
+async fn spool_lists_and_shows_threads_and_runs_and_manages_agents() {
+    let stack = Stack::start().await;
+    let _worker = stack.worker(&[]).await;
+    let alice = spool_tests::token("alice", "acme");
+    let accepted = stack.enqueue(&alice, "hello there").await;
+    stack.wait_run(&accepted, "completed").await;
+    let thread = accepted["thread_id"].as_str().expect("thread").to_owned();
+    let run = accepted["workflow_id"].as_str().expect("run").to_owned();
+
+    let threads = spool_json(&stack, &alice, &["threads", "list"]).await;
+    assert_eq!(threads["data"][0]["id"], thread.as_str(), "{threads}");
+    let shown = spool_json(&stack, &alice, &["threads", "show", &thread]).await;
+    assert_eq!(shown["id"], thread.as_str(), "{shown}");
+    let roles: Vec<&str> = shown["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter_map(|m| m["role"].as_str())
+        .collect();
+    assert_eq!(roles, ["user", "assistant"], "{shown}");
+    let runs = spool_json(&stack, &alice, &["runs", "list", "--thread", &thread]).await;
+    assert_eq!(runs["data"][0]["workflow_id"], run.as_str(), "{runs}");
+    assert_eq!(runs["data"].as_array().map(Vec::len), Some(1), "{runs}");
+    let shown = spool_json(&stack, &alice, &["runs", "show", &run]).await;
+    assert_eq!(shown["status"], "completed", "{shown}");
+    // Another user's run is a 404, in one line, exit 1.
+    let bob = spool_tests::token("bob", "acme");
+    let (code, _, stderr) = spool(&stack, &bob, &["runs", "show", &run]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("404"), "{stderr}");
+
+    // Agents, with an admin's token: apply creates, apply with the id replaces, delete.
+    let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
+    let dir = std::env::temp_dir().join(format!("spool-cli-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("agent.json");
+    std::fs::write(&file, r#"{"name": "from-cli", "model": "demo"}"#).expect("write");
+    let file = file.to_str().expect("path");
+    let created = spool_json(&stack, &admin, &["agents", "apply", "-f", file]).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    assert_eq!(created["name"], "from-cli");
+    let listed = spool_json(&stack, &admin, &["agents", "list"]).await;
+    assert!(
+        listed["agents"]
+            .as_array()
+            .is_some_and(|agents| agents.iter().any(|a| a["id"] == id.as_str())),
+        "{listed}"
+    );
+    std::fs::write(
+        dir.join("agent.json"),
+        format!(r#"{{"id": "{id}", "name": "renamed", "model": "demo"}}"#),
+    )
+    .expect("write");
+    let replaced = spool_json(&stack, &admin, &["agents", "apply", "-f", file]).await;
+    assert_eq!(replaced["id"], id.as_str(), "{replaced}");
+    let got = spool_json(&stack, &admin, &["agents", "get", &id]).await;
+    assert_eq!(got["name"], "renamed", "{got}");
+    let (code, _, stderr) = spool(&stack, &admin, &["agents", "delete", &id]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, _, stderr) = spool(&stack, &admin, &["agents", "get", &id]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("404"), "{stderr}");
+    // A file that is not JSON: one line, nothing sent.
+    std::fs::write(dir.join("agent.json"), "name: yaml?").expect("write");
+    let (code, _, stderr) = spool(&stack, &admin, &["agents", "apply", "-f", file]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn spool_chat_says_a_run_is_queued_until_a_worker_takes_it() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let stack = Stack::start().await;
+    let mut chat = tokio::process::Command::new(spool_tests::process::binary("spool"))
+        .args(["chat"])
+        .env_clear()
+        .env("SPOOL_URL", &stack.base)
+        .env("SPOOL_TOKEN", spool_tests::token("alice", "acme"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spool chat");
+    let mut stdin = chat.stdin.take().expect("stdin");
+    stdin.write_all(b"anyone there?\n").await.expect("write");
+    // End of input: the chat exits once this reply is done.
+    drop(stdin);
+    let mut stderr = chat.stderr.take().expect("stderr");
+    let mut said = Vec::new();
+    let mut buffer = [0u8; 256];
+    // No worker yet: the run stays queued, and the chat says so.
+    while !String::from_utf8_lossy(&said).contains("(queued)") {
+        let n = tokio::time::timeout(Duration::from_secs(20), stderr.read(&mut buffer))
+            .await
+            .expect("the chat to say the run is queued")
+            .expect("read");
+        assert!(n > 0, "{}", String::from_utf8_lossy(&said));
+        said.extend_from_slice(&buffer[..n]);
+    }
+    let _worker = stack.worker(&[]).await;
+    let output = tokio::time::timeout(Duration::from_secs(30), chat.wait_with_output())
+        .await
+        .expect("the chat to end")
+        .expect("output");
+    assert_eq!(output.status.code(), Some(0));
+    let reply = String::from_utf8_lossy(&output.stdout);
+    assert!(!reply.trim().is_empty(), "the reply is printed");
 }

@@ -33,6 +33,11 @@ async fn the_page_streams_resumes_reloads_and_cancels_in_chromium() {
         .arg(format!("http://{}", proxy.addr))
         .arg(token("alice", "acme"))
         .arg(&screenshot)
+        // Signed right, expired an hour ago (past the verifier's leeway).
+        .env(
+            "EXPIRED_TOKEN",
+            spool_tests::token_with("alice", "acme", false, -3600, spool_tests::JWT_SECRET),
+        )
         .current_dir(&dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -94,6 +99,7 @@ async fn the_page_streams_resumes_reloads_and_cancels_in_chromium() {
     assert_eq!(shown["textareas"], 1);
     assert_eq!(shown["threads"], 1, "the thread is listed");
     assert_eq!(shown["signInShown"], true);
+    assert_eq!(shown["expiredSignInShown"], true);
     assert_eq!(shown["errors"], serde_json::json!([]), "no script errors");
     assert!(std::fs::metadata(&screenshot).is_ok_and(|m| m.len() > 0));
     let thread = shown["threadInUrl"].clone();
