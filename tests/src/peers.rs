@@ -26,6 +26,7 @@ fn installed() -> anyhow::Result<PathBuf> {
         "@copilotkit/aimock",
         "ai",
         "eventsource-parser",
+        "openai",
         "playwright-core",
     ];
     if wanted.iter().any(|name| {

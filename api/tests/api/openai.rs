@@ -236,3 +236,123 @@ async fn a_run_that_pauses_and_too_many_turns_are_clear_errors() {
     assert_eq!(before["data"], after["data"], "no thread was created");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn metadata_a_streamed_failure_and_a_chat_on_a_named_thread() {
+    let fake = FakeLlm::start(|request, _| {
+        if request["model"] == "broken" {
+            return Reply::Status(400, "no such model".into(), None);
+        }
+        spool_tests::fake_llm::text("Hello there, friend.", 3)
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let document: Value = app.openapi_document().await;
+    app.create_agent("acme", &json!({"name": "greeter", "model": "gpt-4o-mini"}))
+        .await;
+    let broken = app
+        .create_agent("acme", &json!({"name": "broken", "model": "broken"}))
+        .await;
+    let alice = token("alice", "acme");
+
+    // `metadata` comes back on the answer and on the stored response; `reasoning` (which the
+    // SDKs may send) is accepted and ignored.
+    let (status, answered) = app
+        .post(
+            &alice,
+            "/v1/responses",
+            &json!({"model": "greeter", "input": "hi", "metadata": {"order": "A-17"},
+                "reasoning": {"effort": "low"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+    assert_eq!(answered["status"], "completed", "{answered}");
+    assert_eq!(answered["metadata"]["order"], "A-17", "{answered}");
+    let id = answered["id"].as_str().expect("id");
+    let (_, stored) = app.get(&alice, &format!("/v1/responses/{id}")).await;
+    assert_eq!(stored["metadata"]["order"], "A-17", "{stored}");
+
+    // Streamed: the text's deltas, then `output_text.done` with all of it.
+    let stream = |model: String| {
+        let (http, url, alice) = (app.http.clone(), app.url("/v1/responses"), alice.clone());
+        async move {
+            let response = http
+                .post(url)
+                .bearer_auth(&alice)
+                .json(&json!({"model": model, "input": "hi", "stream": true}))
+                .send()
+                .await
+                .expect("create");
+            assert_eq!(response.status(), StatusCode::OK);
+            let mut reader = SseReader::new(response);
+            reader.collect(TIMEOUT).await
+        }
+    };
+    let events: Vec<Value> = stream("greeter".into())
+        .await
+        .iter()
+        .map(spool_tests::sse::Frame::json)
+        .collect();
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.output_text.done")
+        .expect("output_text.done");
+    assert_eq!(done["text"], "Hello there, friend.", "{done}");
+    assert_eq!(deltas, "Hello there, friend.");
+    check(&document, "ResponseStreamEvent", done);
+
+    // A run that fails ends its stream with `response.failed`, carrying the run's error.
+    let frames = stream(broken).await;
+    let last = frames.last().expect("events").json();
+    assert_eq!(last["type"], "response.failed", "{last}");
+    assert_eq!(last["response"]["status"], "failed", "{last}");
+    assert!(last["response"]["error"]["message"].is_string(), "{last}");
+    for frame in &frames {
+        check(&document, "ResponseStreamEvent", &frame.json());
+    }
+
+    // A chat completion on the thread `metadata.thread_id` names: made on first use, it keeps
+    // the conversation (Spool's own API shows it).
+    let thread = uuid::Uuid::new_v4();
+    let (status, completion) = app
+        .post(
+            &alice,
+            "/v1/chat/completions",
+            &json!({"model": "greeter", "metadata": {"thread_id": thread},
+                "messages": [{"role": "user", "content": "remember me"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{completion}");
+    let (status, messages) = app
+        .get(&alice, &format!("/v1/threads/{thread}/messages"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{messages}");
+    let contents: Vec<&str> = messages["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(
+        contents,
+        ["remember me", "Hello there, friend."],
+        "{messages}"
+    );
+    let (status, error) = app
+        .post(
+            &alice,
+            "/v1/chat/completions",
+            &json!({"model": "greeter", "metadata": {"thread_id": "not-a-uuid"},
+                "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert_eq!(error["error"]["code"], "invalid_thread_id", "{error}");
+    check(&document, "OpenAiErrorBody", &error);
+    app.stop().await;
+}

@@ -215,12 +215,28 @@ async fn a_response_whose_events_redis_no_longer_holds_answers_with_an_error_eve
         .expect("thread");
     let keys = spool_shared::stream::StreamKeys::new(stack.prefix.clone());
     let mut conn = spool_shared::stream::connect(&stack.redis_url).expect("redis");
+    let id = response["id"].as_str().expect("id");
+    // Trimmed from the front (its start gone, its end kept), as `SPOOL_STREAM_MAXLEN`-style
+    // trimming or a partial loss leaves it.
+    let _: () = redis::cmd("XTRIM")
+        .arg(keys.events(thread))
+        .arg("MAXLEN")
+        .arg(2)
+        .query_async(&mut conn)
+        .await
+        .expect("XTRIM");
+    let events = read_all(&stack, &alice, &format!("/v1/responses/{id}?stream=true")).await;
+    // Not a replay from the middle: the events are said to be gone, and nothing else is sent.
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0]["type"].clone(), events[0]["code"].clone()),
+        (json!("error"), json!("stream_expired"))
+    );
     let _: () = redis::cmd("DEL")
         .arg(keys.events(thread))
         .query_async(&mut conn)
         .await
         .expect("DEL");
-    let id = response["id"].as_str().expect("id");
     let events = read_all(&stack, &alice, &format!("/v1/responses/{id}?stream=true")).await;
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(
@@ -240,4 +256,66 @@ async fn a_response_whose_events_redis_no_longer_holds_answers_with_an_error_eve
         (),
     );
     assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_starting_after_beyond_the_end_of_a_running_response_follows_it_live_from_there() {
+    let stack = Stack::start().await;
+    let _worker = stack
+        .worker(&[("SPOOL_DEMO_TOKENS", "80"), ("SPOOL_DEMO_DELAY_MS", "100")])
+        .await;
+    let alice = token("alice", "acme");
+    let (status, queued) = stack
+        .post(
+            &alice,
+            "/v1/responses",
+            &json!({"model": "spool-default", "input": "take your time", "background": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{queued}");
+    let id = queued["id"].as_str().expect("id").to_owned();
+    // A client reads some of its text, then drops the connection.
+    let response = stack
+        .http
+        .get(format!("{}/v1/responses/{id}?stream=true", stack.base))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .expect("stream");
+    let mut reader = SseReader::new(response);
+    let mut early = Vec::new();
+    while text(&early).len() < 20 {
+        let frame = reader.next(TIMEOUT).await.expect("an event");
+        early.push(frame.json());
+    }
+    drop(reader);
+    // It comes back asking from far beyond the end: it is followed live from there.
+    let later = read_all(
+        &stack,
+        &alice,
+        &format!("/v1/responses/{id}?stream=true&starting_after=1000000"),
+    )
+    .await;
+    // (Had it ended before the request, there would be nothing after the end to send.)
+    let types: Vec<&str> = later.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(types.last(), Some(&"response.completed"), "{types:?}");
+    assert!(!types.contains(&"response.created"), "no replay: {types:?}");
+    let first = later[0]["sequence_number"].as_u64().expect("numbered");
+    let seen = early
+        .iter()
+        .filter_map(|e| e["sequence_number"].as_u64())
+        .max()
+        .expect("early events");
+    assert!(first > seen, "live from the end: {first} after {seen}");
+    // What it got is the tail of the stored text.
+    let (_, stored) = stack.get_with(&alice, &format!("/v1/responses/{id}")).await;
+    let whole = stored["output"][0]["content"][0]["text"]
+        .as_str()
+        .expect("stored text")
+        .to_owned();
+    assert!(
+        whole.ends_with(&text(&later)),
+        "{whole:?} / {:?}",
+        text(&later)
+    );
 }
