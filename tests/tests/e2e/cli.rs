@@ -313,3 +313,80 @@ async fn spool_chat_says_a_run_is_queued_until_a_worker_takes_it() {
     let reply = String::from_utf8_lossy(&output.stdout);
     assert!(!reply.trim().is_empty(), "the reply is printed");
 }
+
+#[tokio::test]
+async fn spool_chat_says_where_to_answer_a_paused_run_and_prints_the_reply_once_answered() {
+    use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("c1", "read_file", r#"{"path": "notes.txt"}"#)]),
+        _ => fake_llm::text("Your notes say hello.", 2),
+    })
+    .await;
+    let stack = Stack::start().await;
+    let _worker = stack
+        .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
+        .await;
+    let agent = stack
+        .create_agent(
+            &serde_json::json!({"name": "reader", "model": "gpt-4o-mini",
+            "tools": [{"type": "client", "name": "read_file"}]}),
+        )
+        .await;
+    let alice = spool_tests::token("alice", "acme");
+    let mut chat = tokio::process::Command::new(spool_tests::process::binary("spool"))
+        .args(["chat", "--agent", &agent])
+        .env_clear()
+        .env("SPOOL_URL", &stack.base)
+        .env("SPOOL_TOKEN", &alice)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spool chat");
+    let mut stdin = chat.stdin.take().expect("stdin");
+    stdin.write_all(b"read my notes\n").await.expect("write");
+    drop(stdin);
+    let mut stderr = chat.stderr.take().expect("stderr");
+    let mut said = Vec::new();
+    let mut buffer = [0u8; 256];
+    let paused = "(paused: the run waits for client tool outputs: POST /v1/workflows/";
+    // The whole line: the route, then `)`.
+    let whole = |said: &[u8]| {
+        let said = String::from_utf8_lossy(said);
+        said.find(paused)
+            .is_some_and(|at| said[at..].contains("tool_outputs)"))
+    };
+    while !whole(&said) {
+        let n = tokio::time::timeout(Duration::from_secs(20), stderr.read(&mut buffer))
+            .await
+            .expect("the chat to say the run is paused")
+            .expect("read");
+        assert!(n > 0, "{}", String::from_utf8_lossy(&said));
+        said.extend_from_slice(&buffer[..n]);
+    }
+    // The route it names answers the run.
+    let said = String::from_utf8_lossy(&said).into_owned();
+    let route = said[said.find("POST ").expect("route") + 5..]
+        .split(')')
+        .next()
+        .expect("route")
+        .to_owned();
+    let (status, body) = stack
+        .post(
+            &alice,
+            &route,
+            &serde_json::json!({"tool_outputs": [{"tool_call_id": "c1", "output": "hello"}]}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{route}: {body}");
+    let output = tokio::time::timeout(Duration::from_secs(30), chat.wait_with_output())
+        .await
+        .expect("the chat to end")
+        .expect("output");
+    assert_eq!(output.status.code(), Some(0));
+    let reply = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(reply.matches("Your notes say hello.").count(), 1, "{reply}");
+}
