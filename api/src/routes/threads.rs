@@ -584,11 +584,11 @@ pub(crate) async fn enqueue_message(
             Ok(()) => tx.commit().await,
             Err(err) => Err(err),
         } {
-            // Nothing was made: the run's room goes back.
-            if let Some(quota) = &enqueued.quota {
+            // Nothing was made: what the run took in its quotas goes back.
+            if let Some((quota, taken_ms)) = &enqueued.admitted {
                 state
                     .admission
-                    .release(&owner.tenant_id, workflow_id, quota)
+                    .undo(&owner.tenant_id, workflow_id, quota, *taken_ms)
                     .await;
             }
             return Err(err.into());

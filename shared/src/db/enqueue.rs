@@ -14,8 +14,8 @@
 //! earlier turns it runs in the caller's transaction beside them. The partial unique index on
 //! active runs refuses a second one on the thread (invariant 2). When quotas apply, the run is
 //! admitted first, in Redis ([`Admission::take`]: one round trip, no lock held in Postgres), and
-//! its room given back if the statement fails; a caller whose transaction fails after the
-//! enqueue gives it back too ([`Enqueued::quota`]).
+//! what it took is given back if the statement fails; a caller whose transaction fails after
+//! the enqueue gives it back too ([`Enqueued::admitted`]).
 
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -67,9 +67,9 @@ pub struct Enqueued {
     pub user_message_id: MessageId,
     /// The assistant message that will stream.
     pub message_id: MessageId,
-    /// The counters the run took room in: a caller whose transaction does not commit gives
-    /// it back ([`Admission::release`]).
-    pub quota: Option<RunQuota>,
+    /// The counters the run took room in, and when: a caller whose transaction does not
+    /// commit gives it back ([`Admission::undo`]).
+    pub admitted: Option<(RunQuota, i64)>,
 }
 
 /// Why a message was not enqueued (the transaction must be rolled back).
@@ -133,21 +133,20 @@ pub async fn enqueue(
         let agent_spec = agent_spec(conn, message, agent_id).await?;
         let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
         let quota = counters(message.quotas, governance, &message.owner.user_id);
-        let enqueued = Enqueued {
+        let mut enqueued = Enqueued {
             workflow_id: WorkflowId::new(),
             user_message_id: MessageId::new(),
             message_id: MessageId::new(),
-            quota,
+            admitted: None,
         };
-        let quota = enqueued.quota.as_ref();
         let tenant = &message.owner.tenant_id;
         if let Some(quota) = quota {
             match message
                 .admission
-                .take(conn, tenant, enqueued.workflow_id, quota)
+                .take(conn, tenant, enqueued.workflow_id, &quota)
                 .await
             {
-                Ok(()) => {}
+                Ok(taken_ms) => enqueued.admitted = Some((quota, taken_ms)),
                 Err(AdmitError::Refused(refusal)) => return Err(EnqueueError::Refused(refusal)),
                 Err(AdmitError::Unavailable(err)) => {
                     return Err(EnqueueError::QuotasUnavailable(err));
@@ -165,7 +164,7 @@ pub async fn enqueue(
             assistant_message_id: enqueued.message_id,
             idempotency_key: message.idempotency_key,
             trace_context: message.trace_context,
-            quota,
+            quota: enqueued.admitted.as_ref().map(|(quota, _)| quota),
             overrides: message.overrides,
         };
         let inserted = runs::insert_with_thread(
@@ -176,12 +175,13 @@ pub async fn enqueue(
             message.metadata,
         )
         .await;
+        // Nothing was made (a wrong guess is tried again with a new run): all of it goes back.
         if !matches!(inserted, Ok(true))
-            && let Some(quota) = quota
+            && let Some((quota, taken_ms)) = &enqueued.admitted
         {
             message
                 .admission
-                .release(tenant, enqueued.workflow_id, quota)
+                .undo(tenant, enqueued.workflow_id, quota, *taken_ms)
                 .await;
         }
         match inserted {

@@ -15,10 +15,12 @@
 //! its part of the key.
 //!
 //! How each count stays right:
-//! - A run takes room before its enqueue statement, and gives it back ([`Admission::release`])
-//!   when that statement (or its transaction) fails, when a worker ends the run (every end of
-//!   a claimed run, time limits included), when the API cancels it unclaimed, and when its
-//!   thread is erased. A release is removing the run's id, so doing it twice is harmless.
+//! - A run takes room before its enqueue statement. When that statement (or its transaction)
+//!   fails, nothing was made and everything is given back ([`Admission::undo`]: its place among
+//!   the active runs and its count in the hour). When the run ends, its place is given back
+//!   ([`Admission::release`]): when a worker ends it (every end of a claimed run, time limits
+//!   included), when the API cancels it unclaimed, and when its thread is erased. Giving a
+//!   place back is removing the run's id, so doing it twice is harmless.
 //! - A run whose release was lost (a process killed between the commit and the release, Redis
 //!   unreachable then) still holds its id in the set. When a set is full, the take asks
 //!   Postgres about its 1,000 oldest members and removes those that ended, or that no run has
@@ -28,8 +30,10 @@
 //! - A counter Redis does not hold (never used, or lost in a restart or failover) is made from
 //!   Postgres before the take ([`crate::db::quota::account`]): the active runs under it, the
 //!   runs of the last hour, the day's tokens. Enqueues that took room in the lost counter and
-//!   commit while it is being made again are the one thing such a rebuild can miss (besides
-//!   runs of threads erased within the hour, which Postgres no longer has). A counter expires
+//!   commit while it is being made again are the one thing such a rebuild can miss in the
+//!   hour's count (besides runs of threads erased within the hour, which Postgres no longer
+//!   has); the set keeps its takes of the last [`ORPHAN_AFTER_MS`], which Postgres cannot see
+//!   yet, so active runs are not missed. A counter expires
 //!   a day and an hour after it was made (its set a minute after its hash, so a hash never
 //!   stands without its set) and is made again the same way when next used: Redis holds only
 //!   counters in use, and no drift outlives a day.
@@ -37,7 +41,9 @@
 //!   ([`Admission::record_tokens`]); a copy lost with Redis is read back from Postgres.
 //!
 //! With quotas configured and Redis unreachable, enqueues are refused (503): a quota that cannot
-//! be counted is not skipped.
+//! be counted is not skipped. Redis must not evict these keys (`maxmemory-policy noeviction`,
+//! as the streams need too): a set evicted without its hash would count no active runs until
+//! the counter is made again.
 //!
 //! Written here (three short scripts) because no crate does this job: `governor` counts in
 //! process memory, which DESIGN §8 rules out, and Redis rate limiters (the `redis-cell` module,
@@ -58,6 +64,7 @@ use crate::stream::{RedisConn, StreamKeys};
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("take.lua")));
 static LOAD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("load.lua")));
 static TOKENS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("tokens.lua")));
+static UNDO: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("undo.lua")));
 
 /// How long after its take a member of a set whose run Postgres does not have is presumed to be
 /// an enqueue still committing (afterwards: one that died, whose room is given back).
@@ -86,7 +93,8 @@ pub struct Admission {
 
 /// What one take answered.
 enum Answer {
-    Admitted,
+    /// At this time (Redis's, ms).
+    Admitted(i64),
     /// These counters (indexes into the run's) must be made first.
     Load(Vec<usize>),
     Refused {
@@ -134,20 +142,21 @@ impl Admission {
 
     /// Admits `run` against every counter of `quota` and takes room for it in each (see the
     /// module doc); `db` answers what Redis does not hold. Nothing is taken when it is refused.
+    /// Returns the take's time (Redis's clock, ms), which [`Admission::undo`] needs.
     pub async fn take(
         &self,
         db: &mut PgConnection,
         tenant: &str,
         run: WorkflowId,
         quota: &RunQuota,
-    ) -> Result<(), AdmitError> {
+    ) -> Result<i64, AdmitError> {
         // Each round either admits, refuses, or makes progress (a counter made, a set pruned);
         // a few rounds cover counters lost and pruned at once. A set that fills again as fast
         // as it is pruned is full.
         let mut full = None;
         for _ in 0..4 {
             match self.try_take(tenant, run, quota).await? {
-                Answer::Admitted => return Ok(()),
+                Answer::Admitted(at_ms) => return Ok(at_ms),
                 Answer::Load(missing) => {
                     for i in missing {
                         self.load(db, tenant, &quota.counters[i]).await?;
@@ -239,7 +248,10 @@ impl Admission {
             Some((started_ms, runs)) => invocation.arg(started_ms).arg(runs),
             None => invocation.arg("").arg(0),
         };
-        invocation.arg(account.day).arg(account.day_tokens);
+        invocation
+            .arg(account.day)
+            .arg(account.day_tokens)
+            .arg(ORPHAN_AFTER_MS);
         for id in &account.active {
             invocation.arg(id.to_string());
         }
@@ -252,8 +264,31 @@ impl Admission {
         Ok(())
     }
 
-    /// Gives back the room `run` holds in the counters of `quota` with a concurrency limit.
-    /// Best effort: a release that fails is made up for when the counter is next full.
+    /// Gives back everything a take at `taken_ms` took for `run`, which was never made (its
+    /// statement or transaction failed): its place among the active runs, and its count in
+    /// the hour's window if that window is still the one it was counted in. Best effort: a
+    /// place not given back is pruned when its counter is full; a count, when the window ends.
+    pub async fn undo(&self, tenant: &str, run: WorkflowId, quota: &RunQuota, taken_ms: i64) {
+        let mut invocation = UNDO.prepare_invoke();
+        invocation.arg(run.to_string()).arg(taken_ms);
+        for counter in &quota.counters {
+            let (hash, active) = self.keys(tenant, counter);
+            invocation.key(hash).key(active);
+            invocation.arg(if counter.limits.runs_per_hour.is_some() {
+                "1"
+            } else {
+                ""
+            });
+        }
+        if let Err(err) = invocation.invoke_async::<i64>(&mut self.conn.clone()).await {
+            tracing::warn!(error = %err, workflow.id = %run,
+                "could not give back the quota room of a run that was not made");
+        }
+    }
+
+    /// Gives back the room `run` holds in the counters of `quota` with a concurrency limit: the
+    /// run has ended (its count in the hour stays: it ran). Best effort: a release that fails
+    /// is made up for when the counter is next full.
     pub async fn release(&self, tenant: &str, run: WorkflowId, quota: &RunQuota) {
         let mut pipe = redis::pipe();
         for counter in &quota.counters {
@@ -380,7 +415,7 @@ fn parse(answer: &[redis::Value], counters: usize) -> Result<Answer, redis::Redi
             .map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX))
     };
     Ok(match code.as_str() {
-        "ok" => Answer::Admitted,
+        "ok" => Answer::Admitted(answer.get(1).and_then(number).ok_or_else(bad)?),
         "load" => Answer::Load((1..answer.len()).map(index).collect::<Result<_, _>>()?),
         "rate_limited" => Answer::Refused {
             code: "rate_limited",

@@ -2,7 +2,8 @@
 -- first, and it has counted since).
 -- KEYS: the counter's hash, its set of active runs.
 -- ARGV: the window's start (ms, '' for none) and runs in it, the UTC day number and its
---       tokens, then the ids of the counter's active runs.
+--       tokens, how long (ms) a take may stay uncommitted, then the ids of the counter's active
+--       runs.
 -- Answers 1 when it made the counter, 0 when it existed.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
@@ -11,12 +12,14 @@ redis.call('HSET', KEYS[1], 'd', ARGV[3], 't', ARGV[4])
 if ARGV[1] ~= '' then
   redis.call('HSET', KEYS[1], 'w', ARGV[1], 'n', ARGV[2])
 end
--- A set left without its hash (evicted apart) is replaced by Postgres's account.
-redis.call('DEL', KEYS[2])
+-- The set outlives its hash by a minute: what it holds from before is replaced by Postgres's
+-- account, except takes recent enough to be enqueues still committing, which Postgres cannot
+-- see yet (dropping them would admit past the limit).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%.0f', now - tonumber(ARGV[5])))
 local members = {}
-for j = 5, #ARGV do
+for j = 6, #ARGV do
   members[#members + 1] = now
   members[#members + 1] = ARGV[j]
   if #members >= 1000 then

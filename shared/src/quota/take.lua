@@ -5,7 +5,7 @@
 --       One hash tag (the tenant): one Cluster slot.
 -- ARGV: the run id, then for each counter its runs per hour, concurrent runs and daily tokens
 --       limits ('' when not set).
--- Answers {'ok'}; {'load', i, ...} when counters' hashes are missing (never made, or lost with
+-- Answers {'ok', Redis's time (ms)}; {'load', i, ...} when counters' hashes are missing (never made, or lost with
 -- Redis: the caller rebuilds them from Postgres, then asks again); or the refusal: {code, i,
 -- seconds to wait (0: unknown)}, and for `concurrency_limited` also Redis's time (ms) and the
 -- oldest members of the full set with their take times, so the caller can prune runs that
@@ -84,4 +84,4 @@ for i = 1, counters do
     end
   end
 end
-return {'ok'}
+return {'ok', now}

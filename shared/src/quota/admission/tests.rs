@@ -29,13 +29,24 @@ async fn enqueue_under(
     user: &str,
     quotas: &Quotas,
 ) -> Result<Enqueued, EnqueueError> {
+    enqueue_on(db, admission, user, quotas, ThreadId::new()).await
+}
+
+/// The same on `thread`.
+async fn enqueue_on(
+    db: &TestDb,
+    admission: &Admission,
+    user: &str,
+    quotas: &Quotas,
+    thread: ThreadId,
+) -> Result<Enqueued, EnqueueError> {
     let owner = Owner {
         tenant_id: "acme".into(),
         user_id: user.into(),
     };
     let metadata = json!({});
     let message = NewMessage {
-        thread_id: ThreadId::new(),
+        thread_id: thread,
         owner: &owner,
         agent_id: None,
         input_text: "hi",
@@ -287,4 +298,62 @@ async fn a_spent_budget_refuses_from_the_copied_tokens_and_after_redis_lost_them
         .await
         .expect("bob");
     let _ = run;
+}
+
+#[tokio::test]
+async fn a_request_that_makes_no_run_gives_back_its_count_in_the_hour() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        runs_per_hour: Some(2),
+        ..QuotaLimits::default()
+    });
+    let thread = ThreadId::new();
+    enqueue_on(&db, &admission, "alice", &quotas, thread)
+        .await
+        .expect("the hour's first run");
+    // The thread is busy: three refusals, none of them a run, none counted.
+    for _ in 0..3 {
+        let busy = enqueue_on(&db, &admission, "alice", &quotas, thread).await;
+        assert!(matches!(busy, Err(EnqueueError::ThreadBusy)), "{busy:?}");
+    }
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("the hour's second run");
+    assert_eq!(
+        code(&enqueue_under(&db, &admission, "alice", &quotas).await),
+        "rate_limited"
+    );
+}
+
+#[tokio::test]
+async fn a_counter_made_again_keeps_the_takes_still_committing() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        max_concurrent_runs: Some(1),
+        ..QuotaLimits::default()
+    });
+    let quota = crate::quota::counters(&quotas, None, "alice").expect("quota");
+    let counter = alices(&quotas);
+    let mut conn = db.pool.acquire().await.expect("conn");
+    // A take whose enqueue has not committed yet (Postgres has no run for it)...
+    let committing = WorkflowId::new();
+    admission
+        .take(&mut conn, "acme", committing, &quota)
+        .await
+        .expect("take");
+    // ...when the counter's hash expires (it does a day after it was made; its set outlives it).
+    redis::cmd("DEL")
+        .arg(admission.keys("acme", &counter).0)
+        .query_async::<()>(&mut admission.conn.clone())
+        .await
+        .expect("del");
+    // The counter is made again from Postgres, which cannot see that take: it is kept.
+    let over = enqueue_under(&db, &admission, "alice", &quotas).await;
+    assert_eq!(code(&over), "concurrency_limited");
+    assert_eq!(
+        members(&admission, &counter).await,
+        [committing.to_string()]
+    );
 }
