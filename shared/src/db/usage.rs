@@ -67,20 +67,14 @@ pub async fn report(
             }
         }
         GroupBy::Model => {
-            "WITH ended AS (
-                 SELECT id, final_step FROM runs
-                  WHERE tenant_id = $1 AND finished_at >= $2 AND finished_at < $3),
-             calls AS (
-                 SELECT e.id, s.data FROM ended e JOIN run_steps s ON s.workflow_id = e.id
-                 UNION ALL
-                 SELECT id, final_step FROM ended WHERE final_step IS NOT NULL)
-             SELECT coalesce(data->'model_call'->>'model', 'unknown') AS \"group\",
-                    coalesce(sum((data->'usage'->>'input_tokens')::bigint), 0)::bigint
-                        AS input_tokens,
-                    coalesce(sum((data->'usage'->>'output_tokens')::bigint), 0)::bigint
-                        AS output_tokens,
-                    count(DISTINCT id) AS runs
-               FROM calls
+            // Each step's model call, from the `step_usage` view over the saved steps (its
+            // migration says why a view).
+            "SELECT coalesce(u.model, 'unknown') AS \"group\",
+                    coalesce(sum(u.input_tokens), 0)::bigint AS input_tokens,
+                    coalesce(sum(u.output_tokens), 0)::bigint AS output_tokens,
+                    count(DISTINCT r.id) AS runs
+               FROM runs r JOIN step_usage u ON u.workflow_id = r.id
+              WHERE r.tenant_id = $1 AND r.finished_at >= $2 AND r.finished_at < $3
               GROUP BY 1"
         }
     };
