@@ -244,6 +244,10 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// `spool-api serve`: telemetry, the database, Redis and the hub, the state, the embedded
+/// workers, the listener, then serving until a signal. A little over 80 lines of setup, each
+/// step one statement, kept in order in one place rather than split across helpers that would
+/// each take most of the others' results.
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Kept to the end of `serve`: dropping it flushes the spans not exported yet.
     let _telemetry = telemetry::init(args.log_format, "spool-api");

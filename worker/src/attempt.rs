@@ -71,6 +71,10 @@ pub(crate) async fn execute(
         .await
 }
 
+/// The attempt inside its span: its context and stop signal, the agent's spec, the loop, and
+/// how it ended (counted, timed, logged). One function, a little over 80 lines, so that the
+/// order of an attempt's end (the fenced write, then the stream's end, then the publisher's
+/// flush) reads top to bottom in one place.
 async fn execute_in_span(
     worker: &Worker,
     claimed: &Claimed,

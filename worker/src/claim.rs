@@ -15,6 +15,7 @@
 //! return. Tests drive the agent loop with it, with no HTTP and no claim loop in between.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use sqlx::PgPool;
@@ -99,17 +100,7 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .context("LISTEN connection")?;
     listener.listen(RUNS_CHANNEL).await.context("LISTEN")?;
-    let cancels = tokio::spawn(listen_for_cancels(worker.db.clone(), keeper.canceller()));
-    let housekeeping = tokio::spawn(crate::housekeeping::run(
-        worker.db.clone(),
-        shutdown.clone(),
-    ));
-    let webhooks = tokio::spawn(crate::webhooks::run(
-        worker.db.clone(),
-        Arc::new(worker.engine.http.policy().clone()),
-        args.lease.lease(),
-        shutdown.clone(),
-    ));
+    let background = background(&worker, &keeper, &shutdown);
     let permits = Arc::new(Semaphore::new(args.concurrency));
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
@@ -166,12 +157,43 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
         }
     }
 
+    drain(&tracker, &release, args.shutdown_grace()).await;
+    for task in background {
+        task.abort();
+    }
+    drop(keeper);
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// The tasks a worker runs beside its claim loop: cancel requests forwarded to the lease
+/// keeper, housekeeping, webhook deliveries.
+fn background(
+    worker: &Worker,
+    keeper: &LeaseKeeper,
+    shutdown: &CancellationToken,
+) -> [tokio::task::JoinHandle<()>; 3] {
+    [
+        tokio::spawn(listen_for_cancels(worker.db.clone(), keeper.canceller())),
+        tokio::spawn(crate::housekeeping::run(
+            worker.db.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(crate::webhooks::run(
+            worker.db.clone(),
+            Arc::new(worker.engine.http.policy().clone()),
+            worker.args.lease.lease(),
+            shutdown.clone(),
+        )),
+    ]
+}
+
+/// Waits for the attempts in flight, for at most `grace`; then releases the rest to the queue
+/// and waits for them to let go.
+async fn drain(tracker: &TaskTracker, release: &CancellationToken, grace: Duration) {
     tracker.close();
     tracing::info!(in_flight = tracker.len(), "worker draining");
-    if tokio::time::timeout(args.shutdown_grace(), tracker.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::info!(
             in_flight = tracker.len(),
             "grace period over; releasing in-flight runs"
@@ -179,12 +201,6 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
         release.cancel();
         tracker.wait().await;
     }
-    cancels.abort();
-    housekeeping.abort();
-    webhooks.abort();
-    drop(keeper);
-    tracing::info!("worker stopped");
-    Ok(())
 }
 
 /// Forwards cancel requests (NOTIFY on [`CANCEL_CHANNEL`], payload: the workflow id) to the runs

@@ -16,11 +16,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use spool_shared::agent::{RunDefaults, RunOverrides, ToolChoice};
-use spool_shared::db::enqueue::{EnqueueError, NewMessage, enqueue};
+use spool_shared::db::enqueue::{EnqueueError, Enqueued, NewMessage, enqueue};
 use spool_shared::db::messages::{self, Message};
 use spool_shared::db::quota::Refusal;
 use spool_shared::db::runs;
-use spool_shared::db::threads::{self, Thread};
+use spool_shared::db::threads::{self, Owner, Thread};
 use spool_shared::db::{agents, idempotency};
 use spool_shared::ids::AgentId;
 use spool_shared::run::{MessagePart, Usage};
@@ -473,19 +473,7 @@ pub(crate) async fn enqueue_message(
     hash: &str,
     history: &[(Role, String)],
 ) -> Result<Enqueue, ApiError> {
-    check_input(&request.input_text, state.config.max_input_bytes)?;
-    if history.len() > MAX_TURNS {
-        return Err(ApiError::bad_request(
-            "too_many_turns",
-            format!("at most {MAX_TURNS} earlier messages are stored with a message"),
-        ));
-    }
-    for (_, text) in history {
-        check_input(text, state.config.max_input_bytes)?;
-    }
-    if request.instructions.is_some() {
-        caller.require_admin()?;
-    }
+    check_message(state, caller, request, history)?;
     let overrides = request.overrides();
     let owner = &caller.owner;
     if let Some(key) = key {
@@ -531,68 +519,16 @@ pub(crate) async fn enqueue_message(
     };
     let enqueued = match enqueue(conn.as_mut(), &message).await {
         Ok(enqueued) => enqueued,
-        Err(EnqueueError::ThreadNotFound) => return Err(thread_not_found()),
-        Err(EnqueueError::AgentNotFound) => {
-            return Err(ApiError::not_found("agent_not_found", "no such agent"));
-        }
-        Err(EnqueueError::AgentDisabled) => {
-            return Err(ApiError::conflict(
-                "agent_disabled",
-                "the agent is disabled and takes no new runs",
-            ));
-        }
         Err(EnqueueError::ThreadBusy) => {
             conn.rollback().await?;
             return Err(thread_busy(state, thread_id).await);
         }
-        Err(EnqueueError::Refused(refusal)) => return Err(refused(&refusal)),
-        Err(EnqueueError::QuotasUnavailable(err)) => {
-            tracing::warn!(error = %err, "the quota counters are unavailable");
-            return Err(ApiError::Unavailable {
-                code: "quotas_unavailable",
-                message: "the quota counters are unavailable; try again".into(),
-                retry_after: 1,
-            });
-        }
-        Err(EnqueueError::InvalidOverrides(errors)) => {
-            return Err(ApiError::invalid_fields(
-                "invalid_overrides",
-                "the message's overrides",
-                errors,
-            ));
-        }
-        Err(EnqueueError::Db(err)) => return Err(err.into()),
+        Err(err) => return Err(enqueue_error(err)),
     };
     let workflow_id = enqueued.workflow_id;
-    let body = UserMessageResponse {
-        workflow_id,
-        thread_id,
-        user_message_id: enqueued.user_message_id,
-        message_id: enqueued.message_id,
-        status: "queued",
-        stream_url: stream_url(thread_id),
-    };
-    let body = serde_json::to_value(&body).map_err(anyhow::Error::from)?;
-    if let Conn::Tx(mut tx) = conn {
-        let committed = match key {
-            Some(key) => {
-                idempotency::record(&mut *tx, &owner.tenant_id, key, 202, &body, workflow_id).await
-            }
-            None => Ok(()),
-        };
-        if let Err(err) = match committed {
-            Ok(()) => tx.commit().await,
-            Err(err) => Err(err),
-        } {
-            // Nothing was made: what the run took in its quotas goes back.
-            if let Some((quota, taken_ms)) = &enqueued.admitted {
-                state
-                    .admission
-                    .undo(&owner.tenant_id, workflow_id, quota, *taken_ms)
-                    .await;
-            }
-            return Err(err.into());
-        }
+    let body = accepted_body(thread_id, &enqueued)?;
+    if let Conn::Tx(tx) = conn {
+        commit(state, owner, tx, key, &body, &enqueued).await?;
     }
     state.wake.wake();
     tracing::info!(thread.id = %thread_id, workflow.id = %workflow_id, "run enqueued");
@@ -602,6 +538,102 @@ pub(crate) async fn enqueue_message(
         workflow_id,
         replayed: false,
     })
+}
+
+/// The `202` body of an enqueued message.
+fn accepted_body(thread_id: ThreadId, enqueued: &Enqueued) -> Result<Value, ApiError> {
+    let body = UserMessageResponse {
+        workflow_id: enqueued.workflow_id,
+        thread_id,
+        user_message_id: enqueued.user_message_id,
+        message_id: enqueued.message_id,
+        status: "queued",
+        stream_url: stream_url(thread_id),
+    };
+    Ok(serde_json::to_value(&body).map_err(anyhow::Error::from)?)
+}
+
+/// The checks of a message before anything is read or written: its text and earlier turns
+/// within the limits, `instructions` only from an admin.
+fn check_message(
+    state: &AppState,
+    caller: &Caller,
+    request: &UserMessageRequest,
+    history: &[(Role, String)],
+) -> Result<(), ApiError> {
+    check_input(&request.input_text, state.config.max_input_bytes)?;
+    if history.len() > MAX_TURNS {
+        return Err(ApiError::bad_request(
+            "too_many_turns",
+            format!("at most {MAX_TURNS} earlier messages are stored with a message"),
+        ));
+    }
+    for (_, text) in history {
+        check_input(text, state.config.max_input_bytes)?;
+    }
+    if request.instructions.is_some() {
+        caller.require_admin()?;
+    }
+    Ok(())
+}
+
+/// The answer to an enqueue that failed (a busy thread, which needs the database, aside).
+fn enqueue_error(err: EnqueueError) -> ApiError {
+    match err {
+        EnqueueError::ThreadNotFound => thread_not_found(),
+        EnqueueError::AgentNotFound => ApiError::not_found("agent_not_found", "no such agent"),
+        EnqueueError::AgentDisabled => ApiError::conflict(
+            "agent_disabled",
+            "the agent is disabled and takes no new runs",
+        ),
+        EnqueueError::ThreadBusy => ApiError::conflict("thread_busy", "the thread is busy"),
+        EnqueueError::Refused(refusal) => refused(&refusal),
+        EnqueueError::QuotasUnavailable(err) => {
+            tracing::warn!(error = %err, "the quota counters are unavailable");
+            ApiError::Unavailable {
+                code: "quotas_unavailable",
+                message: "the quota counters are unavailable; try again".into(),
+                retry_after: 1,
+            }
+        }
+        EnqueueError::InvalidOverrides(errors) => {
+            ApiError::invalid_fields("invalid_overrides", "the message's overrides", errors)
+        }
+        EnqueueError::Db(err) => err.into(),
+    }
+}
+
+/// Commits an enqueue's transaction with the key's stored answer; if it fails, nothing was
+/// made, and what the run took in its quotas goes back.
+async fn commit(
+    state: &AppState,
+    owner: &Owner,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    key: Option<&str>,
+    body: &Value,
+    enqueued: &Enqueued,
+) -> Result<(), ApiError> {
+    let workflow_id = enqueued.workflow_id;
+    let recorded = match key {
+        Some(key) => {
+            idempotency::record(&mut *tx, &owner.tenant_id, key, 202, body, workflow_id).await
+        }
+        None => Ok(()),
+    };
+    let committed = match recorded {
+        Ok(()) => tx.commit().await,
+        Err(err) => Err(err),
+    };
+    if let Err(err) = committed {
+        if let Some((quota, taken_ms)) = &enqueued.admitted {
+            state
+                .admission
+                .undo(&owner.tenant_id, workflow_id, quota, *taken_ms)
+                .await;
+        }
+        return Err(err.into());
+    }
+    Ok(())
 }
 
 /// The connection an enqueue runs on: a transaction (rolled back when dropped uncommitted), or

@@ -92,6 +92,8 @@ impl AgentSpec {
         problems.0
     }
 
+    /// The name, the model and every limit against its range, one check per field in the
+    /// spec's order (about 80 lines: a list, not logic).
     fn validate_limits(&self, problems: &mut Problems) {
         if self.name.trim().is_empty() || self.name.len() > 200 {
             problems.add("name", "must be 1 to 200 characters");

@@ -102,7 +102,8 @@ pub enum EnqueueError {
 }
 
 /// Enqueues `message` on `conn` (see the module doc): in the caller's transaction, or alone
-/// in one statement on a connection outside any.
+/// in one statement on a connection outside any. (A little over 80 lines: the loop that guesses
+/// the thread's agent is kept whole, since each of its exits depends on the guess.)
 pub async fn enqueue(
     conn: &mut PgConnection,
     message: &NewMessage<'_>,
@@ -141,18 +142,8 @@ pub async fn enqueue(
         };
         let tenant = &message.owner.tenant_id;
         if let Some(quota) = quota {
-            match message
-                .admission
-                .take(conn, tenant, enqueued.workflow_id, &quota)
-                .await
-            {
-                Ok(taken_ms) => enqueued.admitted = Some((quota, taken_ms)),
-                Err(AdmitError::Refused(refusal)) => return Err(EnqueueError::Refused(refusal)),
-                Err(AdmitError::Unavailable(err)) => {
-                    return Err(EnqueueError::QuotasUnavailable(err));
-                }
-                Err(AdmitError::Db(err)) => return Err(err.into()),
-            }
+            let taken_ms = admit(conn, message, enqueued.workflow_id, &quota).await?;
+            enqueued.admitted = Some((quota, taken_ms));
         }
         let run = NewRun {
             id: enqueued.workflow_id,
@@ -195,6 +186,35 @@ pub async fn enqueue(
         }
     }
     Err(EnqueueError::ThreadNotFound)
+}
+
+/// Takes room for run `id` of `message` in the counters of `quota` (see the module doc); when
+/// the room was taken.
+async fn admit(
+    conn: &mut PgConnection,
+    message: &NewMessage<'_>,
+    id: WorkflowId,
+    quota: &RunQuota,
+) -> Result<i64, EnqueueError> {
+    let tenant = &message.owner.tenant_id;
+    match message.admission.take(conn, tenant, id, quota).await {
+        Ok(taken_ms) => Ok(taken_ms),
+        // A message the thread itself refuses gets that answer, as it would without quotas: a
+        // thread of someone else's is not found, a busy one is busy (checked only when a quota
+        // refuses, so it costs the enqueue nothing otherwise).
+        Err(AdmitError::Refused(refusal)) => {
+            thread_agent(conn, message).await?;
+            if runs::find_active(&mut *conn, message.thread_id)
+                .await?
+                .is_some()
+            {
+                return Err(EnqueueError::ThreadBusy);
+            }
+            Err(EnqueueError::Refused(refusal))
+        }
+        Err(AdmitError::Unavailable(err)) => Err(EnqueueError::QuotasUnavailable(err)),
+        Err(AdmitError::Db(err)) => Err(err.into()),
+    }
 }
 
 /// The agent of the owner's thread (`None`: the default), the message's for a thread not made

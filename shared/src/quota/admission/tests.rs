@@ -317,9 +317,12 @@ async fn a_request_that_makes_no_run_gives_back_its_count_in_the_hour() {
         let busy = enqueue_on(&db, &admission, "alice", &quotas, thread).await;
         assert!(matches!(busy, Err(EnqueueError::ThreadBusy)), "{busy:?}");
     }
+    // At the limit, the busy thread still answers busy (as without quotas), not rate_limited.
     enqueue_under(&db, &admission, "alice", &quotas)
         .await
         .expect("the hour's second run");
+    let busy = enqueue_on(&db, &admission, "alice", &quotas, thread).await;
+    assert!(matches!(busy, Err(EnqueueError::ThreadBusy)), "{busy:?}");
     assert_eq!(
         code(&enqueue_under(&db, &admission, "alice", &quotas).await),
         "rate_limited"
