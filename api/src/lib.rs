@@ -7,8 +7,10 @@
 //! [`openapi`] and [`cli`] (`serve`, `migrate`, `token`). `main.rs` only parses the command
 //! line; everything else is here so tests can start the same router on `127.0.0.1:0`.
 //!
-//! The API depends on the worker crate in one place only: `spool-api serve --embedded-worker N`
-//! ([`cli`]) runs workers in the same process for a one-command local start.
+//! The API depends on the worker crate for two things: `spool-api serve --embedded-worker N`
+//! ([`cli`]) runs workers in the same process for a one-command local start, and webhook URLs
+//! pass the tools' network policy (`agent::tools::ssrf`, in [`app`] and `routes::webhooks`).
+//! The gateway imports nothing from it.
 
 pub mod app;
 pub mod auth;

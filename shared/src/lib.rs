@@ -5,8 +5,8 @@
 //! configuration pieces, metrics and telemetry set-up.
 //!
 //! No HTTP and no agent loop lives here: the API and the worker both depend on this crate. The
-//! API depends on the worker in one place only, to run workers in its own process
-//! (`spool-api serve --embedded-worker N`).
+//! API depends on the worker to run workers in its own process (`spool-api serve
+//! --embedded-worker N`) and for the tools' network policy, which webhook URLs pass too.
 
 pub mod agent;
 pub mod config;
