@@ -272,16 +272,22 @@ async fn spool_lists_and_shows_threads_and_runs_and_manages_agents() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-#[tokio::test]
-async fn spool_chat_says_a_run_is_queued_until_a_worker_takes_it() {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+/// `spool chat ARGS` against `stack` as `token`, sent `line` and then the end of input (it exits
+/// once that reply is done); its stderr is read apart.
+async fn chat_once(
+    stack: &Stack,
+    token: &str,
+    args: &[&str],
+    line: &str,
+) -> (tokio::process::Child, tokio::process::ChildStderr) {
+    use tokio::io::AsyncWriteExt as _;
 
-    let stack = Stack::start().await;
     let mut chat = tokio::process::Command::new(spool_tests::process::binary("spool"))
-        .args(["chat"])
+        .arg("chat")
+        .args(args)
         .env_clear()
         .env("SPOOL_URL", &stack.base)
-        .env("SPOOL_TOKEN", spool_tests::token("alice", "acme"))
+        .env("SPOOL_TOKEN", token)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -289,35 +295,59 @@ async fn spool_chat_says_a_run_is_queued_until_a_worker_takes_it() {
         .spawn()
         .expect("spool chat");
     let mut stdin = chat.stdin.take().expect("stdin");
-    stdin.write_all(b"anyone there?\n").await.expect("write");
-    // End of input: the chat exits once this reply is done.
+    stdin
+        .write_all(format!("{line}\n").as_bytes())
+        .await
+        .expect("write");
     drop(stdin);
-    let mut stderr = chat.stderr.take().expect("stderr");
+    let stderr = chat.stderr.take().expect("stderr");
+    (chat, stderr)
+}
+
+/// Reads `stderr` until what it said satisfies `done`; returns it.
+async fn said_until(
+    stderr: &mut tokio::process::ChildStderr,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    use tokio::io::AsyncReadExt as _;
+
     let mut said = Vec::new();
     let mut buffer = [0u8; 256];
-    // No worker yet: the run stays queued, and the chat says so.
-    while !String::from_utf8_lossy(&said).contains("(queued)") {
+    while !done(&String::from_utf8_lossy(&said)) {
         let n = tokio::time::timeout(Duration::from_secs(20), stderr.read(&mut buffer))
             .await
-            .expect("the chat to say the run is queued")
+            .expect("the chat to say it")
             .expect("read");
         assert!(n > 0, "{}", String::from_utf8_lossy(&said));
         said.extend_from_slice(&buffer[..n]);
     }
-    let _worker = stack.worker(&[]).await;
+    String::from_utf8_lossy(&said).into_owned()
+}
+
+/// What the chat printed, after checking it ended by itself with exit 0.
+async fn reply(chat: tokio::process::Child) -> String {
     let output = tokio::time::timeout(Duration::from_secs(30), chat.wait_with_output())
         .await
         .expect("the chat to end")
         .expect("output");
     assert_eq!(output.status.code(), Some(0));
-    let reply = String::from_utf8_lossy(&output.stdout);
-    assert!(!reply.trim().is_empty(), "the reply is printed");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn spool_chat_says_a_run_is_queued_until_a_worker_takes_it() {
+    let stack = Stack::start().await;
+    let alice = spool_tests::token("alice", "acme");
+    let (chat, mut stderr) = chat_once(&stack, &alice, &[], "anyone there?").await;
+    // No worker yet: the run stays queued, and the chat says so.
+    said_until(&mut stderr, |said| said.contains("(queued)")).await;
+    let _worker = stack.worker(&[]).await;
+    assert!(!reply(chat).await.trim().is_empty(), "the reply is printed");
 }
 
 #[tokio::test]
 async fn spool_chat_says_where_to_answer_a_paused_run_and_prints_the_reply_once_answered() {
     use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
         0 => fake_llm::tool_calls(&[("c1", "read_file", r#"{"path": "notes.txt"}"#)]),
@@ -335,40 +365,15 @@ async fn spool_chat_says_where_to_answer_a_paused_run_and_prints_the_reply_once_
         )
         .await;
     let alice = spool_tests::token("alice", "acme");
-    let mut chat = tokio::process::Command::new(spool_tests::process::binary("spool"))
-        .args(["chat", "--agent", &agent])
-        .env_clear()
-        .env("SPOOL_URL", &stack.base)
-        .env("SPOOL_TOKEN", &alice)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spool chat");
-    let mut stdin = chat.stdin.take().expect("stdin");
-    stdin.write_all(b"read my notes\n").await.expect("write");
-    drop(stdin);
-    let mut stderr = chat.stderr.take().expect("stderr");
-    let mut said = Vec::new();
-    let mut buffer = [0u8; 256];
+    let (chat, mut stderr) = chat_once(&stack, &alice, &["--agent", &agent], "read my notes").await;
     let paused = "(paused: the run waits for client tool outputs: POST /v1/workflows/";
     // The whole line: the route, then `)`.
-    let whole = |said: &[u8]| {
-        let said = String::from_utf8_lossy(said);
+    let said = said_until(&mut stderr, |said| {
         said.find(paused)
             .is_some_and(|at| said[at..].contains("tool_outputs)"))
-    };
-    while !whole(&said) {
-        let n = tokio::time::timeout(Duration::from_secs(20), stderr.read(&mut buffer))
-            .await
-            .expect("the chat to say the run is paused")
-            .expect("read");
-        assert!(n > 0, "{}", String::from_utf8_lossy(&said));
-        said.extend_from_slice(&buffer[..n]);
-    }
+    })
+    .await;
     // The route it names answers the run.
-    let said = String::from_utf8_lossy(&said).into_owned();
     let route = said[said.find("POST ").expect("route") + 5..]
         .split(')')
         .next()
@@ -382,11 +387,6 @@ async fn spool_chat_says_where_to_answer_a_paused_run_and_prints_the_reply_once_
         )
         .await;
     assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{route}: {body}");
-    let output = tokio::time::timeout(Duration::from_secs(30), chat.wait_with_output())
-        .await
-        .expect("the chat to end")
-        .expect("output");
-    assert_eq!(output.status.code(), Some(0));
-    let reply = String::from_utf8_lossy(&output.stdout);
+    let reply = reply(chat).await;
     assert_eq!(reply.matches("Your notes say hello.").count(), 1, "{reply}");
 }

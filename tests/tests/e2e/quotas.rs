@@ -170,18 +170,28 @@ async fn two_api_processes_share_one_concurrency_limit_and_a_refusal_creates_not
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
 }
 
-/// Every run the stack's concurrency counters hold in Redis.
-async fn held_in_redis(stack: &Stack) -> Vec<String> {
+/// A connection to the stack's Redis, and its quota keys that match `pattern` (after the
+/// `{prefix}:quota:`).
+async fn quota_keys(
+    stack: &Stack,
+    pattern: &str,
+) -> (redis::aio::MultiplexedConnection, Vec<String>) {
     let client = redis::Client::open(stack.redis_url.as_str()).expect("redis url");
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("redis");
-    let sets: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:quota:*:active", stack.prefix))
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:quota:{pattern}", stack.prefix))
         .query_async(&mut conn)
         .await
         .expect("keys");
+    (conn, keys)
+}
+
+/// Every run the stack's concurrency counters hold in Redis.
+async fn held_in_redis(stack: &Stack) -> Vec<String> {
+    let (mut conn, sets) = quota_keys(stack, "*:active").await;
     let mut held = Vec::new();
     for set in sets {
         let members: Vec<String> = redis::cmd("ZRANGE")
@@ -340,16 +350,7 @@ async fn a_quota_variable_that_does_not_parse_stops_the_api_with_the_variable_na
 /// Deletes every quota counter of the stack from Redis, as a restart of a Redis that keeps
 /// nothing on disk (or a failover to a replica that had not caught up) loses them.
 async fn lose_the_counters(stack: &Stack) {
-    let client = redis::Client::open(stack.redis_url.as_str()).expect("redis url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:quota:*", stack.prefix))
-        .query_async(&mut conn)
-        .await
-        .expect("keys");
+    let (mut conn, keys) = quota_keys(stack, "*").await;
     assert!(!keys.is_empty(), "the counters live in Redis");
     redis::cmd("DEL")
         .arg(&keys)
