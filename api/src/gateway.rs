@@ -220,9 +220,17 @@ pub(crate) async fn follow_run(
             (start.predecessor(), false)
         }
         None => {
-            let standing = runs::standing(&state.db, workflow_id).await?;
-            if standing.is_none_or(|s| s.status.is_terminal()) {
+            let Some(standing) = runs::standing(&state.db, workflow_id).await? else {
                 return Ok(None);
+            };
+            // Ended without a `message_start` in the stream: gone, unless it ended within its
+            // flush window, when its worker (which writes Postgres first) may still be
+            // publishing it (a run that fails at once, followed at once, meets exactly that).
+            if standing.status.is_terminal() {
+                let age = runs::seconds_since_update(&state.db, workflow_id, thread_id).await?;
+                if age.is_none_or(|age| age >= FLUSH_WINDOW.as_secs_f64()) {
+                    return Ok(None);
+                }
             }
             (tail, tail != EntryId::default())
         }

@@ -356,3 +356,52 @@ async fn metadata_a_streamed_failure_and_a_chat_on_a_named_thread() {
     check(&document, "OpenAiErrorBody", &error);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_response_that_ended_before_its_events_were_published_streams_its_stored_end() {
+    // No worker: the run's end is written here, as a worker writes it (Postgres first), and
+    // its events never reach Redis (the worker died before publishing them).
+    let app = crate::common::TestApp::start(0, crate::common::worker_args(5, 0)).await;
+    let alice = token("alice", "acme");
+    let (status, queued) = app
+        .post(
+            &alice,
+            "/v1/responses",
+            &json!({"model": "spool-default", "input": "hi", "background": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{queued}");
+    let id = queued["id"].as_str().expect("id").to_owned();
+    sqlx::query(
+        "UPDATE runs SET status = 'failed', finished_at = now(), updated_at = now(),
+                error = '{\"code\": \"model_error\", \"message\": \"the provider failed\"}'
+          WHERE id = $1::uuid",
+    )
+    .bind(&id)
+    .execute(&app.db.pool)
+    .await
+    .expect("fail the run");
+    // Within its flush window: followed (its events may still come), then, the stream quiet,
+    // ended from what Postgres stored; not "no longer retained".
+    let response = app
+        .http
+        .get(app.url(&format!("/v1/responses/{id}?stream=true")))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut reader = SseReader::new(response);
+    let frames = reader.collect(TIMEOUT).await;
+    let types: Vec<String> = frames
+        .iter()
+        .filter_map(|f| f.json()["type"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("response.failed"),
+        "{types:?}"
+    );
+    assert!(!types.iter().any(|t| t == "error"), "{types:?}");
+    app.stop().await;
+}
