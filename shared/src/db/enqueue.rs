@@ -274,15 +274,17 @@ async fn agent_spec(
     Ok(agent_spec)
 }
 
+/// Test helpers the quota and queue tests share.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
     use spool_tests::TestDb;
 
     use super::*;
     use crate::quota::QuotaLimits;
 
-    fn owner(user: &str) -> Owner {
+    /// User `user` of tenant `acme`.
+    pub(crate) fn owner(user: &str) -> Owner {
         Owner {
             tenant_id: "acme".into(),
             user_id: user.into(),
@@ -290,13 +292,14 @@ mod tests {
     }
 
     /// Quota counters under a key prefix of the test's own.
-    fn admission() -> Admission {
+    pub(crate) fn admission() -> Admission {
         let conn = crate::stream::connect(&spool_tests::redis_url()).expect("redis");
         let keys = crate::stream::StreamKeys::new(spool_tests::redis_prefix());
         Admission::new(conn, &keys)
     }
 
-    fn message<'a>(
+    /// `hi` from `owner` on `thread_id`, under `quotas`.
+    pub(crate) fn message<'a>(
         thread_id: ThreadId,
         owner: &'a Owner,
         quotas: &'a Quotas,

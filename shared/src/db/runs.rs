@@ -1119,10 +1119,7 @@ mod tests {
             idempotency_key: None,
             trace_context: None,
             quotas: &crate::quota::Quotas::default(),
-            admission: &crate::quota::admission::Admission::new(
-                crate::stream::connect(&spool_tests::redis_url()).expect("redis"),
-                &crate::stream::StreamKeys::new(spool_tests::redis_prefix()),
-            ),
+            admission: &crate::db::enqueue::tests::admission(),
             overrides: None,
             history: &[],
         };

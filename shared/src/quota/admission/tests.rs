@@ -1,19 +1,13 @@
 //! Admission against real Redis and Postgres: atomic takes, counters rebuilt after Redis lost
 //! them, full sets pruned of runs that ended, tokens copied from Postgres.
 
-use serde_json::json;
 use spool_tests::TestDb;
 
 use super::*;
-use crate::db::enqueue::{EnqueueError, Enqueued, NewMessage, enqueue};
-use crate::db::threads::Owner;
+use crate::db::enqueue::tests::{admission, message, owner};
+use crate::db::enqueue::{EnqueueError, Enqueued, enqueue};
 use crate::ids::ThreadId;
 use crate::quota::{QuotaLimits, Quotas};
-
-fn admission() -> Admission {
-    let conn = crate::stream::connect(&spool_tests::redis_url()).expect("redis");
-    Admission::new(conn, &StreamKeys::new(spool_tests::redis_prefix()))
-}
 
 fn user_limits(limits: QuotaLimits) -> Quotas {
     Quotas {
@@ -40,24 +34,8 @@ async fn enqueue_on(
     quotas: &Quotas,
     thread: ThreadId,
 ) -> Result<Enqueued, EnqueueError> {
-    let owner = Owner {
-        tenant_id: "acme".into(),
-        user_id: user.into(),
-    };
-    let metadata = json!({});
-    let message = NewMessage {
-        thread_id: thread,
-        owner: &owner,
-        agent_id: None,
-        input_text: "hi",
-        metadata: &metadata,
-        idempotency_key: None,
-        trace_context: None,
-        quotas,
-        admission,
-        overrides: None,
-        history: &[],
-    };
+    let owner = owner(user);
+    let message = message(thread, &owner, quotas, admission);
     let mut conn = db.pool.acquire().await.expect("acquire");
     enqueue(&mut conn, &message).await
 }
