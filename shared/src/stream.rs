@@ -11,7 +11,8 @@
 //!   [`RawEntry`]). The `stream_start` marker is `t stream_start`; entries written before the
 //!   packed field (fields `t`, `m`, `e` and `d`) are read as well.
 //! - `{prefix}:{<thread_id>}:fence`: hash `workflow_id → highest attempt that published`, with
-//!   `{workflow_id}:batches` (see Fencing) and `{workflow_id}:done → ms of its done`.
+//!   `{workflow_id}:batches` (see Fencing), `{workflow_id}:done → ms of its done`, and, until
+//!   its done, `{workflow_id}:shown` (the run's step results in the stream, see [`takeover`]).
 //! - `{prefix}:{<thread_id>}:starts`: hash `message_id → entry id of its message_start`, and
 //!   `:trimmed → the newest entry id removed by trimming`.
 //!
@@ -81,7 +82,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands as _, Script};
 
-use crate::event::Event;
+use crate::event::{Event, EventType};
 use crate::ids::{MessageId, ThreadId, WorkflowId};
 
 /// How long after a run's end is in Postgres its worker may still publish its last events.
@@ -281,6 +282,8 @@ pub fn connect(url: &str) -> redis::RedisResult<RedisConn> {
 
 static PUBLISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("stream/publish.lua")));
+static TAKEOVER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("stream/takeover.lua")));
 static ERASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("stream/erase.lua")));
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("stream/inspect.lua")));
@@ -351,7 +354,12 @@ pub async fn publish(
         serde_json::to_writer(&mut entry, event).map_err(|err| {
             redis::RedisError::from((redis::ErrorKind::Client, "event encoding", err.to_string()))
         })?;
-        invocation.arg(kind).arg(message).arg(entry);
+        match shown_result(event) {
+            // The script records it in the workflow's `:shown` field (see [`takeover`]).
+            Some((step, call)) => invocation.arg(format!("step result {step}\n{call}")),
+            None => invocation.arg(kind),
+        };
+        invocation.arg(message).arg(entry);
     }
     match invocation.invoke_async::<Vec<String>>(conn).await {
         Ok(ids) => Ok(ids),
@@ -360,6 +368,59 @@ pub async fn publish(
             None => Err(PublishError::Redis(err)),
         },
     }
+}
+
+/// The step and tool call of a `step` event of phase `result`.
+fn shown_result(event: &Event) -> Option<(u64, &str)> {
+    if event.kind != EventType::Step || event.data["phase"] != "result" {
+        return None;
+    }
+    Some((
+        event.data["step"].as_u64()?,
+        event.data["tool_call_id"].as_str()?,
+    ))
+}
+
+/// What the earlier attempts of a run showed of its step results, as a client that follows the
+/// stream keeps it across `attempt_restarted` (everything up to the last step result): the
+/// latest step with a result in the stream, and which of its results are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shown {
+    /// The step (0: no result of the run is in the stream).
+    pub step: u64,
+    /// The tool call ids of that step's results in the stream, in order.
+    pub calls: Vec<String>,
+}
+
+/// A new attempt takes the run over: raises the fence to `attempt` (no earlier attempt
+/// publishes after this) and returns what the earlier attempts showed of the run's step
+/// results, in one round trip. A new attempt re-shows what follows (the steps saved after it).
+pub async fn takeover(
+    conn: &mut RedisConn,
+    keys: &StreamKeys,
+    thread: ThreadId,
+    workflow: WorkflowId,
+    attempt: i32,
+) -> Result<Shown, PublishError> {
+    let reply: redis::RedisResult<Option<String>> = TAKEOVER
+        .key(keys.fence(thread))
+        .arg(workflow.to_string())
+        .arg(attempt)
+        .invoke_async(conn)
+        .await;
+    let reply = reply.map_err(|err| match fenced_by(&err) {
+        Some(current) => PublishError::Fenced { current },
+        None => PublishError::Redis(err),
+    })?;
+    let Some(reply) = reply else {
+        return Ok(Shown::default());
+    };
+    let mut lines = reply.split('\n');
+    let step = lines.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    Ok(Shown {
+        step,
+        calls: lines.map(str::to_owned).collect(),
+    })
 }
 
 fn fenced_by(err: &redis::RedisError) -> Option<i64> {

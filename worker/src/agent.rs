@@ -33,6 +33,7 @@ pub mod llm;
 pub mod model_call;
 pub mod prompt;
 pub mod step;
+pub mod takeover;
 pub mod tools;
 
 use serde_json::json;
@@ -79,7 +80,9 @@ pub(crate) async fn load_spec(
 
 /// Runs the agent `spec` for this attempt.
 pub(crate) async fn run(a: &Attempt<'_>, spec: &AgentSpec) -> anyhow::Result<LoopEnd> {
-    match Loop::run(a, spec).await {
+    // Boxed: the loop's future is most of an attempt's (about 16 KiB), once per run, so the
+    // attempt's own future (and every caller's) stays small.
+    match Box::pin(Loop::run(a, spec)).await {
         Ok(end) | Err(Exit::End(end)) => Ok(end),
         Err(Exit::Error(err)) => Err(err),
     }
@@ -139,8 +142,17 @@ impl<'a> Loop<'a> {
     async fn run(a: &Attempt<'a>, spec: &AgentSpec) -> Result<LoopEnd, Exit> {
         let (mut state, checkpoint) = Self::prepare(a, spec).await?;
         let mut next = checkpoint.next;
-        if let Some(unsettled) = checkpoint.unsettled {
-            state.resume(a, next, unsettled).await?;
+        let mut unsettled = checkpoint.unsettled;
+        let run = a.claimed.run();
+        // After a crash or a release the client kept only what came before the last result.
+        let reshow = if run.attempt > 1 && !run.resumed {
+            let held = unsettled.as_mut().map(|u| (next, &mut u.results[..]));
+            takeover::show_again(a, &checkpoint.settled, held).await
+        } else {
+            false
+        };
+        if let Some(unsettled) = unsettled {
+            state.resume(a, next, unsettled, reshow).await?;
             next += 1;
         }
         for step in next..=state.spec.max_steps {
@@ -226,27 +238,23 @@ impl<'a> Loop<'a> {
         Ok((state, checkpoint))
     }
 
-    /// Settles the step an earlier attempt saved but did not settle. After a crash (not an
-    /// answered pause) the client dropped this step's events on `attempt_restarted`: its text
-    /// and calls are shown again, and every result is published anew.
+    /// Settles the step an earlier attempt saved but did not settle; `reshow`: its text and
+    /// calls are shown again (a restarted attempt's client dropped them, see [`takeover`]).
+    /// Its results not marked published are published once settled.
     async fn resume(
         &mut self,
         a: &Attempt<'_>,
         step: u32,
         unsettled: Unsettled,
+        reshow: bool,
     ) -> Result<(), Exit> {
-        let Unsettled {
-            output,
-            mut results,
-        } = unsettled;
-        let restarted = !a.claimed.run().resumed;
-        if restarted {
+        let Unsettled { output, results } = unsettled;
+        if reshow {
             a.emit_text(&block_id(step), &output.text);
-            results.iter_mut().for_each(|r| r.published = false);
         }
         self.answer.usage.add(output.usage);
         self.recent.extend(&output.tool_calls);
-        self.settle(a, step, output, results, restarted).await
+        self.settle(a, step, output, results, reshow).await
     }
 
     /// One step: a model call, then the tool calls it asks for, saved before they run (a new

@@ -61,6 +61,7 @@ const MAX_BATCH: usize = 512;
 
 /// Publishes one attempt's events in order.
 pub struct Publisher {
+    streams: Streams,
     origin: Origin,
     tx: mpsc::UnboundedSender<Event>,
     task: JoinHandle<()>,
@@ -76,8 +77,34 @@ impl Publisher {
         coalesce: usize,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(publish_loop(streams, origin, rx, beats, coalesce));
-        Self { origin, tx, task }
+        let task = tokio::spawn(publish_loop(streams.clone(), origin, rx, beats, coalesce));
+        Self {
+            streams,
+            origin,
+            tx,
+            task,
+        }
+    }
+
+    /// Takes the run over in Redis for this attempt (see [`stream::takeover`]): what earlier
+    /// attempts showed of its step results. Bounded by `timeout` (Redis may be down).
+    pub async fn takeover(&self, timeout: Duration) -> Result<stream::Shown, PublishError> {
+        let mut conn = self.streams.conn.clone();
+        let origin = self.origin;
+        let taken = stream::takeover(
+            &mut conn,
+            &self.streams.keys,
+            origin.thread_id,
+            origin.workflow_id,
+            origin.attempt,
+        );
+        match tokio::time::timeout(timeout, taken).await {
+            Ok(shown) => shown,
+            Err(_) => Err(PublishError::Redis(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "takeover timed out",
+            )))),
+        }
     }
 
     /// Queues an event; never waits.

@@ -198,7 +198,7 @@ envelopes! {
     StepEvent: "^step$" => StepData, "A tool call, or its result.";
     CitationsEvent: "^citations$" => CitationsData, "The sources the answer cites.";
     HeartbeatEvent: "^heartbeat$" => HeartbeatData, "The run is alive.";
-    AttemptRestartedEvent: "^attempt_restarted$" => AttemptRestartedData, "A new attempt resumes after a crash: drop what was shown since the last step result or message_start.";
+    AttemptRestartedEvent: "^attempt_restarted$" => AttemptRestartedData, "A new attempt resumes after a crash: drop what was shown since the last step result or message_start; the new attempt shows again what followed it.";
     RequiresActionEvent: "^requires_action$" => RequiresActionData, "The run waits for client tool outputs.";
     ApprovalRequestedEvent: "^approval_requested$" => ApprovalRequestedData, "A tool call waits for a person's approval.";
     ErrorEvent: "^error$" => ErrorData, "The run failed (or something went wrong).";

@@ -3,6 +3,8 @@
 -- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, batch id, then (type,
 --       message_id, entry) for each event, the entry being the stored field
 --       `{type} {message_id} {depth} {json}`. No event: it only raises the fence to this attempt.
+--       A step result's type is `step result {step}\n{tool_call_id}`: the workflow's `:shown`
+--       field records it (see takeover.lua).
 -- A batch whose id is among the last ones applied for the workflow was already stored (a retry
 -- after a reply was lost): it is not stored again, and the answer is empty.
 local stream, fence, starts = KEYS[1], KEYS[2], KEYS[3]
@@ -35,6 +37,7 @@ if redis.call('EXISTS', stream) == 0 then
   redis.call('XADD', stream, '*', 't', 'stream_start')
 end
 local retention = tonumber(ARGV[3])
+local shown_field = ARGV[1] .. ':shown'
 local ids = {}
 for i = 7, #ARGV, 3 do
   local kind, message, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -44,6 +47,18 @@ for i = 7, #ARGV, 3 do
   end
   if not id then
     id = redis.call('XADD', stream, '*', 'x', payload)
+  end
+  if string.sub(kind, 1, 12) == 'step result ' then
+    -- What a client keeps across attempt_restarted: every event up to the last step result.
+    -- The field holds the latest step with a result shown and each of its results shown.
+    local step, call = string.match(kind, '^step result (%d+)\n(.*)$')
+    local shown = redis.call('HGET', fence, shown_field)
+    if shown and string.match(shown, '^(%d+)\n') == step then
+      shown = shown .. '\n' .. call
+    else
+      shown = step .. '\n' .. call
+    end
+    redis.call('HSET', fence, shown_field, shown)
   end
   if kind == 'message_start' then
     redis.call('HSET', starts, message, id)
@@ -58,6 +73,8 @@ for i = 7, #ARGV, 3 do
     -- does not grow with every run): their events are trimmed, and their attempts' leases
     -- are long gone. This one's fence stays until its own done leaves the window.
     redis.call('HSET', fence, ARGV[1] .. ':done', now_ms)
+    -- The run is over: no attempt takes it over again.
+    redis.call('HDEL', fence, shown_field)
     local fenced = redis.call('HGETALL', fence)
     for f = 1, #fenced, 2 do
       local workflow = string.match(fenced[f], '^(.+):done$')

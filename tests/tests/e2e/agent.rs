@@ -155,3 +155,253 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
         Some(json!("done"))
     );
 }
+
+/// What a client following the stream contract shows at the end: every event in order, except
+/// that `attempt_restarted` drops what was shown since the last `step` result (or the
+/// `message_start`) of its message.
+fn client_view(stored: &[(String, Value)]) -> Vec<Value> {
+    let mut view: Vec<Value> = Vec::new();
+    for (_, event) in stored {
+        if event["type"] == "attempt_restarted" {
+            let keep = view
+                .iter()
+                .rposition(|e| {
+                    e["message_id"] == event["message_id"]
+                        && (e["type"] == "message_start"
+                            || (e["type"] == "step" && e["data"]["phase"] == "result"))
+                })
+                .map_or(0, |i| i + 1);
+            view.truncate(keep);
+        } else {
+            view.push(event.clone());
+        }
+    }
+    view
+}
+
+/// How often the view shows `phase` of `call`, and `text` in its deltas.
+fn shown(view: &[Value], phase: &str, call: &str) -> usize {
+    view.iter()
+        .filter(|e| {
+            e["type"] == "step" && e["data"]["phase"] == phase && e["data"]["tool_call_id"] == call
+        })
+        .count()
+}
+
+fn shown_text(view: &[Value], text: &str) -> usize {
+    let deltas: String = view
+        .iter()
+        .filter(|e| e["type"] == "text_delta")
+        .filter_map(|e| e["data"]["delta"].as_str())
+        .collect();
+    deltas.matches(text).count()
+}
+
+/// A tool server that records the tools called; the first call of `held` waits until the
+/// returned semaphore gets a permit, or forever if `held_forever`.
+async fn held_tool_server(
+    held: &'static str,
+    held_forever: bool,
+) -> (Calls, Arc<tokio::sync::Semaphore>, String) {
+    let calls: Calls = Arc::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let state = (calls.clone(), gate.clone());
+    let app = axum::Router::new()
+        .route(
+            "/{tool}",
+            post(
+                move |State((calls, gate)): State<(Calls, Arc<tokio::sync::Semaphore>)>,
+                      Path(tool): Path<String>| async move {
+                    let first = {
+                        let mut calls = calls.lock().expect("lock");
+                        calls.push((tool.clone(), String::new()));
+                        tool == held && calls.iter().filter(|(t, _)| t == held).count() == 1
+                    };
+                    if first && held_forever {
+                        std::future::pending::<()>().await;
+                    }
+                    if first {
+                        let _permit = gate.acquire().await.expect("gate");
+                    }
+                    format!("{tool} done")
+                },
+            ),
+        )
+        .with_state(state);
+    let base = spool_tests::serve(app).await;
+    (calls, gate, base)
+}
+
+/// Posts a message to `agent` on a new thread.
+async fn ask(stack: &Stack, agent: &str) -> Value {
+    let thread = uuid::Uuid::new_v4();
+    let (status, accepted) = stack
+        .post(
+            &token("alice", "acme"),
+            &format!("/v1/threads/{thread}/user_message"),
+            &json!({"input_text": "look it up", "agent_id": agent}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{accepted}");
+    accepted
+}
+
+/// Review L5: a step's results reach the stream only once the step is saved. The test holds the
+/// step's row locked while the tool answers, so the worker waits in the save; the stream must
+/// not hold the result then. The worker is killed there: the next attempt repeats the step,
+/// and a client following the contract shows its text, call and result once.
+#[tokio::test]
+async fn a_step_s_result_is_streamed_only_after_the_step_is_saved_so_a_crash_shows_it_once() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::with_text(
+            fake_llm::tool_calls(&[("call_a", "t1", "{}")]),
+            "Let me look.",
+        ),
+        _ => fake_llm::text("Found it.", 2),
+    })
+    .await;
+    let (calls, gate, base) = held_tool_server("t1", false).await;
+    let stack = Stack::start().await;
+    let llm = [
+        ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
+        ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
+    ];
+    let mut a = stack.worker(&llm).await;
+    let agent = stack
+        .create_agent(&json!({"name": "look", "model": "gpt-4o-mini",
+            "tools": [spool_tests::tools::http_tool("t1", format!("{base}/t1"))]}))
+        .await;
+    let accepted = ask(&stack, &agent).await;
+    let wf = workflow_id(&accepted);
+    poll_until("the tool call to be in flight", TIMEOUT, || async {
+        (!calls.lock().expect("lock").is_empty()).then_some(())
+    })
+    .await;
+
+    // The step (saved with its call before the call was made) is held locked.
+    let mut lock = stack.db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM run_steps WHERE workflow_id = $1 AND step = 1 FOR UPDATE")
+        .bind(wf)
+        .fetch_one(&mut *lock)
+        .await
+        .expect("the step's row");
+    gate.add_permits(1);
+    poll_until("the worker to wait in the step's save", TIMEOUT, || async {
+        let waiting: (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND query LIKE '%INSERT INTO run_steps%'",
+        )
+        .fetch_one(&stack.db.pool)
+        .await
+        .expect("pg_stat_activity");
+        (waiting.0 > 0).then_some(())
+    })
+    .await;
+    let stored = stack.stored(&accepted["thread_id"]).await;
+    let view = client_view(&stored);
+    assert_eq!(shown(&view, "call", "call_a"), 1, "the call is shown");
+    assert_eq!(
+        shown(&view, "result", "call_a"),
+        0,
+        "a result streamed before its step was saved: {view:?}"
+    );
+
+    a.kill9().await;
+    lock.rollback().await.expect("rollback");
+    let _b = stack.worker(&llm).await;
+    let run = stack.wait_run(&accepted, "completed").await;
+    assert_eq!(run.attempt, 2);
+    let view = client_view(&stack.stored(&accepted["thread_id"]).await);
+    assert_eq!(
+        (
+            shown_text(&view, "Let me look."),
+            shown(&view, "call", "call_a"),
+            shown(&view, "result", "call_a"),
+            shown_text(&view, "Found it."),
+        ),
+        (1, 1, 1, 1),
+        "{view:?}"
+    );
+}
+
+/// A step paused for an approval after another call's result was shown, approved, and its
+/// worker killed while the approved call runs: the next attempt keeps what the client kept
+/// (the text, both calls and the first result) and shows only the second result.
+#[tokio::test]
+async fn a_crash_after_an_approval_shows_the_step_s_earlier_result_once() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::with_text(
+            fake_llm::tool_calls(&[("call_a", "t1", "{}"), ("call_b", "t2", "{}")]),
+            "Let me look.",
+        ),
+        _ => fake_llm::text("Both ran.", 2),
+    })
+    .await;
+    let (calls, _gate, base) = held_tool_server("t2", true).await;
+    let stack = Stack::start().await;
+    let llm = [
+        ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
+        ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
+    ];
+    let mut a = stack.worker(&llm).await;
+    let mut t2 = spool_tests::tools::http_tool("t2", format!("{base}/t2"));
+    t2["requires_approval"] = json!(true);
+    let agent = stack
+        .create_agent(&json!({"name": "look", "model": "gpt-4o-mini",
+            "tools": [spool_tests::tools::http_tool("t1", format!("{base}/t1")), t2]}))
+        .await;
+    let accepted = ask(&stack, &agent).await;
+    let wf = workflow_id(&accepted);
+    poll_until("the run to wait for an approval", TIMEOUT, || async {
+        spool_tests::run_row(&stack.db.pool, wf)
+            .await
+            .filter(|r| r.status == "awaiting_approval")
+    })
+    .await;
+    let (status, body) = stack
+        .post(
+            &token("alice", "acme"),
+            &format!("/v1/workflows/{wf}/approvals/call_b"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert!(status.is_success(), "{status} {body}");
+    poll_until("the approved call to be in flight", TIMEOUT, || async {
+        calls
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|(tool, _)| tool == "t2")
+            .then_some(())
+    })
+    .await;
+    a.kill9().await;
+    let _b = stack.worker(&llm).await;
+    stack.wait_run(&accepted, "completed").await;
+
+    let stored = stack.stored(&accepted["thread_id"]).await;
+    assert!(stored.iter().any(|(_, e)| e["type"] == "attempt_restarted"));
+    let view = client_view(&stored);
+    assert_eq!(
+        (
+            shown_text(&view, "Let me look."),
+            shown(&view, "call", "call_a"),
+            shown(&view, "call", "call_b"),
+            shown(&view, "result", "call_a"),
+            shown(&view, "result", "call_b"),
+            shown_text(&view, "Both ran."),
+        ),
+        (1, 1, 1, 1, 1, 1),
+        "{view:?}"
+    );
+    let count = |tool: &str| {
+        calls
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(t, _)| t == tool)
+            .count()
+    };
+    assert_eq!((count("t1"), count("t2")), (1, 2), "t1 ran once");
+}

@@ -282,3 +282,96 @@ async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recover
         "the API reconnected without piling up connections: {held}"
     );
 }
+
+/// The takeover of a run: the step results in the stream (the latest step's, by call, across
+/// batches; a retried batch counted once) come back to the new attempt, which raises the fence
+/// in the same round trip (an older attempt is refused afterwards, and a stale takeover too);
+/// the run's `done` forgets them.
+#[tokio::test]
+async fn a_takeover_reads_the_step_results_shown_and_fences_older_attempts() {
+    let keys = StreamKeys::new(spool_tests::redis_prefix());
+    let conn = stream::connect(&spool_tests::redis_url()).expect("redis");
+    let origin = Origin {
+        thread_id: ThreadId::new(),
+        workflow_id: WorkflowId::new(),
+        message_id: MessageId::new(),
+        attempt: 1,
+        depth: 0,
+    };
+    let result = |step: u32, call: &str| {
+        origin.event(
+            EventType::Step,
+            json!({"phase": "result", "step": step, "tool_call_id": call, "tool_name": "t",
+                "output": "ok", "is_error": false}),
+        )
+    };
+    let call = |step: u32, call: &str| {
+        origin.event(
+            EventType::Step,
+            json!({"phase": "call", "step": step, "tool_call_id": call, "tool_name": "t",
+                "arguments": {}}),
+        )
+    };
+    let publish = |id: &'static str, attempt: i32, events: Vec<spool_shared::event::Event>| {
+        let keys = keys.clone();
+        let mut conn = conn.clone();
+        async move {
+            let batch = stream::Batch {
+                thread: origin.thread_id,
+                workflow: origin.workflow_id,
+                attempt,
+                id,
+                events: &events,
+            };
+            stream::publish(&mut conn, &keys, &batch, Duration::from_secs(60)).await
+        }
+    };
+    let takeover = |attempt: i32| {
+        let keys = keys.clone();
+        let mut conn = conn.clone();
+        async move {
+            stream::takeover(
+                &mut conn,
+                &keys,
+                origin.thread_id,
+                origin.workflow_id,
+                attempt,
+            )
+            .await
+        }
+    };
+    let shown = |step: u64, calls: &[&str]| stream::Shown {
+        step,
+        calls: calls.iter().map(|c| (*c).to_owned()).collect(),
+    };
+
+    assert_eq!(takeover(1).await.expect("nothing yet"), shown(0, &[]));
+    publish("b1", 1, vec![call(1, "a"), result(1, "a")])
+        .await
+        .expect("b1");
+    publish("b2", 1, vec![call(2, "b"), call(2, "c"), result(2, "c")])
+        .await
+        .expect("b2");
+    // A retry of a stored batch changes nothing; calls are not results.
+    publish("b2", 1, vec![call(2, "b"), call(2, "c"), result(2, "c")])
+        .await
+        .expect("b2 again");
+    publish("b3", 1, vec![result(2, "b")]).await.expect("b3");
+    assert_eq!(takeover(2).await.expect("attempt 2"), shown(2, &["c", "b"]));
+    assert!(matches!(
+        publish("b4", 1, vec![result(3, "d")]).await,
+        Err(PublishError::Fenced { current: 2 })
+    ));
+    assert!(matches!(
+        takeover(1).await,
+        Err(PublishError::Fenced { current: 2 })
+    ));
+    assert_eq!(
+        takeover(2).await.expect("the same attempt again"),
+        shown(2, &["c", "b"])
+    );
+    let done = origin.event(EventType::Done, json!({"status": "completed"}));
+    let done = spool_shared::event::Event { attempt: 2, ..done };
+    publish("b5", 2, vec![done]).await.expect("done");
+    assert_eq!(takeover(3).await.expect("after done"), shown(0, &[]));
+}

@@ -30,6 +30,9 @@ pub(crate) struct Checkpoint {
     pub(crate) next: u32,
     /// That step, if it was saved but not settled.
     pub(crate) unsettled: Option<Unsettled>,
+    /// The settled steps, by number (for a restarted attempt to show again what a client
+    /// dropped or never got).
+    pub(crate) settled: Vec<(u32, SavedStep)>,
 }
 
 /// A saved step whose calls are not all done.
@@ -82,8 +85,10 @@ pub(crate) async fn restore(db: &PgPool, run: &Run) -> sqlx::Result<Checkpoint> 
         unsettled,
         ..Checkpoint::default()
     };
-    for step in &saved {
-        checkpoint.replay(u32::try_from(step.step).unwrap_or(0), &step.data.0);
+    for step in saved {
+        let number = u32::try_from(step.step).unwrap_or(0);
+        checkpoint.replay(number, &step.data.0);
+        checkpoint.settled.push((number, step.data.0));
     }
     Ok(checkpoint)
 }

@@ -4,10 +4,15 @@
 //!   client or for a person's approval, or refuse it (a `pre_tool_use` hook, which may also
 //!   rewrite the arguments).
 //! - [`Loop::settle`]: applies decisions and expiries, executes what may run (read-only calls
-//!   concurrently; results through `post_tool_use` hooks), publishes what is final, then either
-//!   pauses the run (approvals first, one call at a time; client tools once no approval is
-//!   pending) or commits the step: saved with its results, added to the answer and the
-//!   conversation, and checked against the agent's stop conditions.
+//!   concurrently; results through `post_tool_use` hooks), then either pauses the run
+//!   (approvals first, one call at a time; client tools once no approval is pending) or commits
+//!   the step: saved with its results, added to the answer and the conversation, and checked
+//!   against the agent's stop conditions.
+//! - Results reach the stream only once the step that holds them is saved. A client keeps what
+//!   it was shown up to the last `step` result across `attempt_restarted` (README "Streaming"),
+//!   so a result published before its save, followed by a crash, would be shown twice: once
+//!   from the lost attempt and again when the next one repeats the unsaved step. A crash after
+//!   the save and before the publish shows it once, in the message the run ends with.
 //! - [`Recent`]: the same call three times in a row is a doom loop and fails the run.
 
 use serde_json::{Value, json};
@@ -136,13 +141,13 @@ impl Loop<'_> {
             self.answer.add_text(&output.text);
             return Err(self.halted(halt));
         }
-        publish_results(a, step, &mut results);
+        let shown = unpublished_results(step, &mut results);
         let approval = results
             .iter()
             .any(|r| r.state == CallState::PendingApproval);
         if !approval && !starts.is_empty() {
             return Err(self
-                .wait_for_agents(a, step, &output, results, starts)
+                .wait_for_agents(a, step, &output, results, starts, shown)
                 .await);
         }
         if results.iter().any(|r| {
@@ -151,9 +156,9 @@ impl Loop<'_> {
                 CallState::PendingApproval | CallState::PendingClient
             )
         }) {
-            return Err(self.pause(a, step, &output, results).await);
+            return Err(self.pause(a, step, &output, results, shown).await);
         }
-        self.commit(a, step, output, results).await
+        self.commit(a, step, output, results, shown).await
     }
 
     /// Settles the step's agent calls that can be settled now, and says which need a child
@@ -231,6 +236,7 @@ impl Loop<'_> {
         output: &ModelOutput,
         mut results: Vec<CallResult>,
         starts: Vec<AgentStart>,
+        shown: Vec<Value>,
     ) -> Exit {
         let mut calls = Vec::with_capacity(starts.len());
         for start in &starts {
@@ -267,10 +273,13 @@ impl Loop<'_> {
         match waited {
             Err(err) => Exit::from(err),
             Ok(Wait::Waiting) => {
+                publish(a, shown);
                 tracing::info!(children = calls.len(), "waiting for agent runs");
                 LoopEnd::Paused.into()
             }
             Ok(Wait::CancelRequested) => {
+                // Nothing was saved; the calls that ran still show their results.
+                publish(a, shown);
                 self.answer.add_text(&output.text);
                 self.halted(Halt::Cancelled)
             }
@@ -363,6 +372,7 @@ impl Loop<'_> {
         step: u32,
         output: ModelOutput,
         results: Vec<CallResult>,
+        shown: Vec<Value>,
     ) -> Result<(), Exit> {
         let citations = results
             .iter()
@@ -370,6 +380,7 @@ impl Loop<'_> {
             .collect();
         let saved = output.saved(results, citations);
         a.save_step(step, &saved).await?;
+        publish(a, shown);
         self.answer.add_step(step, &saved);
         let text = saved.assistant.text;
         let calls = saved.assistant.tool_calls;
@@ -405,6 +416,7 @@ impl Loop<'_> {
         step: u32,
         output: &ModelOutput,
         results: Vec<CallResult>,
+        shown: Vec<Value>,
     ) -> Exit {
         if let Err(exit) = a
             .save_step(step, &output.saved(results.clone(), Vec::new()))
@@ -412,6 +424,7 @@ impl Loop<'_> {
         {
             return exit;
         }
+        publish(a, shown);
         let pending = |result: &CallResult| PendingCall {
             tool_call_id: result.tool_call_id.clone(),
             tool_name: result.name.clone(),
@@ -501,7 +514,7 @@ fn child_result(end: Option<&ChildEnd>) -> (String, bool) {
 }
 
 /// Publishes a `step` event (`phase: call`) per call.
-fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
+pub(crate) fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
     for call in calls {
         a.events.send(
             EventType::Step,
@@ -512,19 +525,31 @@ fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
     }
 }
 
-/// Publishes a `step` event (`phase: result`) for each settled call not published yet.
-fn publish_results(a: &Attempt<'_>, step: u32, results: &mut [CallResult]) {
-    for result in results
+/// The `step` events (`phase: result`) of the settled calls not published yet, which are marked
+/// published: the caller saves the step (so a resumed attempt does not show them again), then
+/// [`publish`]es them.
+fn unpublished_results(step: u32, results: &mut [CallResult]) -> Vec<Value> {
+    results
         .iter_mut()
         .filter(|r| r.state == CallState::Done && !r.published)
-    {
-        a.events.send(
-            EventType::Step,
-            json!({"phase": "result", "step": step,
-            "tool_call_id": result.tool_call_id, "tool_name": result.name,
-            "output": result.output, "is_error": result.is_error}),
-        );
-        result.published = true;
+        .map(|result| {
+            result.published = true;
+            result_event(step, result)
+        })
+        .collect()
+}
+
+/// The data of a call's `step` event of phase `result`.
+pub(crate) fn result_event(step: u32, result: &CallResult) -> Value {
+    json!({"phase": "result", "step": step,
+    "tool_call_id": result.tool_call_id, "tool_name": result.name,
+    "output": result.output, "is_error": result.is_error})
+}
+
+/// Publishes results from [`unpublished_results`], once their step is saved.
+fn publish(a: &Attempt<'_>, shown: Vec<Value>) {
+    for data in shown {
+        a.events.send(EventType::Step, data);
     }
 }
 
