@@ -20,6 +20,10 @@ pub struct ApiConfig {
     pub max_input_bytes: usize,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// Streams one user may hold open on this process (0: no limit).
+    pub max_streams_per_user: usize,
+    /// How long a write to a client may wait for the client to read (`None`: forever).
+    pub write_timeout: Option<std::time::Duration>,
     /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
     pub cors_origins: Vec<String>,
     /// How long events stay replayable after a run ends (for events the API publishes).
@@ -146,21 +150,51 @@ fn cors(origins: &[String]) -> CorsLayer {
         .expose_headers([header::LOCATION])
 }
 
+/// The API's listener: accepted connections get TCP_NODELAY and a write timeout.
+///
+/// - Without TCP_NODELAY, a small SSE event written right after another waits for the
+///   client's delayed ACK (Nagle): 40 ms added to a live event's delivery, measured by P2 of
+///   spool-bench (BENCHMARKS.md).
+/// - The write timeout (`SPOOL_WRITE_TIMEOUT_SECS`) closes a connection whose client has not
+///   taken a byte for that long while the server had bytes for it (review M10): a stream
+///   whose client stopped reading (a frozen tab, a stuck proxy) would otherwise hold its socket,
+///   the kernel's send buffer and its session forever, since such a client still answers TCP.
+///   An idle stream writes nothing but a keep-alive comment every 15 s, which never waits.
+///   `tokio-io-timeout` times each pending write; hyper has no such option.
+struct Connections {
+    listener: TcpListener,
+    write_timeout: Option<std::time::Duration>,
+}
+
+impl axum::serve::Listener for Connections {
+    type Io = std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<tokio::net::TcpStream>>>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (tcp, addr) = axum::serve::Listener::accept(&mut self.listener).await;
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "TCP_NODELAY not set");
+        }
+        let mut io = tokio_io_timeout::TimeoutStream::new(tcp);
+        io.set_write_timeout(self.write_timeout);
+        (Box::pin(io), addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
+}
+
 /// Serves the API on `listener` until `shutdown` fires, then lets open requests finish.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt as _;
-    // Without TCP_NODELAY, a small SSE event written right after another waits for the
-    // client's delayed ACK (Nagle): 40 ms added to a live event's delivery, measured by P2 of
-    // spool-bench (BENCHMARKS.md).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %err, "TCP_NODELAY not set");
-        }
-    });
+    let listener = Connections {
+        listener,
+        write_timeout: state.config.write_timeout,
+    };
     // `into_make_service`: each connection gets a clone of the router (an `Arc`). Serving the
     // `Router` itself rebuilds every route per connection (`with_state`), about 30 KiB that an
     // idle SSE subscriber holds for as long as it is connected (spool-bench P4, massif).

@@ -67,6 +67,16 @@ pub struct ServeArgs {
     #[arg(long, env = "SPOOL_SSE_BUFFER", default_value_t = 1024)]
     pub sse_buffer: usize,
 
+    /// Streams (SSE) one user may hold open on this process at once; one more gets 429
+    /// `too_many_streams`. 0: no limit.
+    #[arg(long, env = "SPOOL_SSE_MAX_STREAMS_PER_USER", default_value_t = 100)]
+    pub sse_max_streams_per_user: usize,
+
+    /// Seconds a write to a client may wait for the client to read before the connection is
+    /// closed (a stream whose client stopped reading); 0: no limit.
+    #[arg(long, env = "SPOOL_WRITE_TIMEOUT_SECS", default_value_t = 60.0)]
+    pub write_timeout_secs: f64,
+
     /// Run this many workers inside the API process (a one-command local start).
     #[arg(long, env = "SPOOL_EMBEDDED_WORKERS", default_value_t = 0)]
     pub embedded_worker: usize,
@@ -191,6 +201,14 @@ pub struct TokenArgs {
 pub const MIN_SECRET_BYTES: usize = 32;
 
 /// The configured secret (if long enough), else the development one (`true`).
+/// `SPOOL_WRITE_TIMEOUT_SECS` as a timeout (0: none).
+fn write_timeout(secs: f64) -> anyhow::Result<Option<Duration>> {
+    let timeout = Duration::try_from_secs_f64(secs).map_err(|_| {
+        anyhow::anyhow!("SPOOL_WRITE_TIMEOUT_SECS must be zero or more, not {secs}")
+    })?;
+    Ok((!timeout.is_zero()).then_some(timeout))
+}
+
 fn secret_or_dev(secret: Option<SecretString>) -> anyhow::Result<(SecretString, bool)> {
     match secret {
         Some(secret) => {
@@ -221,10 +239,13 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
         }
         Cli::Migrate { db } => {
             let _telemetry = telemetry::init(LogFormat::Pretty, "spool-api");
-            spool_shared::db::connect(&DbArgs {
-                skip_migrations: false,
-                ..db
-            })
+            spool_shared::db::connect(
+                &DbArgs {
+                    skip_migrations: false,
+                    ..db
+                },
+                "spool-api",
+            )
             .await?;
             println!("migrations applied");
             Ok(())
@@ -253,6 +274,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _telemetry = telemetry::init(args.log_format, "spool-api");
     spool_shared::metrics::install();
     args.worker.validate()?;
+    let write_timeout = write_timeout(args.write_timeout_secs)?;
     let (secret, dev_secret) = secret_or_dev(args.jwt_secret)?;
     if dev_secret {
         anyhow::ensure!(
@@ -262,7 +284,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         tracing::warn!("SPOOL_JWT_SECRET is not set: using the insecure development secret");
     }
-    let db = spool_shared::db::connect(&args.db).await?;
+    let db = spool_shared::db::connect(&args.db, "spool-api").await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(spool_shared::shutdown::on_signal(shutdown.clone()));
     let keys = StreamKeys::new(args.redis.redis_prefix.clone());
@@ -282,6 +304,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config: Arc::new(ApiConfig {
             max_input_bytes: args.max_input_bytes,
             max_body_bytes: args.max_body_bytes,
+            max_streams_per_user: args.sse_max_streams_per_user,
+            write_timeout,
             cors_origins: args.cors_origins.clone(),
             stream_retention: args.stream.retention(),
             quotas: args.quota.quotas(),
@@ -299,20 +323,29 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.embedded_worker {
-        let streams = spool_worker::Streams::connect(
-            &args.redis.redis_url,
-            keys.clone(),
-            args.stream.retention(),
-        )
-        .context("REDIS_URL")?;
-        let worker = spool_worker::Worker::new(
-            db.clone(),
-            args.db.database_url.clone(),
-            args.worker.clone(),
-            streams,
-        )?;
-        workers.spawn(spool_worker::run(worker, shutdown.clone()));
+    if args.embedded_worker > 0 {
+        // The embedded workers' own pool, as a worker process would have: runs do not take
+        // the API's connections from its requests (review M10).
+        let worker_db = DbArgs {
+            skip_migrations: true,
+            ..args.db.clone()
+        };
+        let worker_db = spool_shared::db::connect(&worker_db, "spool-worker").await?;
+        for _ in 0..args.embedded_worker {
+            let streams = spool_worker::Streams::connect(
+                &args.redis.redis_url,
+                keys.clone(),
+                args.stream.retention(),
+            )
+            .context("REDIS_URL")?;
+            let worker = spool_worker::Worker::new(
+                worker_db.clone(),
+                args.db.database_url.clone(),
+                args.worker.clone(),
+                streams,
+            )?;
+            workers.spawn(spool_worker::run(worker, shutdown.clone()));
+        }
     }
 
     let listener = tokio::net::TcpListener::bind(args.addr)
@@ -336,6 +369,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_timeout_is_zero_or_more_seconds_and_zero_is_none() {
+        assert_eq!(write_timeout(0.0).expect("0"), None);
+        assert_eq!(
+            write_timeout(1.5).expect("1.5"),
+            Some(Duration::from_millis(1500))
+        );
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 1e30] {
+            let err = write_timeout(bad).expect_err("refused").to_string();
+            assert!(err.contains("SPOOL_WRITE_TIMEOUT_SECS"), "{err}");
+        }
+    }
 
     #[test]
     fn a_jwt_secret_shorter_than_32_bytes_is_refused_with_the_variable_named() {

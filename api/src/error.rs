@@ -40,12 +40,14 @@ pub struct ErrorDetail {
     /// `tenant`).
     #[schema(pattern = "^(user|tenant)$")]
     pub scope: Option<String>,
-    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`: the limit reached.
+    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`, `too_many_streams`: the limit
+    /// reached.
     pub limit: Option<u64>,
     /// `rate_limited`, `concurrency_limited`, `budget_exceeded`: the agent whose own quota
     /// (its `governance`) is reached; absent for the server's quotas.
     pub agent_id: Option<String>,
-    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`: the `Retry-After` seconds.
+    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`, `too_many_streams`: the
+    /// `Retry-After` seconds.
     pub retry_after: Option<u32>,
 }
 

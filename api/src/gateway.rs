@@ -24,6 +24,7 @@
 pub mod ai_sdk;
 pub mod hub;
 pub mod schema;
+pub mod slots;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -56,6 +57,17 @@ use crate::error::{ApiError, ErrorBody, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
 
 pub use hub::Hub;
+pub use slots::{StreamSlot, StreamSlots};
+
+/// A slot for one more stream of the caller on this process (429 `too_many_streams` when it
+/// holds `SPOOL_SSE_MAX_STREAMS_PER_USER` already): taken by every streaming route before it
+/// changes anything.
+pub(crate) fn stream_slot(state: &AppState, caller: &Caller) -> Result<StreamSlot, ApiError> {
+    state
+        .streams
+        .slots()
+        .take(&caller.owner, state.config.max_streams_per_user)
+}
 
 /// Backlog entries read per round trip. Bounded by size, not only count: an entry can hold a
 /// whole tool result (50,000 characters, up to about 300 KB once JSON-escaped), so a page is
@@ -141,6 +153,8 @@ pub(crate) fn unavailable(err: redis::RedisError) -> ApiError {
         Unauthenticated,
         (status = 404, description = "`thread_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_query`", body = ErrorBody),
+        (status = 429, description = "`too_many_streams`: the caller holds `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server already; with `limit` and `retry_after`.", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 503, description = "`stream_unavailable` (Redis is down)", body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
     )
@@ -155,6 +169,7 @@ async fn stream_thread(
     threads::find(&state.db, thread_id, caller.scope())
         .await?
         .ok_or_else(|| ApiError::not_found("thread_not_found", "no such thread"))?;
+    let slot = stream_slot(&state, &caller)?;
     match query.format.as_deref() {
         None | Some("native") => {}
         Some("ai-sdk") => {
@@ -162,7 +177,7 @@ async fn stream_thread(
                 Some(value) => Some(value.to_str().unwrap_or("").to_owned()),
                 None => query.last_entry_id.clone(),
             };
-            return ai_sdk::stream(&state, thread_id, cursor.as_deref()).await;
+            return ai_sdk::stream(&state, slot, thread_id, cursor.as_deref()).await;
         }
         Some(_) => {
             return Err(ApiError::bad_request(
@@ -183,7 +198,7 @@ async fn stream_thread(
         Ok(start) => start,
         Err(control) => return Ok(control),
     };
-    let session = Session::open(&state, conn, key, thread_id, start).await?;
+    let session = Session::open(&state, slot, conn, key, thread_id, start).await?;
     Ok(sse(session.into_stream()))
 }
 
@@ -192,6 +207,7 @@ async fn stream_thread(
 /// and Redis no longer holds its events (the stored response is then the answer).
 pub(crate) async fn follow_run(
     state: &AppState,
+    slot: StreamSlot,
     thread_id: ThreadId,
     workflow_id: WorkflowId,
     message_id: MessageId,
@@ -245,7 +261,7 @@ pub(crate) async fn follow_run(
         linger: None,
     };
     Ok(Some(
-        Session::open(state, conn, key, thread_id, start).await?,
+        Session::open(state, slot, conn, key, thread_id, start).await?,
     ))
 }
 
@@ -495,23 +511,8 @@ pub(crate) struct Session {
     finished: bool,
     /// Whether [`Item::Live`] has been yielded.
     live: bool,
-    _open: OpenStream,
-}
-
-/// Counts an open stream in `spool_sse_streams_open` for as long as it lives.
-struct OpenStream;
-
-impl OpenStream {
-    fn new() -> Self {
-        metrics::gauge!("spool_sse_streams_open").increment(1.0);
-        Self
-    }
-}
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        metrics::gauge!("spool_sse_streams_open").decrement(1.0);
-    }
+    /// Counts the stream against its user's limit and in `spool_sse_streams_open`.
+    _slot: StreamSlot,
 }
 
 impl Session {
@@ -519,6 +520,7 @@ impl Session {
     /// feed first (so nothing written meanwhile is missed).
     async fn open(
         state: &AppState,
+        slot: StreamSlot,
         conn: RedisConn,
         key: String,
         thread_id: ThreadId,
@@ -546,7 +548,7 @@ impl Session {
             shutdown: state.shutdown.clone(),
             finished: false,
             live: false,
-            _open: OpenStream::new(),
+            _slot: slot,
         })
     }
 

@@ -40,8 +40,10 @@ pub const CANCEL_CHANNEL: &str = "spool_cancel";
 /// The embedded migrations (`migrations/` at the workspace root).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// Connects a pool, creating the database if needed and migrating it unless told not to.
-pub async fn connect(args: &DbArgs) -> anyhow::Result<PgPool> {
+/// Connects a pool, creating the database if needed and migrating it unless told not to. Its
+/// connections carry `application` as their `application_name` (what `pg_stat_activity`
+/// shows), unless `DATABASE_URL` names one.
+pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool> {
     if !sqlx::Postgres::database_exists(&args.database_url)
         .await
         .context("checking that the database exists (is Postgres running? see DATABASE_URL)")?
@@ -60,6 +62,13 @@ pub async fn connect(args: &DbArgs) -> anyhow::Result<PgPool> {
         "SPOOL_DB_CHECK_IDLE_SECS must be zero or more"
     );
     let check_idle = Duration::from_secs_f64(args.db_check_idle_secs);
+    let mut options: sqlx::postgres::PgConnectOptions = args
+        .database_url
+        .parse()
+        .context("DATABASE_URL is not a Postgres URL")?;
+    if options.get_application_name().is_none() {
+        options = options.application_name(application);
+    }
     let pool = PgPoolOptions::new()
         .max_connections(args.db_max_connections)
         // sqlx pings every connection it hands out: one more round trip per statement on the
@@ -76,7 +85,7 @@ pub async fn connect(args: &DbArgs) -> anyhow::Result<PgPool> {
             })
         })
         .acquire_timeout(Duration::from_secs(10))
-        .connect(&args.database_url)
+        .connect_with(options)
         .await
         .context("connecting to Postgres")?;
     if !args.skip_migrations {

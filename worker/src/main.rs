@@ -48,7 +48,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = telemetry::init(log_format, "spool-worker");
     spool_shared::metrics::install();
     worker.validate()?;
-    let pool = spool_shared::db::connect(&db).await?;
+    let pool = spool_shared::db::connect(&db, "spool-worker").await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(spool_shared::shutdown::on_signal(shutdown.clone()));
     let keys = spool_shared::stream::StreamKeys::new(redis.redis_prefix);

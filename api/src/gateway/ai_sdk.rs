@@ -197,6 +197,7 @@ fn text_chunk(event: &Value) -> Option<Value> {
 /// The `ai-sdk` stream of the thread (see the module doc).
 pub(crate) async fn stream(
     state: &AppState,
+    slot: super::StreamSlot,
     thread_id: ThreadId,
     cursor: Option<&str>,
 ) -> Result<Response, ApiError> {
@@ -216,7 +217,7 @@ pub(crate) async fn stream(
             .map(|run| (run.id, run.assistant_message_id)),
     };
     let session = match target {
-        Some((run, message)) => follow_run(state, thread_id, run, message).await?,
+        Some((run, message)) => follow_run(state, slot, thread_id, run, message).await?,
         None if cursor.is_none() => return Ok(no_content()),
         None => None,
     };

@@ -49,6 +49,7 @@ struct Inner {
     keys: StreamKeys,
     buffer: usize,
     feeds: Mutex<HashMap<ThreadId, Entry>>,
+    slots: super::slots::StreamSlots,
     shutdown: CancellationToken,
 }
 
@@ -92,10 +93,16 @@ impl Hub {
             keys,
             buffer: buffer.max(1),
             feeds: Mutex::default(),
+            slots: super::slots::StreamSlots::default(),
             shutdown,
         });
         tokio::spawn(listen(inner.clone()));
         Ok(Self { inner })
+    }
+
+    /// The process's open streams per user.
+    pub fn slots(&self) -> &super::slots::StreamSlots {
+        &self.inner.slots
     }
 
     /// The shared multiplexed connection (never used for blocking commands).

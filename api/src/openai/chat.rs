@@ -132,6 +132,10 @@ pub(crate) async fn create_completion(
         instructions: turns.instructions,
     };
     let key = idempotency_key(&headers)?;
+    // A stream's slot before anything is enqueued: a refused stream creates nothing.
+    let slot = (request.stream == Some(true))
+        .then(|| gateway::stream_slot(&state, &caller))
+        .transpose()?;
     let hash = idempotency::request_hash(&[
         caller.owner.user_id.as_bytes(),
         b"chat.completions",
@@ -140,10 +144,10 @@ pub(crate) async fn create_completion(
     let enqueued =
         enqueue_message(&state, &caller, thread_id, &message, key, &hash, &history).await?;
     let id = enqueued.workflow_id;
-    if request.stream == Some(true) {
+    if let Some(slot) = slot {
         let run = find_run(&state, &caller, id).await?;
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        let mut feed = Feed::open(&state, &caller, run.clone(), None).await?;
+        let mut feed = Feed::open(&state, &caller, slot, run.clone(), None).await?;
         feed.report_pauses = true;
         let chunks = Chunks {
             feed,

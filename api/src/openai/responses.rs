@@ -234,6 +234,10 @@ pub(crate) async fn create_response(
     // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread
     // is not part of the request's identity (a new conversation gets a new id on each try).
     let key = idempotency_key(&headers)?;
+    // A stream's slot before anything is enqueued: a refused stream creates nothing.
+    let slot = (request.stream == Some(true))
+        .then(|| gateway::stream_slot(&state, &caller))
+        .transpose()?;
     let hash = idempotency::request_hash(&[
         caller.owner.user_id.as_bytes(),
         b"responses",
@@ -250,9 +254,9 @@ pub(crate) async fn create_response(
     )
     .await?;
     let id = enqueued.workflow_id;
-    if request.stream == Some(true) {
+    if let Some(slot) = slot {
         let run = find(&state, &caller, id).await?;
-        return stream(&state, &caller, run, None).await;
+        return stream(&state, &caller, slot, run, None).await;
     }
     let run = if request.background == Some(true) {
         find(&state, &caller, id).await?
@@ -324,6 +328,8 @@ pub(crate) struct GetResponseQuery {
         crate::openai::schema::OpenAiUnauthenticated,
         (status = 404, description = "`response_not_found` (also another owner's)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 422, description = "`invalid_query`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 429, description = "`too_many_streams` (`stream=true` while the caller holds `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server)", body = crate::openai::schema::OpenAiErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 503, description = "`stream_unavailable` (Redis is down)", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]
@@ -336,7 +342,8 @@ pub(crate) async fn get_response(
     let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
     let run = find(&state, &caller, id).await?;
     if query.stream == Some(true) {
-        return stream(&state, &caller, run, query.starting_after).await;
+        let slot = gateway::stream_slot(&state, &caller)?;
+        return stream(&state, &caller, slot, run, query.starting_after).await;
     }
     Ok(Json(load_response(&state, &run).await?).into_response())
 }
@@ -374,10 +381,11 @@ pub(crate) async fn cancel_response(
 async fn stream(
     state: &AppState,
     caller: &Caller,
+    slot: gateway::StreamSlot,
     run: Run,
     starting_after: Option<u64>,
 ) -> Result<Response, ApiError> {
-    let feed = Feed::open(state, caller, run, starting_after).await?;
+    let feed = Feed::open(state, caller, slot, run, starting_after).await?;
     Ok(gateway::sse_without_retry(feed.into_sse()))
 }
 
@@ -408,11 +416,13 @@ impl Feed {
     pub(crate) async fn open(
         state: &AppState,
         caller: &Caller,
+        slot: gateway::StreamSlot,
         run: Run,
         starting_after: Option<u64>,
     ) -> Result<Self, ApiError> {
         let session =
-            gateway::follow_run(state, run.thread_id, run.id, run.assistant_message_id).await?;
+            gateway::follow_run(state, slot, run.thread_id, run.id, run.assistant_message_id)
+                .await?;
         let mut head = load_response(state, &run).await?;
         head["status"] = json!("queued");
         head["output"] = json!([]);

@@ -41,7 +41,9 @@ pub enum OpenAiEnqueueRefusals {
     /// A quota.
     #[response(
         status = 429,
-        description = "`rate_limited`, `concurrency_limited`, `budget_exceeded`",
+        description = "`rate_limited`, `concurrency_limited`, `budget_exceeded`; \
+                       `too_many_streams` (`stream: true` while the caller holds \
+                       `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server)",
         headers(("Retry-After" = u32, description = "Seconds to wait."))
     )]
     Quota(OpenAiErrorBody),

@@ -105,6 +105,8 @@ impl TestApp {
             config: Arc::new(ApiConfig {
                 max_input_bytes: 32 * 1024,
                 max_body_bytes: 1 << 20,
+                max_streams_per_user: 100,
+                write_timeout: None,
                 cors_origins: vec!["https://app.example".into()],
                 stream_retention: Duration::from_secs(retention_secs),
                 quotas: spool_shared::quota::Quotas::default(),

@@ -9,7 +9,7 @@ use crate::db::page::{self, Cursor, Page, Scope};
 use crate::ids::{AgentId, ThreadId, WorkflowId};
 
 /// Who is asking: every read and write is scoped to this pair (invariant 9).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Owner {
     /// The tenant (the `tenant` claim).
     pub tenant_id: String,

@@ -247,3 +247,27 @@ async fn a_worker_purges_idempotency_keys_past_their_24_hours_and_keeps_the_othe
     .await;
     assert_eq!(left, ["fresh"], "a key within its 24 hours stays");
 }
+
+/// Review M10: `--embedded-worker` runs its workers on a pool of their own, as a worker process
+/// would, so runs never take the API's connections from its requests; `pg_stat_activity` tells
+/// the two apart by `application_name`.
+#[tokio::test]
+async fn embedded_workers_use_a_pool_of_their_own_named_apart_from_the_api_s() {
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_EMBEDDED_WORKERS", "1")],
+    )
+    .await;
+    let accepted = stack.enqueue(&token("alice", "acme"), "hello").await;
+    stack.wait_run(&accepted, "completed").await;
+    let names: Vec<(String,)> = sqlx::query_as(
+        "SELECT DISTINCT application_name FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name LIKE 'spool-%'
+          ORDER BY 1",
+    )
+    .fetch_all(&stack.db.pool)
+    .await
+    .expect("pg_stat_activity");
+    let names: Vec<&str> = names.iter().map(|(n,)| n.as_str()).collect();
+    assert_eq!(names, ["spool-api", "spool-worker"]);
+}

@@ -283,6 +283,174 @@ async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recover
     );
 }
 
+/// Review M10: one user holds at most `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on a
+/// process. One more is refused with 429 `too_many_streams` (and an OpenAI-compatible
+/// `stream: true` request is refused before it enqueues anything); other users stream on; a
+/// closed stream frees its slot.
+#[tokio::test]
+async fn a_user_past_the_stream_limit_gets_429_too_many_streams_and_creates_nothing() {
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_SSE_MAX_STREAMS_PER_USER", "2")],
+    )
+    .await;
+    let alice = token("alice", "acme");
+    // No worker: the run stays queued, and a stream follows it until it ends.
+    let accepted = stack.enqueue(&alice, "hold the streams").await;
+    let thread = &accepted["thread_id"];
+    let first = stack.stream(&alice, thread, None).await;
+    let second = stack.stream(&alice, thread, None).await;
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+
+    let third = stack.stream(&alice, thread, None).await;
+    assert_eq!(third.status(), 429);
+    assert_eq!(
+        third
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("2")
+    );
+    let body: Value = third.json().await.expect("json");
+    assert_eq!(
+        (
+            body["error"]["code"].clone(),
+            body["error"]["limit"].clone()
+        ),
+        (json!("too_many_streams"), json!(2)),
+        "{body}"
+    );
+
+    let runs = || async {
+        let count: (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
+            .fetch_one(&stack.db.pool)
+            .await
+            .expect("runs");
+        count.0
+    };
+    let before = runs().await;
+    let refused = stack
+        .http
+        .post(format!("{}/v1/chat/completions", stack.base))
+        .bearer_auth(&alice)
+        .json(&json!({"model": "spool-default", "stream": true,
+            "messages": [{"role": "user", "content": "one stream too many"}]}))
+        .send()
+        .await
+        .expect("chat");
+    assert_eq!(refused.status(), 429);
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "too_many_streams", "{body}");
+    assert_eq!(runs().await, before, "a refused stream enqueues nothing");
+
+    let bob = token("bob", "acme");
+    let bobs = stack.enqueue(&bob, "my own stream").await;
+    let bob_stream = stack.stream(&bob, &bobs["thread_id"], None).await;
+    assert_eq!(bob_stream.status(), 200, "another user streams on");
+
+    drop(first);
+    let again = poll_until("a closed stream to free its slot", TIMEOUT, || async {
+        let response = stack.stream(&alice, thread, None).await;
+        (response.status() == 200).then_some(response)
+    })
+    .await;
+    drop((second, again, bob_stream));
+}
+
+/// `spool_sse_streams_open` on the API's `/metrics`.
+async fn open_streams(stack: &Stack) -> Option<f64> {
+    let text = stack
+        .http
+        .get(format!("{}/metrics", stack.base))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("spool_sse_streams_open "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Review M10: a client that stops reading is let go once a write has waited
+/// `SPOOL_WRITE_TIMEOUT_SECS` for it, instead of holding its stream forever; a client that
+/// reads gets the same 8 MiB answer to its `done`.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
+    use spool_tests::fake_llm::{self, FakeLlm};
+    use tokio::io::AsyncWriteExt as _;
+
+    let answer = "0123456789abcdef".repeat(1 << 19);
+    let fake = {
+        let answer = answer.clone();
+        FakeLlm::start(move |_, _| fake_llm::text(&answer, 512)).await
+    };
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_WRITE_TIMEOUT_SECS", "1")],
+    )
+    .await;
+    let alice = token("alice", "acme");
+    // Queued (no worker yet): both clients follow the run from its start.
+    let accepted = stack.enqueue(&alice, "a long answer").await;
+    let thread = accepted["thread_id"].as_str().expect("thread");
+
+    // A client that sends its request and never reads (a small receive window, so the
+    // server's writes soon wait).
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let addr = stack
+        .base
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let mut stalled = socket.connect(addr).await.expect("connect");
+    let request = format!(
+        "GET /v1/threads/{thread}/stream HTTP/1.1\r\nHost: spool\r\n\
+         Authorization: Bearer {alice}\r\n\r\n"
+    );
+    stalled
+        .write_all(request.as_bytes())
+        .await
+        .expect("request");
+    poll_until("the stalled client's stream to open", TIMEOUT, || async {
+        (open_streams(&stack).await == Some(1.0)).then_some(())
+    })
+    .await;
+
+    let mut reader = SseReader::new(stack.stream(&alice, &accepted["thread_id"], None).await);
+    let _worker = stack
+        .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
+        .await;
+    let mut text = String::new();
+    loop {
+        let frame = reader.next(TIMEOUT).await.expect("the reader's next event");
+        if frame.event == "text_delta" {
+            let data: Value = serde_json::from_str(&frame.data).expect("json");
+            text.push_str(data["data"]["delta"].as_str().expect("delta"));
+        }
+        if frame.event == "done" {
+            break;
+        }
+    }
+    assert!(
+        text == answer,
+        "the reader got {} of {} bytes",
+        text.len(),
+        answer.len()
+    );
+    // The reader's stream has ended; the stalled one is closed by the server.
+    poll_until("the stalled client to be let go", TIMEOUT, || async {
+        (open_streams(&stack).await == Some(0.0)).then_some(())
+    })
+    .await;
+    drop(stalled);
+}
+
 /// The takeover of a run: the step results in the stream (the latest step's, by call, across
 /// batches; a retried batch counted once) come back to the new attempt, which raises the fence
 /// in the same round trip (an older attempt is refused afterwards, and a stale takeover too);

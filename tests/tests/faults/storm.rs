@@ -22,10 +22,13 @@ async fn a_thousand_clients_resuming_at_random_each_get_every_event_once_in_orde
     let _turn = SERIAL.lock().await;
     let stack = Stack::start().await;
     let started = Instant::now();
-    let alice = token("alice", "acme");
+    // A user per thread (25 streams each, within SPOOL_SSE_MAX_STREAMS_PER_USER's default).
+    let users: Vec<String> = (0..THREADS)
+        .map(|i| token(&format!("user{i}"), "acme"))
+        .collect();
     let mut runs = Vec::new();
-    for i in 0..THREADS {
-        runs.push(stack.enqueue(&alice, &format!("thread {i}")).await);
+    for (i, user) in users.iter().enumerate() {
+        runs.push(stack.enqueue(user, &format!("thread {i}")).await);
     }
     // The worker starts once every client is connected, so each sees its run from the start.
     let connected = std::sync::atomic::AtomicUsize::new(0);
@@ -44,7 +47,7 @@ async fn a_thousand_clients_resuming_at_random_each_get_every_event_once_in_orde
     let clients = (0..CLIENTS).map(|i| {
         let thread = runs[i % THREADS]["thread_id"].clone();
         let stack = &stack;
-        let alice = alice.clone();
+        let user = users[i % THREADS].clone();
         let connected = &connected;
         async move {
             // A small LCG: each client disconnects after its own pseudo-random counts.
@@ -59,7 +62,7 @@ async fn a_thousand_clients_resuming_at_random_each_get_every_event_once_in_orde
             let mut reconnects = 0;
             loop {
                 let cursor = got.last().and_then(|f| f.id.clone());
-                let response = stack.stream(&alice, &thread, cursor.as_deref()).await;
+                let response = stack.stream(&user, &thread, cursor.as_deref()).await;
                 assert_eq!(response.status(), reqwest::StatusCode::OK);
                 if reconnects == 0 {
                     connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
