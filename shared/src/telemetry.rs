@@ -1,6 +1,8 @@
 //! Logging and tracing set-up: JSON lines by default (one object per event, stable dotted field
 //! names such as `thread.id`, `workflow.id`, `run.attempt`), human-readable with
-//! `--log-format pretty`. `RUST_LOG` selects what is logged (default `info`).
+//! `--log-format pretty`. `RUST_LOG` selects what is logged (default `info`). The MCP client's
+//! own logs (`rmcp`) are off unless `RUST_LOG` names `rmcp`: they print a failing server's URL,
+//! credentials in its query included (review L7); Spool logs MCP failures itself, without it.
 //!
 //! When `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set (and
 //! `OTEL_SDK_DISABLED` is not `true`), spans are also exported over OTLP/HTTP (protobuf) with
@@ -60,12 +62,26 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// The log filter for `RUST_LOG` (`info` when unset or invalid), with `rmcp=off` unless it
+/// names `rmcp` (see the module doc).
+fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+    let directives = rust_log.filter(|d| !d.trim().is_empty()).unwrap_or("info");
+    let filter = EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    if directives.contains("rmcp") {
+        return filter;
+    }
+    match "rmcp=off".parse() {
+        Ok(off) => filter.add_directive(off),
+        Err(_) => filter,
+    }
+}
+
 /// Installs the global tracing subscriber, and the OTLP span exporter when `OTEL_*` asks for it.
 ///
 /// Call once, first thing in `main`, from inside the Tokio runtime, and keep the guard until
 /// the end of `main`. `service_name` is the default `service.name` (`OTEL_SERVICE_NAME` wins).
 pub fn init(format: LogFormat, service_name: &str) -> TelemetryGuard {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = match format {
         LogFormat::Json => fmt
@@ -214,5 +230,28 @@ pub fn set_parent_from_traceparent(span: &tracing::Span, traceparent: &str) {
     if cx.span().span_context().is_valid() {
         // Err only when the span is disabled or has no OpenTelemetry layer: nothing to link.
         let _ = span.set_parent(cx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mcp_client_s_logs_are_off_unless_rust_log_names_them() {
+        for unset in [
+            None,
+            Some(""),
+            Some("debug"),
+            Some("spool_worker=debug,info"),
+        ] {
+            let filter = log_filter(unset).to_string();
+            assert!(filter.contains("rmcp=off"), "{unset:?}: {filter}");
+        }
+        let named = log_filter(Some("info,rmcp=debug")).to_string();
+        assert!(
+            !named.contains("rmcp=off") && named.contains("rmcp=debug"),
+            "{named}"
+        );
     }
 }

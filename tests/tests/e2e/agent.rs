@@ -405,3 +405,110 @@ async fn a_crash_after_an_approval_shows_the_step_s_earlier_result_once() {
     };
     assert_eq!((count("t1"), count("t2")), (1, 2), "t1 ran once");
 }
+
+/// Review M7: a run that ends without running its loop (here: past `SPOOL_MAX_RECLAIMS` after
+/// its worker was killed in step 2) keeps what its earlier attempt produced: step 1's text and
+/// tool result are in the failed message.
+#[tokio::test]
+async fn a_run_failed_by_the_reclaim_cap_keeps_its_saved_steps_in_the_message() {
+    let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
+        0 => fake_llm::with_text(
+            fake_llm::tool_calls(&[("call_a", "t1", "{}")]),
+            "Let me look.",
+        ),
+        _ => fake_llm::tool_calls(&[("call_b", "t2", "{}")]),
+    })
+    .await;
+    let (calls, _gate, base) = held_tool_server("t2", true).await;
+    let stack = Stack::start().await;
+    let llm = [
+        ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
+        ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
+        ("SPOOL_MAX_RECLAIMS", "0"),
+    ];
+    let mut a = stack.worker(&llm).await;
+    let agent = stack
+        .create_agent(&json!({"name": "look", "model": "gpt-4o-mini",
+            "tools": [spool_tests::tools::http_tool("t1", format!("{base}/t1")),
+                      spool_tests::tools::http_tool("t2", format!("{base}/t2"))]}))
+        .await;
+    let accepted = ask(&stack, &agent).await;
+    poll_until("step 2's call to be in flight", TIMEOUT, || async {
+        calls
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|(tool, _)| tool == "t2")
+            .then_some(())
+    })
+    .await;
+    a.kill9().await;
+    let _b = stack.worker(&llm).await;
+    let run = stack.wait_run(&accepted, "failed").await;
+    assert_eq!(
+        run.error.as_ref().map(|e| e["code"].clone()),
+        Some(json!("too_many_attempts"))
+    );
+    let id: uuid::Uuid = accepted["message_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("message id");
+    let (content, parts): (String, Value) =
+        sqlx::query_as("SELECT content, parts FROM messages WHERE id = $1")
+            .bind(id)
+            .fetch_one(&stack.db.pool)
+            .await
+            .expect("message");
+    assert_eq!(content, "Let me look.");
+    let results: Vec<&str> = parts
+        .as_array()
+        .expect("parts")
+        .iter()
+        .filter(|p| p["type"] == "tool_result")
+        .filter_map(|p| p["output"].as_str())
+        .collect();
+    assert_eq!(results, ["t1 done"], "{parts}");
+}
+
+/// Review L7: URLs may carry credentials (a token in the query), so the worker never logs them:
+/// a failing hook is logged by its host, and a dead MCP server's error without its URL.
+#[tokio::test]
+async fn hook_and_mcp_urls_with_credentials_stay_out_of_the_worker_s_log() {
+    let fake = FakeLlm::start(|_, _| fake_llm::text("Answered anyway.", 2)).await;
+    let broken = spool_tests::serve(axum::Router::new().route(
+        "/hook",
+        post(|| async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "no") }),
+    ))
+    .await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let stack = Stack::start().await;
+    let worker = stack
+        .worker(&[
+            ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
+            ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
+        ])
+        .await;
+    let agent = stack
+        .create_agent(&json!({"name": "quiet", "model": "gpt-4o-mini",
+            "tools": [{"type": "mcp", "name": "gh",
+                       "url": format!("http://{dead}/mcp?token=mcp-secret-5678")}],
+            "hooks": [
+                {"event": "on_run_start", "type": "http",
+                 "url": format!("{broken}/hook?key=hook-secret-1234")},
+                {"event": "pre_response", "type": "http",
+                 "url": format!("http://{dead}/hook?key=hook-secret-9999")}]}))
+        .await;
+    let accepted = ask(&stack, &agent).await;
+    stack.wait_run(&accepted, "completed").await;
+    let log = poll_until("the worker to log the failures", TIMEOUT, || async {
+        let log = worker.output();
+        (log.matches("hook failed").count() >= 2 && log.contains("MCP server unavailable"))
+            .then_some(log)
+    })
+    .await;
+    for secret in ["hook-secret-1234", "hook-secret-9999", "mcp-secret-5678"] {
+        assert!(!log.contains(secret), "{secret} is in the log:\n{log}");
+    }
+}
