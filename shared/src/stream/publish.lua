@@ -48,7 +48,8 @@ for i = 7, #ARGV, 3 do
   if not id then
     id = redis.call('XADD', stream, '*', 'x', payload)
   end
-  if string.sub(kind, 1, 12) == 'step result ' then
+  -- (Its first byte first, 115 being `s`: most events are text deltas, which skip the rest.)
+  if string.byte(kind, 1) == 115 and string.sub(kind, 1, 12) == 'step result ' then
     -- What a client keeps across attempt_restarted: every event up to the last step result.
     -- The field holds the latest step with a result shown and each of its results shown.
     local step, call = string.match(kind, '^step result (%d+)\n(.*)$')

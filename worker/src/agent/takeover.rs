@@ -2,8 +2,9 @@
 //!
 //! On `attempt_restarted` a client that follows the stream keeps everything up to the last
 //! `step` result and drops the rest (README "Streaming"). The attempt learns from Redis which
-//! result that is ([`stream::takeover`], which raises the fence in the same round trip, so no
-//! earlier attempt adds one afterwards) and shows what the client dropped or never got: every
+//! result that is ([`takeover`](spool_shared::stream::takeover), which raises the fence in the
+//! same round trip, so no earlier attempt adds one afterwards) and shows what the client
+//! dropped or never got: every
 //! settled step after it (text, calls and results), the results of its step that did not reach
 //! the stream, and the unsettled step's text and calls unless that step is the one whose result
 //! the client holds. Results are published only once their step is saved, so every result the
