@@ -12,6 +12,9 @@ pub(crate) enum End {
     Done,
     /// The server closed the stream first (a slow client is dropped; it resumes).
     Closed,
+    /// The server said the events cannot be followed (`message_not_streaming` or
+    /// `stream_reset`, named here): resuming would get the same answer again.
+    Gone(&'static str),
 }
 
 /// Running totals over one or more responses of the same stream.
@@ -51,22 +54,23 @@ impl Counter {
             };
             self.carry.extend_from_slice(&chunk);
             let mut start = 0;
-            let mut done = false;
+            let mut ended = None;
             while let Some(end) = frame_end(&self.carry[start..]) {
                 let (from, to) = (start, start + end);
                 start = to + 2;
-                done |= self.frame(from, to);
+                ended = ended.or(self.frame(from, to));
             }
             self.carry.drain(..start);
-            if done {
-                return Ok(End::Done);
+            if let Some(end) = ended {
+                return Ok(end);
             }
         }
     }
 
-    /// Counts the frame at `carry[from..to]`; whether it is `done`.
-    fn frame(&mut self, from: usize, to: usize) -> bool {
-        let (mut data, mut done, mut id) = (false, false, None);
+    /// Counts the frame at `carry[from..to]`; the end it is, if any (`done`, or the server's
+    /// word that the stream cannot be followed).
+    fn frame(&mut self, from: usize, to: usize) -> Option<End> {
+        let (mut data, mut end, mut id) = (false, None, None);
         for line in self.carry[from..to].split(|b| *b == b'\n') {
             if let Some(value) = line.strip_prefix(b"data: ") {
                 data = true;
@@ -74,7 +78,11 @@ impl Counter {
             } else if let Some(value) = line.strip_prefix(b"id: ") {
                 id = Some(value);
             } else if line == b"event: done" {
-                done = true;
+                end = Some(End::Done);
+            } else if line == b"event: message_not_streaming" {
+                end = Some(End::Gone("message_not_streaming"));
+            } else if line == b"event: stream_reset" {
+                end = Some(End::Gone("stream_reset"));
             }
         }
         if data {
@@ -83,7 +91,7 @@ impl Counter {
         if let Some(id) = id {
             self.last_id = Some(String::from_utf8_lossy(id).into_owned());
         }
-        done
+        end
     }
 }
 

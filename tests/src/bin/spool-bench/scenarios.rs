@@ -405,10 +405,22 @@ pub(crate) async fn p3(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
             let mut counter = Counter::after(&cursor);
             let mut response = stack.stream(thread, Some(&cursor)).await?;
             let mut resumed = 0;
-            while let End::Closed = counter.read(response, Duration::from_secs(60)).await? {
-                let last = counter.last_id.as_deref().context("no cursor")?;
-                response = stack.stream(thread, Some(last)).await?;
-                resumed += 1;
+            loop {
+                match counter.read(response, Duration::from_secs(60)).await? {
+                    End::Done => break,
+                    End::Closed => {
+                        let last = counter.last_id.as_deref().context("no cursor")?;
+                        response = stack.stream(thread, Some(last)).await?;
+                        resumed += 1;
+                    }
+                    // The worker gave up publishing what it had queued after its flush window
+                    // (a machine too slow for a million events, say): the round cannot count.
+                    End::Gone(what) => bail!(
+                        "{name}: the stream ended with {what} after {} events: the run's \
+                         events did not all reach Redis (see the worker's log)",
+                        counter.events
+                    ),
+                }
             }
             cursor = counter.last_id.clone().context("done has an id")?;
             let (events, bytes) = (counter.events, counter.bytes);
