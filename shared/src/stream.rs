@@ -70,8 +70,10 @@
 //!
 //! # The end of a run
 //! A worker writes a run's end to Postgres first and publishes its last events (`message_end`,
-//! `done`) after it, for at most [`FLUSH_WINDOW`]. The gateway follows a just-finished run's
-//! stream that long, so a client resuming in between gets the `done`, not a stream cut short.
+//! `done`) after it: for as long as Redis keeps storing its batches, and for at most
+//! [`FLUSH_WINDOW`] once it does not. The gateway follows a just-finished run's stream that
+//! long, so a client resuming in between gets the `done`, not a stream cut short; a client
+//! already following keeps getting events for as long as they come.
 
 use std::fmt;
 use std::str::FromStr;
@@ -85,7 +87,8 @@ use redis::{AsyncCommands as _, Script};
 use crate::event::{Event, EventType};
 use crate::ids::{MessageId, ThreadId, WorkflowId};
 
-/// How long after a run's end is in Postgres its worker may still publish its last events.
+/// How long after a run's end is in Postgres its worker waits for Redis to store its last
+/// events, counted from the last batch stored.
 pub const FLUSH_WINDOW: Duration = Duration::from_secs(10);
 
 /// The names of a deployment's Redis keys.

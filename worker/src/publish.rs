@@ -10,8 +10,10 @@
 //! - Redis outages: a failed batch is retried with backoff and nothing is dropped; the run goes
 //!   on meanwhile (its result is in Postgres regardless). A retry sends the same batch under the
 //!   same id, so a batch whose reply was lost (it may have been stored) is stored once
-//!   (`spool_shared::stream` "Fencing"). [`Publisher::finish`] waits a bounded time for the
-//!   backlog, then gives up and logs what was lost.
+//!   (`spool_shared::stream` "Fencing"). [`Publisher::finish`] waits for the backlog as long
+//!   as batches keep being stored (a fast model can end its run with a backlog a slow machine
+//!   takes many seconds to publish: a million one-delta events, say), and gives up, logging
+//!   what was lost, only once none has been for the time it is given (Redis down).
 //! - Fencing: an attempt after the first raises the thread's fence for itself with its first
 //!   round trip, at once, even with nothing to publish yet (a resumed attempt may stay silent
 //!   for a while), so a stale attempt's queued events are refused from the moment a new one
@@ -65,6 +67,8 @@ pub struct Publisher {
     origin: Origin,
     tx: mpsc::UnboundedSender<Event>,
     task: JoinHandle<()>,
+    /// Batches stored so far (for [`Publisher::finish`] to tell a slow flush from a stuck one).
+    stored: watch::Receiver<u64>,
 }
 
 impl Publisher {
@@ -77,12 +81,21 @@ impl Publisher {
         coalesce: usize,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(publish_loop(streams.clone(), origin, rx, beats, coalesce));
+        let (progress, stored) = watch::channel(0);
+        let task = tokio::spawn(publish_loop(
+            streams.clone(),
+            origin,
+            rx,
+            beats,
+            coalesce,
+            progress,
+        ));
         Self {
             streams,
             origin,
             tx,
             task,
+            stored,
         }
     }
 
@@ -113,13 +126,25 @@ impl Publisher {
         let _ = self.tx.send(self.origin.event(kind, data));
     }
 
-    /// Waits up to `timeout` for every queued event to be published.
-    pub async fn finish(self, timeout: Duration) {
+    /// Waits for every queued event to be published, giving up once no batch has been stored
+    /// for `stalled`.
+    pub async fn finish(self, stalled: Duration) {
         drop(self.tx);
-        let mut task = self.task;
-        if tokio::time::timeout(timeout, &mut task).await.is_err() {
-            tracing::warn!("events still unpublished after {timeout:?} (is Redis down?); dropping");
-            task.abort();
+        let (mut task, mut stored) = (self.task, self.stored);
+        loop {
+            tokio::select! {
+                _ = &mut task => return,
+                changed = stored.changed() => if changed.is_err() {
+                    // The task has ended (it drops the sender last).
+                    let _ = task.await;
+                    return;
+                },
+                () = tokio::time::sleep(stalled) => {
+                    tracing::warn!("no events published for {stalled:?} (is Redis down?); dropping the rest");
+                    task.abort();
+                    return;
+                }
+            }
         }
     }
 
@@ -135,6 +160,7 @@ async fn publish_loop(
     mut rx: mpsc::UnboundedReceiver<Event>,
     mut beats: watch::Receiver<u64>,
     coalesce: usize,
+    progress: watch::Sender<u64>,
 ) {
     let mut conn = streams.conn.clone();
     let mut outbox = Outbox::new(origin, coalesce);
@@ -175,6 +201,7 @@ async fn publish_loop(
                 let sent = outbox.sent();
                 metrics::counter!("spool_events_published_total").increment(sent as u64);
                 backoff = retry_delays();
+                progress.send_modify(|n| *n += 1);
             }
             Err(PublishError::Fenced { current }) => {
                 tracing::warn!(fence = current, "Redis refused a stale attempt's events");
