@@ -11,8 +11,8 @@
 //! - Results reach the stream only once the step that holds them is saved. A client keeps what
 //!   it was shown up to the last `step` result across `attempt_restarted` (README "Streaming"),
 //!   so a result published before its save, followed by a crash, would be shown twice: once
-//!   from the lost attempt and again when the next one repeats the unsaved step. A crash after
-//!   the save and before the publish shows it once, in the message the run ends with.
+//!   from the lost attempt and again when the next one repeats the unsaved step. After a crash
+//!   between the save and the publish, the next attempt shows it (see [`super::takeover`]).
 //! - [`Recent`]: the same call three times in a row is a doom loop and fails the run.
 
 use serde_json::{Value, json};
