@@ -232,18 +232,9 @@ async fn held_tool_server(
     (calls, gate, base)
 }
 
-/// Posts a message to `agent` on a new thread.
+/// Alice asks `agent` on a new thread.
 async fn ask(stack: &Stack, agent: &str) -> Value {
-    let thread = uuid::Uuid::new_v4();
-    let (status, accepted) = stack
-        .post(
-            &token("alice", "acme"),
-            &format!("/v1/threads/{thread}/user_message"),
-            &json!({"input_text": "look it up", "agent_id": agent}),
-        )
-        .await;
-    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{accepted}");
-    accepted
+    stack.ask(agent, "look it up").await
 }
 
 /// Review L5: a step's results reach the stream only once the step is saved. The test holds the

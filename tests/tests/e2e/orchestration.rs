@@ -42,16 +42,7 @@ async fn lead_with(
 
 /// Alice asks the lead on a new thread; returns the 202 body.
 async fn ask(stack: &Stack, lead: &str) -> Value {
-    let thread = uuid::Uuid::new_v4();
-    let (status, accepted) = stack
-        .post(
-            &token("alice", "acme"),
-            &format!("/v1/threads/{thread}/user_message"),
-            &json!({"input_text": "Capital of France?", "agent_id": lead}),
-        )
-        .await;
-    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{accepted}");
-    accepted
+    stack.ask(lead, "Capital of France?").await
 }
 
 /// The child run of `parent`, once it exists.

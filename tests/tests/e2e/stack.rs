@@ -148,6 +148,20 @@ impl Stack {
     }
 
     /// Creates an agent of tenant `acme` (as its admin); returns its id.
+    /// Alice asks `agent` `input` on a new thread; returns the 202 body.
+    pub(crate) async fn ask(&self, agent: &str, input: &str) -> Value {
+        let thread = uuid::Uuid::new_v4();
+        let (status, accepted) = self
+            .post(
+                &spool_tests::token("alice", "acme"),
+                &format!("/v1/threads/{thread}/user_message"),
+                &json!({"input_text": input, "agent_id": agent}),
+            )
+            .await;
+        assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{accepted}");
+        accepted
+    }
+
     pub(crate) async fn create_agent(&self, spec: &Value) -> String {
         let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
         let (status, agent) = self.post(&admin, "/v1/agents", spec).await;
