@@ -206,6 +206,15 @@ impl Drop for TestDb {
     }
 }
 
+/// The value of the unlabelled metric `name` on the Prometheus page at `url` (a process's
+/// `/metrics`); `None` if the page cannot be read or has no such line.
+pub async fn gauge(http: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
+    let text = http.get(url).send().await.ok()?.text().await.ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Serves `app` on a fresh loopback port for the rest of the test; returns its base URL
 /// (`http://127.0.0.1:PORT`).
 pub async fn serve(app: axum::Router) -> String {

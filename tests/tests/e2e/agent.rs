@@ -49,10 +49,7 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
     .await;
     let (calls, base) = tool_server().await;
     let stack = Stack::start().await;
-    let llm = [
-        ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
-        ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
-    ];
+    let llm = model_and_tools(&fake);
     let mut a = stack.worker(&llm).await;
 
     let tools: Vec<Value> = ["t1", "t2", "t3"]
@@ -81,15 +78,7 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
         .await
         .expect("json");
 
-    poll_until("step 3's tool call to be in flight", TIMEOUT, || async {
-        calls
-            .lock()
-            .expect("lock")
-            .iter()
-            .any(|(tool, _)| tool == "t3")
-            .then_some(())
-    })
-    .await;
+    in_flight(&calls, "t3", "step 3's tool call to be in flight").await;
     a.kill9().await;
     let _b = stack.worker(&llm).await;
     let run = stack.wait_run(&accepted, "completed").await;
@@ -232,6 +221,27 @@ async fn held_tool_server(
     (calls, gate, base)
 }
 
+/// The worker settings of these tests: the fake model, and tools on loopback.
+fn model_and_tools(fake: &FakeLlm) -> [(&'static str, &str); 2] {
+    [
+        ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
+        ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
+    ]
+}
+
+/// Waits until the tool server has been called for `tool` (`what` names the wait).
+async fn in_flight(calls: &Calls, tool: &str, what: &str) {
+    poll_until(what, TIMEOUT, || async {
+        calls
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|(t, _)| t == tool)
+            .then_some(())
+    })
+    .await;
+}
+
 /// Alice asks `agent` on a new thread.
 async fn ask(stack: &Stack, agent: &str) -> Value {
     stack.ask(agent, "look it up").await
@@ -253,10 +263,7 @@ async fn a_step_s_result_is_streamed_only_after_the_step_is_saved_so_a_crash_sho
     .await;
     let (calls, gate, base) = held_tool_server("t1", false).await;
     let stack = Stack::start().await;
-    let llm = [
-        ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
-        ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
-    ];
+    let llm = model_and_tools(&fake);
     let mut a = stack.worker(&llm).await;
     let agent = stack
         .create_agent(&json!({"name": "look", "model": "gpt-4o-mini",
@@ -331,10 +338,7 @@ async fn a_crash_after_an_approval_shows_the_step_s_earlier_result_once() {
     .await;
     let (calls, _gate, base) = held_tool_server("t2", true).await;
     let stack = Stack::start().await;
-    let llm = [
-        ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
-        ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
-    ];
+    let llm = model_and_tools(&fake);
     let mut a = stack.worker(&llm).await;
     let mut t2 = spool_tests::tools::http_tool("t2", format!("{base}/t2"));
     t2["requires_approval"] = json!(true);
@@ -358,15 +362,7 @@ async fn a_crash_after_an_approval_shows_the_step_s_earlier_result_once() {
         )
         .await;
     assert!(status.is_success(), "{status} {body}");
-    poll_until("the approved call to be in flight", TIMEOUT, || async {
-        calls
-            .lock()
-            .expect("lock")
-            .iter()
-            .any(|(tool, _)| tool == "t2")
-            .then_some(())
-    })
-    .await;
+    in_flight(&calls, "t2", "the approved call to be in flight").await;
     a.kill9().await;
     let _b = stack.worker(&llm).await;
     stack.wait_run(&accepted, "completed").await;
@@ -412,11 +408,7 @@ async fn a_run_failed_by_the_reclaim_cap_keeps_its_saved_steps_in_the_message() 
     .await;
     let (calls, _gate, base) = held_tool_server("t2", true).await;
     let stack = Stack::start().await;
-    let llm = [
-        ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
-        ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
-        ("SPOOL_MAX_RECLAIMS", "0"),
-    ];
+    let llm = [&model_and_tools(&fake)[..], &[("SPOOL_MAX_RECLAIMS", "0")]].concat();
     let mut a = stack.worker(&llm).await;
     let agent = stack
         .create_agent(&json!({"name": "look", "model": "gpt-4o-mini",
@@ -424,15 +416,7 @@ async fn a_run_failed_by_the_reclaim_cap_keeps_its_saved_steps_in_the_message() 
                       spool_tests::tools::http_tool("t2", format!("{base}/t2"))]}))
         .await;
     let accepted = ask(&stack, &agent).await;
-    poll_until("step 2's call to be in flight", TIMEOUT, || async {
-        calls
-            .lock()
-            .expect("lock")
-            .iter()
-            .any(|(tool, _)| tool == "t2")
-            .then_some(())
-    })
-    .await;
+    in_flight(&calls, "t2", "step 2's call to be in flight").await;
     a.kill9().await;
     let _b = stack.worker(&llm).await;
     let run = stack.wait_run(&accepted, "failed").await;
@@ -475,12 +459,7 @@ async fn hook_and_mcp_urls_with_credentials_stay_out_of_the_worker_s_log() {
         .and_then(|l| l.local_addr())
         .expect("port");
     let stack = Stack::start().await;
-    let worker = stack
-        .worker(&[
-            ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
-            ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.1/32"),
-        ])
-        .await;
+    let worker = stack.worker(&model_and_tools(&fake)).await;
     let agent = stack
         .create_agent(&json!({"name": "quiet", "model": "gpt-4o-mini",
             "tools": [{"type": "mcp", "name": "gh",

@@ -362,18 +362,8 @@ async fn a_user_past_the_stream_limit_gets_429_too_many_streams_and_creates_noth
 
 /// `spool_sse_streams_open` on the API's `/metrics`.
 async fn open_streams(stack: &Stack) -> Option<f64> {
-    let text = stack
-        .http
-        .get(format!("{}/metrics", stack.base))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("spool_sse_streams_open "))
-        .and_then(|v| v.trim().parse().ok())
+    let url = format!("{}/metrics", stack.base);
+    spool_tests::gauge(&stack.http, &url, "spool_sse_streams_open").await
 }
 
 /// Review M10: a client that stops reading is let go once a write has waited

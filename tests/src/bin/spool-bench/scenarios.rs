@@ -545,19 +545,8 @@ pub(crate) async fn p4(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         .await?;
         let connect = started.elapsed().as_secs_f64();
         let open = wait_for("the gateway to count every stream", WAIT, async || {
-            let text = stack
-                .http
-                .get(stack.url("/metrics"))
-                .send()
-                .await
-                .ok()?
-                .text()
-                .await
-                .ok()?;
-            let open = text
-                .lines()
-                .find_map(|l| l.strip_prefix("spool_sse_streams_open "))
-                .and_then(|v| v.trim().parse::<f64>().ok())?;
+            let url = stack.url("/metrics");
+            let open = spool_tests::gauge(&stack.http, &url, "spool_sse_streams_open").await?;
             (open as usize >= n).then_some(open)
         })
         .await?;
