@@ -242,6 +242,16 @@ async fn in_flight(calls: &Calls, tool: &str, what: &str) {
     .await;
 }
 
+/// The thread's stored events once they end with the run's `done` (a worker publishes its
+/// last events after it writes the run's end to Postgres).
+async fn stored_to_done(stack: &Stack, accepted: &Value) -> Vec<(String, Value)> {
+    poll_until("the run's done in the stream", TIMEOUT, || async {
+        let stored = stack.stored(&accepted["thread_id"]).await;
+        (stored.last().map(|(_, e)| &e["type"]) == Some(&json!("done"))).then_some(stored)
+    })
+    .await
+}
+
 /// Alice asks `agent` on a new thread.
 async fn ask(stack: &Stack, agent: &str) -> Value {
     stack.ask(agent, "look it up").await
@@ -310,7 +320,7 @@ async fn a_step_s_result_is_streamed_only_after_the_step_is_saved_so_a_crash_sho
     let _b = stack.worker(&llm).await;
     let run = stack.wait_run(&accepted, "completed").await;
     assert_eq!(run.attempt, 2);
-    let view = client_view(&stack.stored(&accepted["thread_id"]).await);
+    let view = client_view(&stored_to_done(&stack, &accepted).await);
     assert_eq!(
         (
             shown_text(&view, "Let me look."),
@@ -367,7 +377,7 @@ async fn a_crash_after_an_approval_shows_the_step_s_earlier_result_once() {
     let _b = stack.worker(&llm).await;
     stack.wait_run(&accepted, "completed").await;
 
-    let stored = stack.stored(&accepted["thread_id"]).await;
+    let stored = stored_to_done(&stack, &accepted).await;
     assert!(stored.iter().any(|(_, e)| e["type"] == "attempt_restarted"));
     let view = client_view(&stored);
     assert_eq!(
