@@ -12,8 +12,9 @@
 //
 // Usage: node page_test.mjs --actions BASE TOKEN THREAD
 // Opens /?thread=THREAD (whose agent asks the client for `read_file`, then calls a tool that
-// needs an approval), sends a message, answers the client tool and approves the call through
-// the page, and prints {text, tools} of the finished reply.
+// needs an approval), sends a message, answers the client tool (its reply held until the
+// approval is asked for) and approves the call through the page, and prints {text, tools} of
+// the finished reply.
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 
@@ -27,13 +28,29 @@ if (process.argv[2] === "--actions") {
   try {
     const page = await browser.newPage();
     page.on("console", (m) => console.error(`console ${m.type()}: ${m.text()}`));
+    page.on("response", (r) => r.status() >= 400 && console.error(`response ${r.status()}: ${r.url()}`));
+    // The reply to the client tool's outputs is held until the run has asked for the approval
+    // (as when the worker is faster than that reply): the late reply must not take the
+    // approval's question off the page.
+    let release;
+    const held = new Promise((resolve) => (release = resolve));
+    await page.route("**/tool_outputs", async (route) => {
+      const response = await route.fetch();
+      await held;
+      await route.fulfill({ response });
+    });
     await page.goto(`${base}/?thread=${thread}#token=${token}`);
     await page.locator("textarea").fill("read my notes");
     await page.locator("textarea").press("Enter");
     const outputs = page.locator('[data-action="tool_outputs"]');
     await outputs.locator("input").fill("the notes", { timeout: 30000 });
     await outputs.locator("button").click();
-    await page.locator('[data-action="approval"] button', { hasText: "Approve" }).click({ timeout: 30000 });
+    const approve = page.locator('[data-action="approval"] button', { hasText: "Approve" });
+    await approve.waitFor({ timeout: 30000 });
+    const answered = page.waitForResponse((r) => r.url().endsWith("/tool_outputs"));
+    release();
+    await (await answered).finished();
+    await approve.click({ timeout: 30000 });
     await page.waitForFunction(
       () => document.querySelector('[data-role="assistant"]')?.dataset.status === "completed",
       null,

@@ -99,8 +99,14 @@ async function loadThreads() {
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 let opening = 0; // the latest openThread: an earlier one that is still loading stops
+let loading = Promise.resolve(); // the latest openThread's load: a message is sent after it
 
-async function openThread(id, fresh) {
+function openThread(id, fresh) {
+  loading = loadThread(id, fresh).catch(() => {});
+  return loading;
+}
+
+async function loadThread(id, fresh) {
   const mine = ++opening;
   if (source) source.close();
   source = null;
@@ -231,6 +237,23 @@ function actionBox(title) {
   return box;
 }
 
+// Posts the answer of an action box. The run may ask its next question before this reply
+// arrives (its event comes on the stream): only this box goes, never what replaced it.
+async function answer(box, post) {
+  for (const button of box.querySelectorAll("button")) button.disabled = true;
+  try {
+    await post();
+  } catch (err) {
+    for (const button of box.querySelectorAll("button")) button.disabled = false;
+    if (box.isConnected) setStatus(err.message);
+    return;
+  }
+  if (box.isConnected) {
+    box.remove();
+    setStatus("running");
+  }
+}
+
 function showApproval(workflow, d) {
   setStatus("waiting for an approval");
   const box = actionBox(`Approve ${d.tool_name}(${JSON.stringify(d.arguments)})?`);
@@ -239,11 +262,8 @@ function showApproval(workflow, d) {
     const button = document.createElement("button");
     button.type = "button";
     button.textContent = label;
-    button.onclick = async () => {
-      await api("POST", `/v1/workflows/${workflow}/approvals/${d.tool_call_id}`, { approved });
-      $("pending").replaceChildren();
-      setStatus("running");
-    };
+    button.onclick = () =>
+      answer(box, () => api("POST", `/v1/workflows/${workflow}/approvals/${d.tool_call_id}`, { approved }));
     box.append(button);
   }
 }
@@ -264,16 +284,17 @@ function showClientTools(workflow, d) {
   const submit = document.createElement("button");
   submit.type = "button";
   submit.textContent = "Send outputs";
-  submit.onclick = async () => {
+  submit.onclick = () => {
     const tool_outputs = inputs.map((i) => ({ tool_call_id: i.dataset.toolCallId, output: i.value }));
-    await api("POST", `/v1/workflows/${workflow}/tool_outputs`, { tool_outputs });
-    $("pending").replaceChildren();
-    setStatus("running");
+    return answer(box, () => api("POST", `/v1/workflows/${workflow}/tool_outputs`, { tool_outputs }));
   };
   box.append(submit);
 }
 
 async function send() {
+  // A thread still loading would otherwise draw its history after this message, and follow
+  // the run this message starts a second time.
+  await loading;
   const text = $("input").value.trim();
   if (!text) return;
   if (active) {
