@@ -5,7 +5,9 @@
 //!   follow it live to its `done`, then close; otherwise `message_not_streaming`.
 //! - A cursor (`Last-Event-ID`, else `?last_entry_id=`): every entry after it, live until a
 //!   `done`, then close. Not an entry id: 400. An entry Redis no longer holds (trimmed, lost,
-//!   another thread's, from the future): `stream_reset`.
+//!   another thread's, from the future): `stream_reset`. Nothing after it and no run active:
+//!   `message_not_streaming`, unless the thread's last run ended within [`FLUSH_WINDOW`] and
+//!   its `done` is not in the stream yet (its worker is still publishing): the session waits.
 //! - `?last_message_id=` of a finished message: `message_not_streaming` with that id.
 //!
 //! Subscribing never races the worker: the subscriber joins the thread's live feed first, then
@@ -324,11 +326,14 @@ async fn resume_after(
     let mut linger = None;
     if active.is_none() {
         let last = events::last(conn, key).await.map_err(unavailable)?;
-        let Some(last) = last.filter(|last| last.id > cursor) else {
+        linger = match last.as_ref().filter(|last| last.id > cursor) {
+            Some(last) => flushing(&state.db, thread_id, last).await?,
+            None => unpublished(&state.db, thread_id, last.as_ref()).await?,
+        };
+        if linger.is_none() && last.is_none_or(|last| last.id <= cursor) {
             let data = json!({"thread_id": thread_id});
             return Ok(Err(control("message_not_streaming", data)));
-        };
-        linger = flushing(&state.db, thread_id, &last).await?;
+        }
     }
     Ok(Ok(Start {
         after: cursor,
@@ -392,18 +397,44 @@ async fn flushing(
     if last.kind == EventType::Done.as_str() || last.is_marker() {
         return Ok(None);
     }
-    let envelope: Value = serde_json::from_str(&last.json).unwrap_or(Value::Null);
-    let Some(run) = envelope["workflow_id"]
-        .as_str()
-        .and_then(|id| id.parse::<WorkflowId>().ok())
-    else {
+    let Some(run) = run_of(last) else {
         return Ok(None);
     };
     let age = runs::seconds_since_update(db, run, thread).await?;
-    Ok(age
-        .map(|age| FLUSH_WINDOW.saturating_sub(Duration::from_secs_f64(age.max(0.0))))
-        .filter(|left| !left.is_zero())
-        .map(|left| tokio::time::Instant::now() + left))
+    Ok(age.and_then(lingering))
+}
+
+/// With no run active and nothing after the cursor (`last` is the stream's last entry): until
+/// when to wait for the thread's latest run's events. Only when that run changed within
+/// [`FLUSH_WINDOW`] and its `done` is not the last entry: it ended in Postgres before its
+/// worker published its events (a fast run ends before its first batch is stored), and a
+/// client resuming in between must get them, not `message_not_streaming` (spool-bench P2 hit
+/// this).
+async fn unpublished(
+    db: &PgPool,
+    thread: ThreadId,
+    last: Option<&StoredEvent>,
+) -> Result<Option<tokio::time::Instant>, ApiError> {
+    let Some((run, age)) = runs::latest_on_thread(db, thread).await? else {
+        return Ok(None);
+    };
+    let shown = last.is_some_and(|last| {
+        last.kind == EventType::Done.as_str() && last.depth == 0 && run_of(last) == Some(run)
+    });
+    Ok(if shown { None } else { lingering(age) })
+}
+
+/// The run of an event (from its envelope).
+fn run_of(event: &StoredEvent) -> Option<WorkflowId> {
+    let envelope: Value = serde_json::from_str(&event.json).ok()?;
+    envelope["workflow_id"].as_str()?.parse().ok()
+}
+
+/// Until when to wait for the last events of a run that changed `age` seconds ago, if it is
+/// still within [`FLUSH_WINDOW`].
+fn lingering(age: f64) -> Option<tokio::time::Instant> {
+    let left = FLUSH_WINDOW.saturating_sub(Duration::from_secs_f64(age.max(0.0)));
+    (!left.is_zero()).then(|| tokio::time::Instant::now() + left)
 }
 
 /// The data of a `stream_reset` answering `cursor`.

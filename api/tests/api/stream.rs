@@ -750,6 +750,108 @@ async fn a_client_resuming_after_the_run_ended_but_before_its_done_was_published
     app.stop().await;
 }
 
+/// The thread's stored events once the last one is a `done` of the thread's own run `turn`
+/// (the worker publishes it after writing the run's end to Postgres).
+async fn stored_through_done(app: &TestApp, thread: Uuid, turn: usize) -> Vec<(String, String)> {
+    poll_until("the turn's done to be stored", TIMEOUT, || async {
+        let stored = app.stored(thread).await;
+        let dones = stored.iter().filter(|(_, k)| k == "done").count();
+        (dones == turn && stored.last().is_some_and(|(_, k)| k == "done")).then_some(stored)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_client_resuming_from_the_last_done_before_a_finished_run_published_anything_gets_its_events()
+ {
+    let app = TestApp::start(1, worker_args(3, 0)).await;
+    let alice = token("alice", "acme");
+    let thread = Uuid::new_v4();
+    let (_, first) = app.send_message(&alice, thread, "one").await;
+    app.wait_for_status(
+        &alice,
+        first["workflow_id"].as_str().expect("id"),
+        "completed",
+    )
+    .await;
+    let cursor = stored_through_done(&app, thread, 1)
+        .await
+        .pop()
+        .expect("done")
+        .0;
+    let (_, second) = app.send_message(&alice, thread, "two").await;
+    let workflow = second["workflow_id"].as_str().expect("id");
+    app.wait_for_status(&alice, workflow, "completed").await;
+    // Rewind Redis to the moment after the second run's end was written to Postgres and
+    // before its worker stored its first batch (a run this fast ends before it publishes):
+    // the client, resuming from the first run's `done`, must wait for the events, not be told
+    // that nothing streams.
+    let stored = stored_through_done(&app, thread, 2).await;
+    let unpublished: Vec<&str> = stored
+        .iter()
+        .filter(|(id, _)| id.parse::<EntryId>().expect("id") > cursor.parse().expect("id"))
+        .map(|(id, _)| id.as_str())
+        .collect();
+    assert!(
+        unpublished.len() >= 3,
+        "the second run's events: {stored:?}"
+    );
+    let message = second["message_id"].as_str().expect("message id");
+    let () = redis::pipe()
+        .cmd("XDEL")
+        .arg(app.keys.events(ThreadId(thread)))
+        .arg(&unpublished)
+        .ignore()
+        .cmd("HDEL")
+        .arg(app.keys.starts(ThreadId(thread)))
+        .arg(message)
+        .ignore()
+        .query_async(&mut app.streams.conn())
+        .await
+        .expect("xdel");
+
+    let mut reader = app.stream(&alice, thread, "", Some(&cursor)).await;
+    assert!(
+        reader.next(Duration::from_millis(300)).await.is_none() && !reader.closed,
+        "the stream waits for the events of a run that has only just finished"
+    );
+    let origin = spool_shared::event::Origin {
+        thread_id: ThreadId(thread),
+        workflow_id: workflow.parse().expect("workflow id"),
+        message_id: message.parse().expect("message id"),
+        attempt: 1,
+        depth: 0,
+    };
+    let run: Vec<_> = [
+        (
+            spool_shared::event::EventType::MessageStart,
+            serde_json::json!({}),
+        ),
+        (
+            spool_shared::event::EventType::MessageEnd,
+            serde_json::json!({"status": "completed"}),
+        ),
+        (
+            spool_shared::event::EventType::Done,
+            serde_json::json!({"status": "completed"}),
+        ),
+    ]
+    .into_iter()
+    .map(|(kind, data)| origin.event(kind, data))
+    .collect();
+    app.publish_as(&origin, &run).await;
+    let frames = reader.collect(READ).await;
+    assert_eq!(kinds(&frames), ["message_start", "message_end", "done"]);
+    assert!(reader.closed, "and closes after the done");
+
+    // Resuming from that `done`: the thread's last run is shown to its end, nothing follows.
+    let done = frames.last().and_then(|f| f.id.clone()).expect("done's id");
+    let mut reader = app.stream(&alice, thread, "", Some(&done)).await;
+    let frames = reader.collect(READ).await;
+    assert_eq!(kinds(&frames), ["message_not_streaming"]);
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn streams_are_served_over_http2_without_tls_too() {
     let app = TestApp::start(0, worker_args(3, 0)).await;

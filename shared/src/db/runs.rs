@@ -423,6 +423,22 @@ pub async fn seconds_since_update(
     Ok(row.map(|(age,)| age))
 }
 
+/// The thread's latest run of its own (not an agent call's) and the seconds since it last
+/// changed (by the database clock), if the thread has had a run.
+pub async fn latest_on_thread(
+    executor: impl PgExecutor<'_>,
+    thread: ThreadId,
+) -> sqlx::Result<Option<(WorkflowId, f64)>> {
+    sqlx::query_as(
+        "SELECT id, extract(epoch FROM now() - updated_at)::float8 FROM runs \
+         WHERE thread_id = $1 AND parent_workflow_id IS NULL \
+         ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(thread)
+    .fetch_optional(executor)
+    .await
+}
+
 /// A run a worker has just claimed: the handle of its attempt. Only [`claim`] makes one,
 /// and its methods are the only way a worker writes to the run afterwards, each fenced on the
 /// attempt (a write of a stale attempt changes nothing and says [`Fence::Lost`]).
