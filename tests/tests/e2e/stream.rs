@@ -219,6 +219,104 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
 }
 
 #[tokio::test]
+async fn a_done_forgets_the_fences_of_runs_done_before_the_window_and_keeps_the_others() {
+    const WINDOW: Duration = Duration::from_secs(3);
+    let keys = StreamKeys::new(spool_tests::redis_prefix());
+    let mut conn = stream::connect(&spool_tests::redis_url()).expect("redis");
+    let thread = ThreadId::new();
+    let fence = keys.fence(thread);
+    let publisher = conn.clone();
+    let publish = |workflow: WorkflowId, kinds: &[EventType]| {
+        let origin = Origin {
+            thread_id: thread,
+            workflow_id: workflow,
+            message_id: MessageId::new(),
+            attempt: 1,
+            depth: 0,
+        };
+        let events: Vec<_> = kinds.iter().map(|k| origin.event(*k, json!({}))).collect();
+        let (keys, mut conn) = (keys.clone(), publisher.clone());
+        async move {
+            let id = uuid::Uuid::new_v4().to_string();
+            let batch = stream::Batch {
+                thread,
+                workflow,
+                attempt: 1,
+                id: &id,
+                events: &events,
+            };
+            stream::publish(&mut conn, &keys, &batch, WINDOW)
+                .await
+                .expect("publish");
+        }
+    };
+    let fields = async |conn: &mut stream::RedisConn| -> Vec<String> {
+        let mut fields: Vec<String> = redis::cmd("HKEYS")
+            .arg(&fence)
+            .query_async(conn)
+            .await
+            .expect("hkeys");
+        fields.sort();
+        fields
+    };
+    let run = [EventType::MessageStart, EventType::Done];
+    let (old, running, recent, latest) = (
+        WorkflowId::new(),
+        WorkflowId::new(),
+        WorkflowId::new(),
+        WorkflowId::new(),
+    );
+    publish(old, &run).await;
+    // A run that starts (which keeps the thread's keys) and is still going.
+    publish(running, &[EventType::MessageStart]).await;
+    let old_done: u64 = redis::cmd("HGET")
+        .arg(&fence)
+        .arg(format!("{old}:done"))
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    poll_until(
+        "the first run's done to leave the window",
+        TIMEOUT,
+        || async {
+            let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                .query_async(&mut conn.clone())
+                .await
+                .expect("time");
+            (secs * 1000 + micros / 1000 > old_done + WINDOW.as_millis() as u64).then_some(())
+        },
+    )
+    .await;
+    publish(recent, &run).await;
+    publish(latest, &run).await;
+    let mut expected: Vec<String> = [running, recent, latest]
+        .iter()
+        .flat_map(|w| [w.to_string(), format!("{w}:batches")])
+        .chain([recent, latest].iter().map(|w| format!("{w}:done")))
+        .chain([":oldest_done".to_owned()])
+        .collect();
+    expected.sort();
+    assert_eq!(
+        fields(&mut conn).await,
+        expected,
+        "the run done before the window is forgotten, the others kept"
+    );
+    let oldest: String = redis::cmd("HGET")
+        .arg(&fence)
+        .arg(":oldest_done")
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    let recent_done: String = redis::cmd("HGET")
+        .arg(&fence)
+        .arg(format!("{recent}:done"))
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    assert_eq!(oldest, recent_done, "the earliest done kept");
+}
+
+#[tokio::test]
 async fn during_a_redis_outage_runs_complete_the_gateway_answers_503_and_recovers() {
     let mut redis = OwnRedis::start(free_port());
     let url = redis.url();
