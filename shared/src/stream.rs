@@ -12,14 +12,17 @@
 //!   packed field (fields `t`, `m`, `e` and `d`) are read as well.
 //! - `{prefix}:{<thread_id>}:fence`: hash `workflow_id → highest attempt that published`, with
 //!   `{workflow_id}:batches` (see Fencing), `{workflow_id}:done → ms of its done`,
-//!   `:oldest_done` (the earliest of those), and, until its done, `{workflow_id}:shown` (the
-//!   run's step results in the stream, see [`takeover`]).
+//!   `:oldest_done` (the earliest of those as of the last time they were looked through), and,
+//!   until its done, `{workflow_id}:shown` (the run's step results in the stream, see
+//!   [`takeover`]).
 //! - `{prefix}:{<thread_id>}:starts`: hash `message_id → entry id of its message_start`, and
 //!   `:trimmed → the newest entry id removed by trimming`.
 //!
 //! Neither hash grows with a long-lived thread: on `done`, the fields of workflows done before
-//! the retention window (looked for only when `:oldest_done` is before it) and of
-//! message_starts just trimmed are deleted. (A worker stopped for
+//! the retention window and of message_starts just trimmed are deleted. (The fence hash is
+//! looked through only when `:oldest_done` is more than an eighth of a window before the
+//! window, so about eight times a window: a fence goes between one and 1.125 windows after its
+//! run's done.) (A worker stopped for
 //! longer than the window and then continued could publish again for such a workflow; its
 //! database writes are fenced as always, and its stray events carry their own message id.)
 //!
