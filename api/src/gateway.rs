@@ -7,7 +7,8 @@
 //!   `done`, then close. Not an entry id: 400. An entry Redis no longer holds (trimmed, lost,
 //!   another thread's, from the future): `stream_reset`. Nothing after it and no run active:
 //!   `message_not_streaming`, unless the thread's last run ended within [`FLUSH_WINDOW`] and
-//!   its `done` is not in the stream yet (its worker is still publishing): the session waits.
+//!   its `done` is not in the stream yet (its worker is still publishing): the session waits
+//!   for its events, until [`FLUSH_WINDOW`] passes without one (then `message_not_streaming`).
 //! - `?last_message_id=` of a finished message: `message_not_streaming` with that id.
 //!
 //! Subscribing never races the worker: the subscriber joins the thread's live feed first, then
@@ -302,8 +303,19 @@ struct Start {
     until: Until,
     /// The run whose status is checked when the stream goes quiet.
     watch: Option<WorkflowId>,
-    /// With no run active: until when to wait for a just-finished run's last events.
-    linger: Option<tokio::time::Instant>,
+    /// With no run active: how long to wait for a just-finished run's last events.
+    linger: Option<Linger>,
+}
+
+/// A session's wait for the last events of a run that has just finished (its worker writes
+/// the run's end to Postgres before it publishes them).
+#[derive(Clone, Copy, Debug)]
+struct Linger {
+    /// Until when. Every entry sent moves it to [`FLUSH_WINDOW`] from then: a worker publishes
+    /// for as long as Redis keeps storing its batches.
+    until: tokio::time::Instant,
+    /// The run: if nothing ends the session by then, it ends with `message_not_streaming`.
+    run: WorkflowId,
 }
 
 /// A session resuming after `cursor`: every later entry, live until a `done`; or the one
@@ -322,15 +334,22 @@ async fn resume_after(
     if !retention.retains(cursor) {
         return Ok(Err(control("stream_reset", reset_data(thread_id, cursor))));
     }
-    let active = runs::find_active(&state.db, thread_id).await?;
+    let mut watch = runs::find_active(&state.db, thread_id)
+        .await?
+        .map(|run| run.id);
     let mut linger = None;
-    if active.is_none() {
+    if watch.is_none() {
         let last = events::last(conn, key).await.map_err(unavailable)?;
-        linger = match last.as_ref().filter(|last| last.id > cursor) {
-            Some(last) => flushing(&state.db, thread_id, last).await?,
-            None => unpublished(&state.db, thread_id, last.as_ref()).await?,
-        };
-        if linger.is_none() && last.is_none_or(|last| last.id <= cursor) {
+        let follows = last.as_ref().filter(|last| last.id > cursor);
+        match follows {
+            Some(last) => linger = flushing(&state.db, thread_id, last).await?,
+            None => match runs::latest_on_thread(&state.db, thread_id).await? {
+                // Enqueued since the question above: followed as the active run it is.
+                Some(latest) if !latest.status.is_terminal() => watch = Some(latest.id),
+                latest => linger = unpublished(latest.as_ref(), last.as_ref()),
+            },
+        }
+        if watch.is_none() && linger.is_none() && follows.is_none() {
             let data = json!({"thread_id": thread_id});
             return Ok(Err(control("message_not_streaming", data)));
         }
@@ -339,7 +358,7 @@ async fn resume_after(
         after: cursor,
         after_entry: retention.holds_cursor,
         until: Until::AnyDone,
-        watch: active.map(|run| run.id),
+        watch,
         linger,
     }))
 }
@@ -393,7 +412,7 @@ async fn flushing(
     db: &PgPool,
     thread: ThreadId,
     last: &StoredEvent,
-) -> Result<Option<tokio::time::Instant>, ApiError> {
+) -> Result<Option<Linger>, ApiError> {
     if last.kind == EventType::Done.as_str() || last.is_marker() {
         return Ok(None);
     }
@@ -401,27 +420,24 @@ async fn flushing(
         return Ok(None);
     };
     let age = runs::seconds_since_update(db, run, thread).await?;
-    Ok(age.and_then(lingering))
+    Ok(age.and_then(|age| lingering(age, run)))
 }
 
-/// With no run active and nothing after the cursor (`last` is the stream's last entry): until
-/// when to wait for the thread's latest run's events. Only when that run changed within
-/// [`FLUSH_WINDOW`] and its `done` is not the last entry: it ended in Postgres before its
-/// worker published its events (a fast run ends before its first batch is stored), and a
-/// client resuming in between must get them, not `message_not_streaming` (spool-bench P2 hit
-/// this).
-async fn unpublished(
-    db: &PgPool,
-    thread: ThreadId,
-    last: Option<&StoredEvent>,
-) -> Result<Option<tokio::time::Instant>, ApiError> {
-    let Some((run, age)) = runs::latest_on_thread(db, thread).await? else {
-        return Ok(None);
-    };
+/// With no run active and nothing after the cursor (`last` is the stream's last entry): how
+/// long to wait for the events of the thread's `latest` run (which is over). Only when it
+/// changed within [`FLUSH_WINDOW`] and its `done` is not the last entry: it ended in Postgres
+/// before its worker published its events (a fast run ends before its first batch is stored),
+/// and a client resuming in between must get them, not `message_not_streaming` (spool-bench
+/// P2 hit this).
+fn unpublished(latest: Option<&runs::Latest>, last: Option<&StoredEvent>) -> Option<Linger> {
+    let latest = latest?;
     let shown = last.is_some_and(|last| {
-        last.kind == EventType::Done.as_str() && last.depth == 0 && run_of(last) == Some(run)
+        last.kind == EventType::Done.as_str() && last.depth == 0 && run_of(last) == Some(latest.id)
     });
-    Ok(if shown { None } else { lingering(age) })
+    if shown {
+        return None;
+    }
+    lingering(latest.age, latest.id)
 }
 
 /// The run of an event (from its envelope).
@@ -430,11 +446,14 @@ fn run_of(event: &StoredEvent) -> Option<WorkflowId> {
     envelope["workflow_id"].as_str()?.parse().ok()
 }
 
-/// Until when to wait for the last events of a run that changed `age` seconds ago, if it is
-/// still within [`FLUSH_WINDOW`].
-fn lingering(age: f64) -> Option<tokio::time::Instant> {
+/// The wait for the last events of `run`, which changed `age` seconds ago, if that is within
+/// [`FLUSH_WINDOW`].
+fn lingering(age: f64, run: WorkflowId) -> Option<Linger> {
     let left = FLUSH_WINDOW.saturating_sub(Duration::from_secs_f64(age.max(0.0)));
-    (!left.is_zero()).then(|| tokio::time::Instant::now() + left)
+    (!left.is_zero()).then(|| Linger {
+        until: tokio::time::Instant::now() + left,
+        run,
+    })
 }
 
 /// The data of a `stream_reset` answering `cursor`.
@@ -535,9 +554,9 @@ pub(crate) struct Session {
     thread_id: ThreadId,
     /// Whether the last event sent told the client what a paused run waits for.
     pause_shown: bool,
-    /// With no run active: until when to wait for the `done` of a run that has just finished
-    /// (see [`flushing`]).
-    linger: Option<tokio::time::Instant>,
+    /// With no run active: the wait for the `done` of a run that has just finished (see
+    /// [`flushing`] and [`unpublished`]).
+    linger: Option<Linger>,
     shutdown: CancellationToken,
     finished: bool,
     /// Whether [`Item::Live`] has been yielded.
@@ -628,8 +647,8 @@ impl Session {
             // finished and its worker is still publishing its last events.
             let linger = match (self.watch, self.linger) {
                 (Some(_), _) => None,
-                (None, Some(until)) if tokio::time::Instant::now() < until => Some(until),
-                (None, _) => return None,
+                (None, Some(linger)) => Some(linger),
+                (None, None) => return None,
             };
             // Entries already received go out without arming the timers and the shutdown
             // waiter below: a fast stream sends one per poll (spool-bench P3).
@@ -654,8 +673,13 @@ impl Session {
                     Err(RecvError::Lagged(missed)) => return Self::lagged(missed),
                     Err(RecvError::Closed) => return None,
                 },
-                () = tokio::time::sleep_until(linger.unwrap_or_else(tokio::time::Instant::now)),
-                    if linger.is_some() => return None,
+                () = tokio::time::sleep_until(
+                    linger.map_or_else(tokio::time::Instant::now, |linger| linger.until)),
+                    if linger.is_some() => {
+                    // The run's `done` never came (its worker died or Redis lost it).
+                    self.finished = true;
+                    return linger.map(|linger| Item::NotStreaming { workflow_id: linger.run });
+                }
                 () = tokio::time::sleep(SILENCE), if linger.is_none() => {
                     if let Some(event) = self.quiet().await {
                         return Some(event);
@@ -704,6 +728,10 @@ impl Session {
         }
         self.position = entry.id;
         self.at_entry = true;
+        if let Some(linger) = &mut self.linger {
+            // The run's worker is still publishing: wait on for as long as it does.
+            linger.until = tokio::time::Instant::now() + FLUSH_WINDOW;
+        }
         if entry.is_marker() {
             return None;
         }

@@ -761,32 +761,31 @@ async fn stored_through_done(app: &TestApp, thread: Uuid, turn: usize) -> Vec<(S
     .await
 }
 
-#[tokio::test]
-async fn a_client_resuming_from_the_last_done_before_a_finished_run_published_anything_gets_its_events()
- {
-    let app = TestApp::start(1, worker_args(3, 0)).await;
-    let alice = token("alice", "acme");
+/// Two turns on a new thread, then Redis rewound to the moment after the second run's end was
+/// written to Postgres and before its worker stored its first batch (a run this fast ends
+/// before it publishes). Returns the thread, the first turn's `done` (a client's cursor) and
+/// the second run's origin.
+async fn a_run_ended_but_not_yet_published(
+    app: &TestApp,
+    token: &str,
+) -> (Uuid, String, spool_shared::event::Origin) {
     let thread = Uuid::new_v4();
-    let (_, first) = app.send_message(&alice, thread, "one").await;
+    let (_, first) = app.send_message(token, thread, "one").await;
     app.wait_for_status(
-        &alice,
+        token,
         first["workflow_id"].as_str().expect("id"),
         "completed",
     )
     .await;
-    let cursor = stored_through_done(&app, thread, 1)
+    let cursor = stored_through_done(app, thread, 1)
         .await
         .pop()
         .expect("done")
         .0;
-    let (_, second) = app.send_message(&alice, thread, "two").await;
+    let (_, second) = app.send_message(token, thread, "two").await;
     let workflow = second["workflow_id"].as_str().expect("id");
-    app.wait_for_status(&alice, workflow, "completed").await;
-    // Rewind Redis to the moment after the second run's end was written to Postgres and
-    // before its worker stored its first batch (a run this fast ends before it publishes):
-    // the client, resuming from the first run's `done`, must wait for the events, not be told
-    // that nothing streams.
-    let stored = stored_through_done(&app, thread, 2).await;
+    app.wait_for_status(token, workflow, "completed").await;
+    let stored = stored_through_done(app, thread, 2).await;
     let unpublished: Vec<&str> = stored
         .iter()
         .filter(|(id, _)| id.parse::<EntryId>().expect("id") > cursor.parse().expect("id"))
@@ -809,12 +808,6 @@ async fn a_client_resuming_from_the_last_done_before_a_finished_run_published_an
         .query_async(&mut app.streams.conn())
         .await
         .expect("xdel");
-
-    let mut reader = app.stream(&alice, thread, "", Some(&cursor)).await;
-    assert!(
-        reader.next(Duration::from_millis(300)).await.is_none() && !reader.closed,
-        "the stream waits for the events of a run that has only just finished"
-    );
     let origin = spool_shared::event::Origin {
         thread_id: ThreadId(thread),
         workflow_id: workflow.parse().expect("workflow id"),
@@ -822,6 +815,22 @@ async fn a_client_resuming_from_the_last_done_before_a_finished_run_published_an
         attempt: 1,
         depth: 0,
     };
+    (thread, cursor, origin)
+}
+
+#[tokio::test]
+async fn a_client_resuming_from_the_last_done_before_a_finished_run_published_anything_gets_its_events()
+ {
+    let app = TestApp::start(1, worker_args(3, 0)).await;
+    let alice = token("alice", "acme");
+    // The client, resuming from the first run's `done`, must wait for the second run's
+    // events, not be told that nothing streams.
+    let (thread, cursor, origin) = a_run_ended_but_not_yet_published(&app, &alice).await;
+    let mut reader = app.stream(&alice, thread, "", Some(&cursor)).await;
+    assert!(
+        reader.next(Duration::from_millis(300)).await.is_none() && !reader.closed,
+        "the stream waits for the events of a run that has only just finished"
+    );
     let run: Vec<_> = [
         (
             spool_shared::event::EventType::MessageStart,
@@ -849,6 +858,27 @@ async fn a_client_resuming_from_the_last_done_before_a_finished_run_published_an
     let mut reader = app.stream(&alice, thread, "", Some(&done)).await;
     let frames = reader.collect(READ).await;
     assert_eq!(kinds(&frames), ["message_not_streaming"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_waiting_for_a_finished_run_s_events_that_never_come_gets_message_not_streaming() {
+    let app = TestApp::start(1, worker_args(3, 0)).await;
+    let alice = token("alice", "acme");
+    // The worker died before it published anything (or Redis lost it all): once the flush
+    // window has passed without an event, the client is told to read the message over REST.
+    let (thread, cursor, origin) = a_run_ended_but_not_yet_published(&app, &alice).await;
+    let mut reader = app.stream(&alice, thread, "", Some(&cursor)).await;
+    let frames = reader
+        .collect(spool_shared::stream::FLUSH_WINDOW + READ)
+        .await;
+    assert_eq!(kinds(&frames), ["message_not_streaming"]);
+    assert_eq!(
+        frames[0].json()["workflow_id"],
+        origin.workflow_id.to_string(),
+        "naming the run"
+    );
+    assert!(reader.closed);
     app.stop().await;
 }
 

@@ -423,14 +423,24 @@ pub async fn seconds_since_update(
     Ok(row.map(|(age,)| age))
 }
 
-/// The thread's latest run of its own (not an agent call's) and the seconds since it last
-/// changed (by the database clock), if the thread has had a run.
+/// A thread's latest run of its own, as [`latest_on_thread`] reads it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Latest {
+    /// The run.
+    pub id: WorkflowId,
+    /// Its status.
+    pub status: RunStatus,
+    /// Seconds since it last changed (by the database clock).
+    pub age: f64,
+}
+
+/// The thread's latest run of its own (not an agent call's), if the thread has had a run.
 pub async fn latest_on_thread(
     executor: impl PgExecutor<'_>,
     thread: ThreadId,
-) -> sqlx::Result<Option<(WorkflowId, f64)>> {
+) -> sqlx::Result<Option<Latest>> {
     sqlx::query_as(
-        "SELECT id, extract(epoch FROM now() - updated_at)::float8 FROM runs \
+        "SELECT id, status, extract(epoch FROM now() - updated_at)::float8 AS age FROM runs \
          WHERE thread_id = $1 AND parent_workflow_id IS NULL \
          ORDER BY created_at DESC LIMIT 1",
     )
