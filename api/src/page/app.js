@@ -293,8 +293,13 @@ function showClientTools(workflow, d) {
 
 async function send() {
   // A thread still loading would otherwise draw its history after this message, and follow
-  // the run this message starts a second time.
-  await loading;
+  // the run this message starts a second time. Another thread opened meanwhile: not sent.
+  const asked = thread;
+  for (let load = null; load !== loading; ) {
+    load = loading;
+    await load;
+  }
+  if (thread !== asked) return;
   const text = $("input").value.trim();
   if (!text) return;
   if (active) {
