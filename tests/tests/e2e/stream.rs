@@ -259,6 +259,14 @@ async fn a_done_forgets_the_fences_of_runs_done_before_the_window_and_keeps_the_
         fields.sort();
         fields
     };
+    let field = async |conn: &mut stream::RedisConn, name: String| -> String {
+        redis::cmd("HGET")
+            .arg(&fence)
+            .arg(name)
+            .query_async(conn)
+            .await
+            .expect("hget")
+    };
     let run = [EventType::MessageStart, EventType::Done];
     let (old, running, recent, latest) = (
         WorkflowId::new(),
@@ -269,12 +277,10 @@ async fn a_done_forgets_the_fences_of_runs_done_before_the_window_and_keeps_the_
     publish(old, &run).await;
     // A run that starts (which keeps the thread's keys) and is still going.
     publish(running, &[EventType::MessageStart]).await;
-    let old_done: u64 = redis::cmd("HGET")
-        .arg(&fence)
-        .arg(format!("{old}:done"))
-        .query_async(&mut conn)
+    let old_done: u64 = field(&mut conn, format!("{old}:done"))
         .await
-        .expect("hget");
+        .parse()
+        .expect("ms");
     // The hash is looked through once its oldest done is more than an eighth of a window
     // before the window.
     let forgotten = old_done + (WINDOW + WINDOW / 8).as_millis() as u64;
@@ -304,19 +310,11 @@ async fn a_done_forgets_the_fences_of_runs_done_before_the_window_and_keeps_the_
         expected,
         "the run done before the window is forgotten, the others kept"
     );
-    let oldest: String = redis::cmd("HGET")
-        .arg(&fence)
-        .arg(":oldest_done")
-        .query_async(&mut conn)
-        .await
-        .expect("hget");
-    let recent_done: String = redis::cmd("HGET")
-        .arg(&fence)
-        .arg(format!("{recent}:done"))
-        .query_async(&mut conn)
-        .await
-        .expect("hget");
-    assert_eq!(oldest, recent_done, "the earliest done kept");
+    assert_eq!(
+        field(&mut conn, ":oldest_done".to_owned()).await,
+        field(&mut conn, format!("{recent}:done")).await,
+        "the earliest done kept"
+    );
 
     // While that oldest is within the window, a done does not look through the hash: a field
     // planted as if done long ago stays (it goes at the next look, a window from now).
