@@ -5,7 +5,9 @@
 //! non-blocking `XRANGE` on the shared multiplexed connection and broadcasts them into a
 //! bounded ring (`tokio::sync::broadcast`). Its wake-ups come from one pub/sub connection per
 //! process subscribed to `{prefix}:notify`, on which the publish script announces the thread it
-//! wrote to; a poll every second covers notifications lost while that connection reconnects.
+//! wrote to; a read without one, every second at first and every 8 s once the thread is idle
+//! ([`POLL`]), covers a notification lost some other way (a reconnect of that connection
+//! already wakes every feed).
 //! A subscriber that falls more than the ring's capacity behind is dropped (its receiver
 //! reports `Lagged`) instead of growing memory; it reconnects with `Last-Event-ID`.
 //!
@@ -34,8 +36,13 @@ const PAGE: usize = 256;
 /// The kind of the entry a feed broadcasts when the entry it continued from is gone (trimmed,
 /// deleted, lost in a failover): its subscribers end with `stream_reset`.
 pub(crate) const GAP: &str = "spool_gap";
-/// How often a feed reads even without a notification.
+/// How long a feed waits for a notification before it reads anyway, at first: each such read
+/// that finds nothing doubles the wait, up to [`POLL_MAX`]; a read that finds entries starts
+/// again from here. (An idle followed thread, say a run paused for hours with its page open,
+/// costs a read every 8 s, not every second.)
 const POLL: Duration = Duration::from_secs(1);
+/// The longest wait for a notification before a feed reads anyway.
+const POLL_MAX: Duration = Duration::from_secs(8);
 
 /// The process's fan-out hub. Cheap to clone.
 #[derive(Clone)]
@@ -200,6 +207,7 @@ fn lock(
 async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut last: EntryId) {
     let key = inner.keys.events(thread);
     let mut conn = inner.conn.clone();
+    let mut poll = POLL;
     loop {
         loop {
             let read = if last == EntryId::default() {
@@ -225,6 +233,9 @@ async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut las
                     }
                 }
                 Ok(entries) => {
+                    if !entries.is_empty() {
+                        poll = POLL;
+                    }
                     let full = entries.len() == PAGE;
                     for entry in entries {
                         last = entry.id;
@@ -245,7 +256,7 @@ async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut las
         }
         tokio::select! {
             () = feed.wake.notified() => {}
-            () = tokio::time::sleep(POLL) => {}
+            () = tokio::time::sleep(poll) => poll = (poll * 2).min(POLL_MAX),
             () = feed.stop.cancelled() => return,
             () = inner.shutdown.cancelled() => return,
         }

@@ -438,6 +438,57 @@ async fn a_cursor_older_than_the_retained_window_gets_stream_reset() {
 }
 
 #[tokio::test]
+async fn an_entry_whose_notification_was_lost_still_reaches_its_follower() {
+    // No worker: the run stays queued, and the follower waits on its thread's feed.
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let alice = token("alice", "acme");
+    let thread = Uuid::new_v4();
+    let (_, accepted) = app.send_message(&alice, thread, "anyone there?").await;
+    let mut reader = app.stream(&alice, thread, "", None).await;
+    // Stored as the publish script stores it, but never announced on the notify channel.
+    let origin = spool_shared::event::Origin {
+        thread_id: ThreadId(thread),
+        workflow_id: accepted["workflow_id"]
+            .as_str()
+            .and_then(|w| w.parse().ok())
+            .expect("workflow"),
+        message_id: accepted["message_id"]
+            .as_str()
+            .and_then(|m| m.parse().ok())
+            .expect("message"),
+        attempt: 1,
+        depth: 0,
+    };
+    let event = origin.event(
+        spool_shared::event::EventType::MessageStart,
+        serde_json::json!({}),
+    );
+    let entry = format!(
+        "message_start {} 0 {}",
+        origin.message_id,
+        serde_json::to_string(&event).expect("json")
+    );
+    let id: String = redis::cmd("XADD")
+        .arg(app.keys.events(ThreadId(thread)))
+        .arg("*")
+        .arg("x")
+        .arg(entry)
+        .query_async(&mut app.streams.conn())
+        .await
+        .expect("xadd");
+    // The feed reads on its own within its longest wait (8 s) and a second.
+    let frame = reader
+        .next(Duration::from_secs(9))
+        .await
+        .expect("the entry, read without a notification");
+    assert_eq!(
+        (frame.event.as_str(), frame.id.as_deref()),
+        ("message_start", Some(id.as_str()))
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn a_cursor_that_is_not_an_entry_id_gets_400() {
     let app = TestApp::start(0, worker_args(1, 0)).await;
     let alice = token("alice", "acme");
