@@ -358,8 +358,7 @@ pub async fn publish(
     for event in events {
         let kind = event.kind.as_str();
         let message = event.message_id.to_string();
-        let mut entry = format!("{kind} {message} {} ", event.depth).into_bytes();
-        serde_json::to_writer(&mut entry, event).map_err(|err| {
+        let entry = entry(event).map_err(|err| {
             redis::RedisError::from((redis::ErrorKind::Client, "event encoding", err.to_string()))
         })?;
         match shown_result(event) {
@@ -376,6 +375,20 @@ pub async fn publish(
             None => Err(PublishError::Redis(err)),
         },
     }
+}
+
+/// The stored field `x` of an event's entry: `{type} {message id} {depth} {JSON envelope}`
+/// (see the module doc), the JSON written straight into the bytes.
+pub fn entry(event: &Event) -> serde_json::Result<Vec<u8>> {
+    let mut entry = format!(
+        "{} {} {} ",
+        event.kind.as_str(),
+        event.message_id,
+        event.depth
+    )
+    .into_bytes();
+    serde_json::to_writer(&mut entry, event)?;
+    Ok(entry)
 }
 
 /// The step and tool call of a `step` event of phase `result`.

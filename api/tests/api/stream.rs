@@ -463,16 +463,11 @@ async fn an_entry_whose_notification_was_lost_still_reaches_its_follower() {
         spool_shared::event::EventType::MessageStart,
         serde_json::json!({}),
     );
-    let entry = format!(
-        "message_start {} 0 {}",
-        origin.message_id,
-        serde_json::to_string(&event).expect("json")
-    );
     let id: String = redis::cmd("XADD")
         .arg(app.keys.events(ThreadId(thread)))
         .arg("*")
         .arg("x")
-        .arg(entry)
+        .arg(events::entry(&event).expect("entry"))
         .query_async(&mut app.streams.conn())
         .await
         .expect("xadd");

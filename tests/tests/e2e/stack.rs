@@ -147,7 +147,6 @@ impl Stack {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
-    /// Creates an agent of tenant `acme` (as its admin); returns its id.
     /// Alice asks `agent` `input` on a new thread; returns the 202 body.
     pub(crate) async fn ask(&self, agent: &str, input: &str) -> Value {
         let thread = uuid::Uuid::new_v4();
@@ -162,6 +161,7 @@ impl Stack {
         accepted
     }
 
+    /// Creates an agent of tenant `acme` (as its admin); returns its id.
     pub(crate) async fn create_agent(&self, spec: &Value) -> String {
         let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
         let (status, agent) = self.post(&admin, "/v1/agents", spec).await;
