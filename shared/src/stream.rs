@@ -15,14 +15,18 @@
 //!   `:oldest_done` (the earliest of those as of the last time they were looked through), and,
 //!   until its done, `{workflow_id}:shown` (the run's step results in the stream, see
 //!   [`takeover`]).
-//! - `{prefix}:{<thread_id>}:starts`: hash `message_id → entry id of its message_start`, and
-//!   `:trimmed → the newest entry id removed by trimming`.
+//! - `{prefix}:{<thread_id>}:starts`: hash `message_id → entry id of its message_start`,
+//!   `:trimmed → the newest entry id removed by trimming`, and `:oldest_start` (the earliest
+//!   start's ms as of the last time the starts were looked through).
 //!
 //! Neither hash grows with a long-lived thread: on `done`, the fields of workflows done before
-//! the retention window and of message_starts just trimmed are deleted. (The fence hash is
-//! looked through only when `:oldest_done` is more than an eighth of a window before the
-//! window, so about eight times a window: a fence goes between one and 1.125 windows after its
-//! run's done.) (A worker stopped for
+//! the retention window and of message_starts trimmed are deleted. Each hash is looked through
+//! only when its oldest field (`:oldest_done`, `:oldest_start`) is more than an eighth of a
+//! window before the window, so about eight times a window rather than at every `done`: a
+//! fence goes between one and 1.125 windows after its run's done, and a start up to an eighth
+//! of a window after its entry was trimmed (a running message's start is never trimmed, and
+//! the gateway checks a finished one's against the stream, [`inspect`], before it replays
+//! from it). (A worker stopped for
 //! longer than the window and then continued could publish again for such a workflow; its
 //! database writes are fenced as always, and its stray events carry their own message id.)
 //!

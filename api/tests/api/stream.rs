@@ -405,7 +405,11 @@ async fn a_cursor_older_than_the_retained_window_gets_stream_reset() {
         .expect("hkeys");
     let mut starts: Vec<&str> = starts.iter().map(String::as_str).collect();
     starts.sort_unstable();
-    let mut expected = vec![":trimmed", second["message_id"].as_str().expect("id")];
+    let mut expected = vec![
+        ":oldest_start",
+        ":trimmed",
+        second["message_id"].as_str().expect("id"),
+    ];
     expected.sort_unstable();
     assert_eq!(starts, expected);
     let frames = app

@@ -113,13 +113,27 @@ for i = 7, #ARGV, 3 do
       if #newest_trimmed > 0 then
         redis.call('XTRIM', stream, 'MINID', threshold)
         redis.call('HSET', starts, ':trimmed', newest_trimmed[1][1])
-        -- The message_starts just trimmed: their messages are over and gone.
-        local started = redis.call('HGETALL', starts)
-        for f = 1, #started, 2 do
-          local start_ms = tonumber(string.match(started[f + 1], '^(%d+)'))
-          if started[f] ~= ':trimmed' and start_ms and start_ms < min_ms then
-            redis.call('HDEL', starts, started[f])
+        -- The message_starts trimmed: their messages are over and gone. In steady use every
+        -- done trims, and the hash holds a field per message of the window: like the fence
+        -- hash, it is read whole only when its oldest start (`:oldest_start`, as of the last
+        -- read) is more than an eighth of a window before what is kept. A start may so outlive
+        -- its entry by up to that eighth (the gateway checks a finished message's start
+        -- against the stream before it replays from it).
+        local oldest_start = tonumber(redis.call('HGET', starts, ':oldest_start') or '0')
+        if oldest_start < min_ms - math.floor(retention / 8) then
+          oldest_start = now_ms
+          local started = redis.call('HGETALL', starts)
+          for f = 1, #started, 2 do
+            if string.byte(started[f], 1) ~= 58 then -- `:`, the hash's own fields
+              local start_ms = tonumber(string.match(started[f + 1], '^(%d+)'))
+              if start_ms and start_ms < min_ms then
+                redis.call('HDEL', starts, started[f])
+              elseif start_ms and start_ms < oldest_start then
+                oldest_start = start_ms
+              end
+            end
           end
+          redis.call('HSET', starts, ':oldest_start', oldest_start)
         end
       end
     end

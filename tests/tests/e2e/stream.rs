@@ -218,86 +218,144 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
     assert_eq!(text, format!("Hello, world{}", "!".repeat(9)));
 }
 
-#[tokio::test]
-async fn a_done_forgets_the_fences_of_runs_done_before_the_window_and_keeps_the_others() {
-    const WINDOW: Duration = Duration::from_secs(3);
-    let keys = StreamKeys::new(spool_tests::redis_prefix());
-    let mut conn = stream::connect(&spool_tests::redis_url()).expect("redis");
-    let thread = ThreadId::new();
-    let fence = keys.fence(thread);
-    let publisher = conn.clone();
-    let publish = |workflow: WorkflowId, kinds: &[EventType]| {
+/// A thread's stream written to as a worker writes it (`stream::publish`), with a short
+/// retention window, and its hashes read back: for the tests of what a `done` forgets.
+struct Direct {
+    keys: StreamKeys,
+    conn: stream::RedisConn,
+    thread: ThreadId,
+    window: Duration,
+}
+
+impl Direct {
+    fn new(window: Duration) -> Self {
+        Self {
+            keys: StreamKeys::new(spool_tests::redis_prefix()),
+            conn: stream::connect(&spool_tests::redis_url()).expect("redis"),
+            thread: ThreadId::new(),
+            window,
+        }
+    }
+
+    /// Publishes `kinds` for `message` of `workflow` (attempt 1) as one batch.
+    async fn publish(&self, workflow: WorkflowId, message: MessageId, kinds: &[EventType]) {
         let origin = Origin {
-            thread_id: thread,
+            thread_id: self.thread,
             workflow_id: workflow,
-            message_id: MessageId::new(),
+            message_id: message,
             attempt: 1,
             depth: 0,
         };
         let events: Vec<_> = kinds.iter().map(|k| origin.event(*k, json!({}))).collect();
-        let (keys, mut conn) = (keys.clone(), publisher.clone());
-        async move {
-            let id = uuid::Uuid::new_v4().to_string();
-            let batch = stream::Batch {
-                thread,
-                workflow,
-                attempt: 1,
-                id: &id,
-                events: &events,
-            };
-            stream::publish(&mut conn, &keys, &batch, WINDOW)
-                .await
-                .expect("publish");
-        }
-    };
-    let fields = async |conn: &mut stream::RedisConn| -> Vec<String> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let batch = stream::Batch {
+            thread: self.thread,
+            workflow,
+            attempt: 1,
+            id: &id,
+            events: &events,
+        };
+        stream::publish(&mut self.conn.clone(), &self.keys, &batch, self.window)
+            .await
+            .expect("publish");
+    }
+
+    /// A whole run: its `message_start` and its `done`.
+    async fn run(&self, workflow: WorkflowId, message: MessageId) {
+        self.publish(
+            workflow,
+            message,
+            &[EventType::MessageStart, EventType::Done],
+        )
+        .await;
+    }
+
+    /// The hash's fields, sorted.
+    async fn fields(&self, hash: &str) -> Vec<String> {
         let mut fields: Vec<String> = redis::cmd("HKEYS")
-            .arg(&fence)
-            .query_async(conn)
+            .arg(hash)
+            .query_async(&mut self.conn.clone())
             .await
             .expect("hkeys");
         fields.sort();
         fields
-    };
-    let field = async |conn: &mut stream::RedisConn, name: String| -> String {
+    }
+
+    async fn field(&self, hash: &str, name: &str) -> Option<String> {
         redis::cmd("HGET")
-            .arg(&fence)
+            .arg(hash)
             .arg(name)
-            .query_async(conn)
+            .query_async(&mut self.conn.clone())
             .await
             .expect("hget")
-    };
-    let run = [EventType::MessageStart, EventType::Done];
+    }
+
+    async fn set_field(&self, hash: &str, name: &str, value: &str) {
+        let () = redis::cmd("HSET")
+            .arg(hash)
+            .arg(name)
+            .arg(value)
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("hset");
+    }
+
+    /// Redis's clock, in ms.
+    async fn now_ms(&self) -> u64 {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("time");
+        secs * 1000 + micros / 1000
+    }
+
+    /// Waits until Redis's clock is past `ms`.
+    async fn wait_past(&self, ms: u64, what: &str) {
+        poll_until(what, TIMEOUT, || async {
+            (self.now_ms().await > ms).then_some(())
+        })
+        .await;
+    }
+}
+
+/// The ms of an entry id (`<ms>-<seq>`).
+fn entry_ms(id: &str) -> u64 {
+    id.split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .expect("entry id")
+}
+
+#[tokio::test]
+async fn a_done_forgets_the_fences_of_runs_done_before_the_window_and_keeps_the_others() {
+    const WINDOW: Duration = Duration::from_secs(3);
+    let direct = Direct::new(WINDOW);
+    let fence = direct.keys.fence(direct.thread);
     let (old, running, recent, latest) = (
         WorkflowId::new(),
         WorkflowId::new(),
         WorkflowId::new(),
         WorkflowId::new(),
     );
-    publish(old, &run).await;
+    direct.run(old, MessageId::new()).await;
     // A run that starts (which keeps the thread's keys) and is still going.
-    publish(running, &[EventType::MessageStart]).await;
-    let old_done: u64 = field(&mut conn, format!("{old}:done"))
+    direct
+        .publish(running, MessageId::new(), &[EventType::MessageStart])
+        .await;
+    let old_done: u64 = direct
+        .field(&fence, &format!("{old}:done"))
         .await
+        .expect("the done's time")
         .parse()
         .expect("ms");
     // The hash is looked through once its oldest done is more than an eighth of a window
     // before the window.
     let forgotten = old_done + (WINDOW + WINDOW / 8).as_millis() as u64;
-    poll_until(
-        "the first run's done to leave the window",
-        TIMEOUT,
-        || async {
-            let (secs, micros): (u64, u64) = redis::cmd("TIME")
-                .query_async(&mut conn.clone())
-                .await
-                .expect("time");
-            (secs * 1000 + micros / 1000 > forgotten).then_some(())
-        },
-    )
-    .await;
-    publish(recent, &run).await;
-    publish(latest, &run).await;
+    direct
+        .wait_past(forgotten, "the first run's done to leave the window")
+        .await;
+    direct.run(recent, MessageId::new()).await;
+    direct.run(latest, MessageId::new()).await;
     let mut expected: Vec<String> = [running, recent, latest]
         .iter()
         .flat_map(|w| [w.to_string(), format!("{w}:batches")])
@@ -306,29 +364,126 @@ async fn a_done_forgets_the_fences_of_runs_done_before_the_window_and_keeps_the_
         .collect();
     expected.sort();
     assert_eq!(
-        fields(&mut conn).await,
+        direct.fields(&fence).await,
         expected,
         "the run done before the window is forgotten, the others kept"
     );
     assert_eq!(
-        field(&mut conn, ":oldest_done".to_owned()).await,
-        field(&mut conn, format!("{recent}:done")).await,
+        direct.field(&fence, ":oldest_done").await,
+        direct.field(&fence, &format!("{recent}:done")).await,
         "the earliest done kept"
     );
 
     // While that oldest is within the window, a done does not look through the hash: a field
     // planted as if done long ago stays (it goes at the next look, a window from now).
-    let () = redis::cmd("HSET")
-        .arg(&fence)
-        .arg("planted:done")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .expect("hset");
-    publish(WorkflowId::new(), &run).await;
+    direct.set_field(&fence, "planted:done", "1").await;
+    direct.run(WorkflowId::new(), MessageId::new()).await;
     assert!(
-        fields(&mut conn).await.contains(&"planted:done".to_owned()),
+        direct
+            .fields(&fence)
+            .await
+            .contains(&"planted:done".to_owned()),
         "a done within the window reads one field, not the hash"
+    );
+}
+
+#[tokio::test]
+async fn a_trimming_done_looks_through_the_message_starts_only_when_the_oldest_left_the_window() {
+    const WINDOW: Duration = Duration::from_secs(2);
+    let window_ms = WINDOW.as_millis() as u64;
+    let direct = Direct::new(WINDOW);
+    let starts = direct.keys.starts(direct.thread);
+    let messages: [MessageId; 4] = std::array::from_fn(|_| MessageId::new());
+    let workflows: [WorkflowId; 4] = std::array::from_fn(|_| WorkflowId::new());
+    // Run `i` starts (which keeps the thread's keys from expiring) in a millisecond of its
+    // own, after everything before it, and its start's ms.
+    let start = async |i: usize| -> u64 {
+        direct
+            .wait_past(direct.now_ms().await, "the next millisecond")
+            .await;
+        direct
+            .publish(workflows[i], messages[i], &[EventType::MessageStart])
+            .await;
+        entry_ms(
+            &direct
+                .field(&starts, &messages[i].to_string())
+                .await
+                .expect("a start"),
+        )
+    };
+    // Run `i` ends a window after its start: its done trims everything before that start.
+    let end = async |i: usize, started: u64| {
+        direct
+            .wait_past(started + window_ms, "the run to last a window")
+            .await;
+        direct
+            .publish(workflows[i], messages[i], &[EventType::Done])
+            .await;
+    };
+    let sorted = |fields: &[&str]| -> Vec<String> {
+        let mut fields: Vec<String> = fields.iter().map(|f| (*f).to_owned()).collect();
+        fields.sort();
+        fields
+    };
+
+    // The first trim looks through the starts (none were looked through yet): the trimmed
+    // run's start goes, and the earliest start kept is recorded.
+    direct.run(workflows[0], messages[0]).await;
+    let first = start(1).await;
+    end(1, first).await;
+    assert_eq!(
+        direct.fields(&starts).await,
+        sorted(&[":oldest_start", ":trimmed", &messages[1].to_string()]),
+        "the trimmed run's start forgotten"
+    );
+    assert_eq!(
+        direct.field(&starts, ":oldest_start").await,
+        Some(first.to_string()),
+        "the earliest start kept"
+    );
+
+    // The next done trims that run too, but with the oldest start (as last read) recent, it
+    // does not read the hash whole: the trimmed run's start stays for now, and so does one
+    // planted as ancient.
+    let second = start(2).await;
+    let looked = direct.now_ms().await;
+    direct
+        .set_field(&starts, ":oldest_start", &looked.to_string())
+        .await;
+    direct.set_field(&starts, "planted", "1-0").await;
+    end(2, second).await;
+    let trimmed = direct.field(&starts, ":trimmed").await.expect("trimmed");
+    assert!(
+        entry_ms(&trimmed) >= first,
+        "the first run trimmed: {trimmed}"
+    );
+    assert_eq!(
+        direct.fields(&starts).await,
+        sorted(&[
+            ":oldest_start",
+            ":trimmed",
+            "planted",
+            &messages[1].to_string(),
+            &messages[2].to_string()
+        ]),
+        "a trimming done with a recent oldest start reads one field, not the hash"
+    );
+
+    // Once that oldest start is more than an eighth of a window before what a done keeps, the
+    // done forgets every start before it and records the earliest kept.
+    direct
+        .wait_past(looked + window_ms / 8, "an eighth of a window")
+        .await;
+    let third = start(3).await;
+    end(3, third).await;
+    assert_eq!(
+        direct.fields(&starts).await,
+        sorted(&[":oldest_start", ":trimmed", &messages[3].to_string()]),
+        "every start before the window forgotten"
+    );
+    assert_eq!(
+        direct.field(&starts, ":oldest_start").await,
+        Some(third.to_string())
     );
 }
 
