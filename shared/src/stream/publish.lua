@@ -109,7 +109,14 @@ for i = 7, #ARGV, 3 do
       local threshold = string.format('%d', min_ms)
       -- Remember the newest entry trimmed: a cursor before it has lost events. (Redis's own
       -- max-deleted-entry-id does not move on XTRIM.)
-      local newest_trimmed = redis.call('XREVRANGE', stream, '(' .. threshold, '-', 'COUNT', 1)
+      -- Whether anything is to be trimmed is asked forward: a reverse read from an end below
+      -- every entry (every done of a thread younger than the window) walks the whole stream
+      -- in Redis 7.0 (13 ms at 100,000 entries), where this takes microseconds. With an
+      -- entry below the end, the reverse read finds the newest one at once.
+      local newest_trimmed = {}
+      if #redis.call('XRANGE', stream, '-', '(' .. threshold, 'COUNT', 1) > 0 then
+        newest_trimmed = redis.call('XREVRANGE', stream, '(' .. threshold, '-', 'COUNT', 1)
+      end
       if #newest_trimmed > 0 then
         redis.call('XTRIM', stream, 'MINID', threshold)
         redis.call('HSET', starts, ':trimmed', newest_trimmed[1][1])
