@@ -94,6 +94,31 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
     Ok(pool)
 }
 
+/// A pool of one connection for [`runs::claim`], connected when first used, whose session
+/// plans without sequential scans (`enable_seqscan = off`).
+///
+/// Why: Postgres keeps a prepared statement's generic plan until the tables it reads get new
+/// statistics, and a new deployment plans the claim on a `runs` table of a few rows. For the
+/// claim's lookup of the runs it picked, a sequential scan is then the cheapest plan, and it
+/// stays the plan while the table grows, until autovacuum next analyzes it (its launcher
+/// wakes once a minute): every claim meanwhile reads the whole table (spool-bench P2 on one
+/// thread: Postgres 2.95 → 4.37 ms of CPU per run over 6,000 runs, BENCHMARKS.md). Every part
+/// of the claim has an index made for it, so the setting only takes the sequential scan away.
+/// The setting is the session's, so the claim has a connection of its own; the worker's other
+/// statements keep the defaults.
+pub fn claim_pool(database_url: &str, application: &str) -> anyhow::Result<PgPool> {
+    let mut options: sqlx::postgres::PgConnectOptions = database_url
+        .parse()
+        .context("DATABASE_URL is not a Postgres URL")?;
+    if options.get_application_name().is_none() {
+        options = options.application_name(application);
+    }
+    Ok(PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options.options([("enable_seqscan", "off")])))
+}
+
 /// Applies pending migrations. Concurrent callers serialize on sqlx's advisory lock.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     MIGRATOR

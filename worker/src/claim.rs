@@ -75,7 +75,7 @@ async fn claim_batch(
     let claimed_from = Instant::now();
     let lease = worker.args.lease.lease();
     let room = u32::try_from(room).unwrap_or(u32::MAX);
-    let claimed = runs::claim(&worker.db, &worker.id, lease, room).await?;
+    let claimed = runs::claim(&worker.claims, &worker.id, lease, room).await?;
     Ok(claimed
         .into_iter()
         .map(|claimed| {

@@ -16,6 +16,8 @@ use crate::publish::Streams;
 pub struct Worker {
     /// The shared Postgres pool.
     pub db: PgPool,
+    /// The claim's own connection ([`spool_shared::db::claim_pool`]).
+    pub claims: PgPool,
     /// The database URL (the lease keeper opens its own pool on its own thread).
     pub database_url: String,
     /// Settings.
@@ -45,8 +47,10 @@ impl Worker {
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let id = format!("{host}-{}-{}", std::process::id(), &suffix[..8]);
         let admission = Admission::new(streams.conn.clone(), &streams.keys);
+        let claims = spool_shared::db::claim_pool(&database_url, "spool-worker")?;
         Ok(Self {
             db,
+            claims,
             database_url,
             args: Arc::new(args),
             id,

@@ -1297,6 +1297,72 @@ mod tests {
         );
     }
 
+    /// How many sequential scans of `relation` the plan holds.
+    fn seq_scans(plan: &Value, relation: &str) -> usize {
+        let own = plan["Node Type"] == "Seq Scan" && plan["Relation Name"] == relation;
+        usize::from(own)
+            + plan["Plans"].as_array().map_or(0, |plans| {
+                plans.iter().map(|plan| seq_scans(plan, relation)).sum()
+            })
+    }
+
+    /// Postgres keeps a prepared statement's generic plan while the tables it reads grow: the
+    /// claim, planned on a `runs` table of a few rows, looked its picks up with a sequential
+    /// scan, and went on reading the whole table at every claim until autovacuum's next
+    /// analyze. The claim's own connection plans without sequential scans.
+    #[tokio::test]
+    async fn a_claim_planned_while_the_table_was_small_does_not_read_all_of_it_once_it_grew() {
+        let db = TestDb::new().await.expect("db");
+        for sql in [
+            "ALTER TABLE runs SET (autovacuum_enabled = false)",
+            "ALTER TABLE messages SET (autovacuum_enabled = false)",
+        ] {
+            sqlx::query(sql).execute(&db.pool).await.expect("no vacuum");
+        }
+        let claims = crate::db::claim_pool(&db.url, "claims").expect("claim pool");
+        let mut conn = claims.acquire().await.expect("connection");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "PREPARE claim (text, interval, bigint) AS {CLAIM}"
+        )))
+        .execute(&mut *conn)
+        .await
+        .expect("prepare");
+        let execute = format!("claim ('{WORKER}', interval '1 hour', 1)");
+        // Postgres plans the first five executions for their parameters, then keeps one
+        // generic plan: made here, on a table of a few runs.
+        for _ in 0..8 {
+            queued(&db).await;
+            sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE {execute}")))
+                .execute(&mut *conn)
+                .await
+                .expect("a claim");
+        }
+        backlog(&db, "big", 5_000).await;
+        sqlx::query(
+            "UPDATE runs SET status = 'completed', finished_at = now() WHERE tenant_id = 'big'",
+        )
+        .execute(&db.pool)
+        .await
+        .expect("ended");
+        let (run, _) = queued(&db).await;
+        let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {execute}"
+        )))
+        .fetch_one(&mut *conn)
+        .await
+        .expect("explain the claim");
+        let found = find_in(&db.pool, run, Scope::Tenant("acme"))
+            .await
+            .expect("find")
+            .expect("run");
+        assert_eq!(found.status, RunStatus::Running, "the claim took the run");
+        assert_eq!(
+            seq_scans(&plan[0]["Plan"], "runs"),
+            0,
+            "the claim read the whole table to take one run: {plan:#}"
+        );
+    }
+
     #[tokio::test]
     async fn a_batch_takes_turns_between_tenants_and_marks_each_message_streaming() {
         let db = TestDb::new().await.expect("db");
