@@ -95,18 +95,22 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
 }
 
 /// A pool of one connection for [`runs::claim`], connected when first used, whose session
-/// plans without sequential scans (`enable_seqscan = off`).
+/// plans without sequential scans (`SET enable_seqscan = off` once connected, which works
+/// through a session-mode pooler too, where a startup option might not).
 ///
 /// Why: Postgres keeps a prepared statement's generic plan until the tables it reads get new
 /// statistics, and a new deployment plans the claim on a `runs` table of a few rows. For the
 /// claim's lookup of the runs it picked, a sequential scan is then the cheapest plan, and it
 /// stays the plan while the table grows, until autovacuum next analyzes it (its launcher
 /// wakes once a minute): every claim meanwhile reads the whole table (spool-bench P2 on one
-/// thread: Postgres 2.95 → 4.37 ms of CPU per run over 6,000 runs, BENCHMARKS.md). Every part
+/// thread: Postgres 2.76 → 5.00 ms of CPU per run over 6,000 runs, BENCHMARKS.md). Every part
 /// of the claim has an index made for it, so the setting only takes the sequential scan away.
 /// The setting is the session's, so the claim has a connection of its own; the worker's other
-/// statements keep the defaults.
+/// statements keep the defaults. Like the main pool (at its default), the connection is
+/// checked with a round trip only when it has been idle for a second or more: a worker claims
+/// more often than that while runs come.
 pub fn claim_pool(database_url: &str, application: &str) -> anyhow::Result<PgPool> {
+    let check_idle = Duration::from_secs(1);
     let mut options: sqlx::postgres::PgConnectOptions = database_url
         .parse()
         .context("DATABASE_URL is not a Postgres URL")?;
@@ -115,8 +119,25 @@ pub fn claim_pool(database_url: &str, application: &str) -> anyhow::Result<PgPoo
     }
     Ok(PgPoolOptions::new()
         .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET enable_seqscan = off")
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= check_idle {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(options.options([("enable_seqscan", "off")])))
+        .connect_lazy_with(options))
 }
 
 /// Applies pending migrations. Concurrent callers serialize on sqlx's advisory lock.

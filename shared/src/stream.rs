@@ -24,9 +24,9 @@
 //! only when its oldest field (`:oldest_done`, `:oldest_start`) is more than an eighth of a
 //! window before the window, so about eight times a window rather than at every `done`: a
 //! fence goes between one and 1.125 windows after its run's done, and a start up to an eighth
-//! of a window after its entry was trimmed (a running message's start is never trimmed, and
-//! the gateway checks a finished one's against the stream, [`inspect`], before it replays
-//! from it). (A worker stopped for
+//! of a window after its entry was trimmed: whoever reads a start takes one at or before
+//! `:trimmed` as gone ([`message_start`], and the publish script's reuse of a start). (A
+//! worker stopped for
 //! longer than the window and then continued could publish again for such a workflow; its
 //! database writes are fenced as always, and its stray events carry their own message id.)
 //!
@@ -89,9 +89,9 @@ use std::str::FromStr;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncCommands as _, Script};
 
 use crate::event::{Event, EventType};
 use crate::ids::{MessageId, ThreadId, WorkflowId};
@@ -634,15 +634,24 @@ pub async fn tail(conn: &mut RedisConn, key: &str) -> redis::RedisResult<Option<
     Ok(last(conn, key).await?.map(|entry| entry.id))
 }
 
-/// The entry id of the message's `message_start`, if it has been published.
+/// The entry id of the message's `message_start`, if it has been published and not trimmed
+/// (a start at or before the newest trimmed entry went with it: the index forgets it later).
 pub async fn message_start(
     conn: &mut RedisConn,
     keys: &StreamKeys,
     thread: ThreadId,
     message: MessageId,
 ) -> redis::RedisResult<Option<EntryId>> {
-    let id: Option<String> = conn.hget(keys.starts(thread), message.to_string()).await?;
-    Ok(id.and_then(|id| id.parse().ok()))
+    let (start, trimmed): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(keys.starts(thread))
+        .arg(message.to_string())
+        .arg(":trimmed")
+        .query_async(conn)
+        .await?;
+    let trimmed: EntryId = trimmed.and_then(|id| id.parse().ok()).unwrap_or_default();
+    Ok(start
+        .and_then(|id| id.parse().ok())
+        .filter(|start| *start > trimmed))
 }
 
 /// What the gateway needs to know to judge a cursor.

@@ -2,7 +2,8 @@
 # CPU per completed run over time, while a spool-bench scenario runs: every INTERVAL seconds,
 # the CPU time (utime + stime, from /proc/<pid>/stat) of every postgres process, of spool-api,
 # of spool-worker and of redis-server, against the runs completed in the newest spool-bench
-# database (`spool_t_*`). One line per interval: how the cost of a run moves as the tables and
+# database (`spool_t_*`, the scenario's own; P5 makes one for its pgbench baseline after it,
+# so sample P5 during its Spool rounds only). One line per interval: how the cost of a run moves as the tables and
 # streams grow (spool-bench prints the CPU split of a scenario's first round only).
 #
 # Usage: tests/bench/cpu_per_run.sh [SAMPLES] [INTERVAL]   (12 samples, 4 s)
@@ -24,7 +25,7 @@ hz="$(getconf CLK_TCK)"
 previous=""
 for _ in $(seq 1 "$samples"); do
   db="$(psql -h 127.0.0.1 -U root -d postgres -Atc \
-    "SELECT datname FROM pg_database WHERE datname LIKE 'spool_t_%' ORDER BY oid DESC LIMIT 1")"
+    "SELECT datname FROM pg_database WHERE datname LIKE 'spool\\_t\\_%' ORDER BY oid DESC LIMIT 1")"
   runs=0
   if [ -n "$db" ]; then
     runs="$(psql -h 127.0.0.1 -U root -d "$db" -Atc \

@@ -12,15 +12,13 @@
 #   say from `git show REV:shared/src/stream/publish.lua`, to compare); 20,000 runs; 4 s.
 # Needs the Redis the tests use and redis-cli. Leaves no keys behind.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-
-script="${1:-shared/src/stream/publish.lua}"
+script="$(realpath "${1:-$(dirname "$0")/../../shared/src/stream/publish.lua}")"
 runs="${2:-20000}"
 window="${3:-4000}"
 prefix="trim$$"
 stream="$prefix:{t}:events" fence="$prefix:{t}:fence" starts="$prefix:{t}:starts"
-commands="$(mktemp)"
-trap 'rm -f "$commands"; redis-cli DEL "$stream" "$fence" "$starts" >/dev/null' EXIT
+commands="$(mktemp)" replies="$(mktemp)"
+trap 'rm -f "$commands" "$replies"; redis-cli DEL "$stream" "$fence" "$starts" >/dev/null' EXIT
 
 sha="$(redis-cli SCRIPT LOAD "$(cat "$script")")"
 # Run i: workflow w<i>, message m<i>; each batch has an id of its own.
@@ -37,7 +35,11 @@ awk -v runs="$runs" -v sha="$sha" -v s="$stream" -v f="$fence" -v st="$starts" \
 cpu() { redis-cli INFO cpu | awk -F: '/^used_cpu_(sys|user):/ {t += $2} END {printf "%.3f", t}'; }
 before="$(cpu)"
 started="$(date +%s.%N)"
-redis-cli <"$commands" | grep -q ERR && { echo "the script answered an error" >&2; exit 1; } || true
+redis-cli <"$commands" >"$replies"
+if grep -m 1 ERR "$replies" >&2; then
+  echo "the script answered an error" >&2
+  exit 1
+fi
 ended="$(date +%s.%N)"
 after="$(cpu)"
 fields="$(redis-cli HLEN "$starts")"
