@@ -69,21 +69,8 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
     if options.get_application_name().is_none() {
         options = options.application_name(application);
     }
-    let pool = PgPoolOptions::new()
+    let pool = checked_when_idle(PgPoolOptions::new(), check_idle)
         .max_connections(args.db_max_connections)
-        // sqlx pings every connection it hands out: one more round trip per statement on the
-        // worker (a run's lifecycle is five statements) and per request on the API. Only a
-        // connection idle for a while has had time to die unnoticed; one in steady use is
-        // handed out as it is (spool-bench P1 and P5, BENCHMARKS.md).
-        .test_before_acquire(false)
-        .before_acquire(move |conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for >= check_idle {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await
@@ -110,24 +97,35 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
 /// checked with a round trip only when it has been idle for a second or more: a worker claims
 /// more often than that while runs come.
 pub fn claim_pool(database_url: &str, application: &str) -> anyhow::Result<PgPool> {
-    let check_idle = Duration::from_secs(1);
     let mut options: sqlx::postgres::PgConnectOptions = database_url
         .parse()
         .context("DATABASE_URL is not a Postgres URL")?;
     if options.get_application_name().is_none() {
         options = options.application_name(application);
     }
-    Ok(PgPoolOptions::new()
-        .max_connections(1)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                sqlx::query("SET enable_seqscan = off")
-                    .execute(conn)
-                    .await?;
-                Ok(())
+    Ok(
+        checked_when_idle(PgPoolOptions::new(), Duration::from_secs(1))
+            .max_connections(1)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET enable_seqscan = off")
+                        .execute(conn)
+                        .await?;
+                    Ok(())
+                })
             })
-        })
-        .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options),
+    )
+}
+
+/// `pool` checking a connection it hands out with a round trip only when the connection has
+/// been idle for `check_idle` or more. sqlx pings every connection it hands out: one more
+/// round trip per statement on the worker (a run's lifecycle is five statements) and per
+/// request on the API. Only a connection idle for a while has had time to die unnoticed; one
+/// in steady use is handed out as it is (spool-bench P1 and P5, BENCHMARKS.md).
+fn checked_when_idle(pool: PgPoolOptions, check_idle: Duration) -> PgPoolOptions {
+    pool.test_before_acquire(false)
         .before_acquire(move |conn, meta| {
             Box::pin(async move {
                 if meta.idle_for >= check_idle {
@@ -136,8 +134,6 @@ pub fn claim_pool(database_url: &str, application: &str) -> anyhow::Result<PgPoo
                 Ok(true)
             })
         })
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(options))
 }
 
 /// Applies pending migrations. Concurrent callers serialize on sqlx's advisory lock.

@@ -1251,13 +1251,7 @@ mod tests {
     /// an index no query needed, reading every one of them on every claim).
     #[tokio::test]
     async fn a_claim_reads_the_runs_it_may_take_not_those_that_ended() {
-        let db = TestDb::new().await.expect("db");
-        for sql in [
-            "ALTER TABLE runs SET (autovacuum_enabled = false)",
-            "ALTER TABLE messages SET (autovacuum_enabled = false)",
-        ] {
-            sqlx::query(sql).execute(&db.pool).await.expect("no vacuum");
-        }
+        let db = without_autovacuum().await;
         backlog(&db, "big", 5_000).await;
         for sql in [
             // Their leases ran out long ago (they ended more than a lease ago).
@@ -1297,6 +1291,19 @@ mod tests {
         );
     }
 
+    /// A database whose `runs` and `messages` autovacuum leaves alone (their dead entries and
+    /// statistics stay as the test leaves them).
+    async fn without_autovacuum() -> TestDb {
+        let db = TestDb::new().await.expect("db");
+        for sql in [
+            "ALTER TABLE runs SET (autovacuum_enabled = false)",
+            "ALTER TABLE messages SET (autovacuum_enabled = false)",
+        ] {
+            sqlx::query(sql).execute(&db.pool).await.expect("no vacuum");
+        }
+        db
+    }
+
     /// How many sequential scans of `relation` the plan holds.
     fn seq_scans(plan: &Value, relation: &str) -> usize {
         let own = plan["Node Type"] == "Seq Scan" && plan["Relation Name"] == relation;
@@ -1312,13 +1319,7 @@ mod tests {
     /// analyze. The claim's own connection plans without sequential scans.
     #[tokio::test]
     async fn a_claim_planned_while_the_table_was_small_does_not_read_all_of_it_once_it_grew() {
-        let db = TestDb::new().await.expect("db");
-        for sql in [
-            "ALTER TABLE runs SET (autovacuum_enabled = false)",
-            "ALTER TABLE messages SET (autovacuum_enabled = false)",
-        ] {
-            sqlx::query(sql).execute(&db.pool).await.expect("no vacuum");
-        }
+        let db = without_autovacuum().await;
         let claims = crate::db::claim_pool(&db.url, "claims").expect("claim pool");
         let mut conn = claims.acquire().await.expect("connection");
         sqlx::query(sqlx::AssertSqlSafe(format!(
