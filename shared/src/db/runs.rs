@@ -1252,19 +1252,7 @@ mod tests {
     #[tokio::test]
     async fn a_claim_reads_the_runs_it_may_take_not_those_that_ended() {
         let db = without_autovacuum().await;
-        backlog(&db, "big", 5_000).await;
-        for sql in [
-            // Their leases ran out long ago (they ended more than a lease ago).
-            "UPDATE runs SET status = 'running', attempt = 1,
-                    lease_expires_at = now() - interval '1 minute' WHERE tenant_id = 'big'",
-            "UPDATE runs SET status = 'completed', lease_expires_at = NULL, finished_at = now()
-              WHERE tenant_id = 'big'",
-        ] {
-            sqlx::query(sql)
-                .execute(&db.pool)
-                .await
-                .expect("claimed and ended");
-        }
+        ended(&db, 5_000).await;
         let (run, _) = queued(&db).await;
         let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM}"
@@ -1275,20 +1263,41 @@ mod tests {
         .fetch_one(&db.pool)
         .await
         .expect("explain the claim");
-        let found = find_in(&db.pool, run, Scope::Tenant("acme"))
-            .await
-            .expect("find")
-            .expect("run");
         assert_eq!(
-            found.status,
+            status_of(&db, run).await,
             RunStatus::Running,
-            "the claim took the queued run"
+            "the claim took it"
         );
         let read = index_entries_read(&plan[0]["Plan"]);
         assert!(
             read <= 100.0,
             "the claim read {read} index entries to take one of one queued runs: {plan:#}"
         );
+    }
+
+    /// `count` runs of tenant `big` that were claimed and have ended, more than a lease ago.
+    async fn ended(db: &TestDb, count: i32) {
+        backlog(db, "big", count).await;
+        for sql in [
+            "UPDATE runs SET status = 'running', attempt = 1,
+                    lease_expires_at = now() - interval '1 minute' WHERE tenant_id = 'big'",
+            "UPDATE runs SET status = 'completed', lease_expires_at = NULL, finished_at = now()
+              WHERE tenant_id = 'big'",
+        ] {
+            sqlx::query(sql)
+                .execute(&db.pool)
+                .await
+                .expect("claimed and ended");
+        }
+    }
+
+    /// The status of acme's run.
+    async fn status_of(db: &TestDb, run: WorkflowId) -> RunStatus {
+        find_in(&db.pool, run, Scope::Tenant("acme"))
+            .await
+            .expect("find")
+            .expect("run")
+            .status
     }
 
     /// A database whose `runs` and `messages` autovacuum leaves alone (their dead entries and
@@ -1338,13 +1347,7 @@ mod tests {
                 .await
                 .expect("a claim");
         }
-        backlog(&db, "big", 5_000).await;
-        sqlx::query(
-            "UPDATE runs SET status = 'completed', finished_at = now() WHERE tenant_id = 'big'",
-        )
-        .execute(&db.pool)
-        .await
-        .expect("ended");
+        ended(&db, 5_000).await;
         let (run, _) = queued(&db).await;
         let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {execute}"
@@ -1352,11 +1355,11 @@ mod tests {
         .fetch_one(&mut *conn)
         .await
         .expect("explain the claim");
-        let found = find_in(&db.pool, run, Scope::Tenant("acme"))
-            .await
-            .expect("find")
-            .expect("run");
-        assert_eq!(found.status, RunStatus::Running, "the claim took the run");
+        assert_eq!(
+            status_of(&db, run).await,
+            RunStatus::Running,
+            "the claim took it"
+        );
         assert_eq!(
             seq_scans(&plan[0]["Plan"], "runs"),
             0,
