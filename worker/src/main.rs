@@ -9,6 +9,10 @@ use spool_shared::telemetry::{self, LogFormat};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc rather than glibc's malloc: see the workspace manifest.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Spool's worker.
 #[derive(Parser)]
 #[command(version, about)]
