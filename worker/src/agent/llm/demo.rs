@@ -88,7 +88,13 @@ impl ChatModel for DemoModel {
         let text = deltas.concat();
         let delay = self.delay;
         let chunks = futures::stream::iter(deltas).then(move |delta| async move {
-            if !delay.is_zero() {
+            if delay.is_zero() {
+                // As a provider's socket would: every delta spends the task's cooperative
+                // budget, so a reply with no pause still yields now and then. Otherwise the
+                // run's task never gives way, and the publisher it wakes (which waits behind
+                // it on the same worker thread) sends nothing until the whole reply is made.
+                tokio::task::coop::consume_budget().await;
+            } else {
                 tokio::time::sleep(delay).await;
             }
             Ok(ChatChunk::Text(delta))
@@ -115,6 +121,47 @@ mod tests {
             assert_eq!(reply("hi", n).len(), n);
         }
         assert_eq!(reply("hi", 0).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_reply_with_no_pause_lets_other_tasks_run_while_it_streams() {
+        let tokens = 10_000;
+        let model = DemoModel {
+            tokens,
+            delay: Duration::ZERO,
+        };
+        let request = ChatRequest {
+            model: MODEL_NAME.into(),
+            messages: vec![ChatMessage::User {
+                content: "hi".into(),
+            }],
+            tools: Vec::new(),
+            tool_choice: super::super::Choice::Auto,
+            temperature: None,
+            max_output_tokens: None,
+            response_format: None,
+        };
+        let streamed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = streamed.clone();
+        // One thread: the observer runs only when the consumer gives way.
+        let consumer = tokio::spawn(async move {
+            let mut chunks = model.stream(request).await.expect("stream");
+            while chunks.next().await.is_some() {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let seen = streamed.clone();
+        let observer = tokio::spawn(async move { seen.load(std::sync::atomic::Ordering::Relaxed) });
+        consumer.await.expect("consumer");
+        let at_first_run = observer.await.expect("observer");
+        assert_eq!(
+            streamed.load(std::sync::atomic::Ordering::Relaxed),
+            tokens + 1
+        );
+        assert!(
+            at_first_run < tokens,
+            "another task first ran after {at_first_run} of {tokens} deltas"
+        );
     }
 
     #[test]
