@@ -329,14 +329,14 @@ pub struct Batch<'a> {
     pub events: &'a [Event],
 }
 
-/// Publishes a batch, in order, fenced on its attempt; returns the new entries' ids (none if
-/// the batch was already stored).
+/// Publishes a batch, in order, fenced on its attempt; returns how many events it published (0
+/// if the batch was already stored).
 pub async fn publish(
     conn: &mut RedisConn,
     keys: &StreamKeys,
     batch: &Batch<'_>,
     retention: Duration,
-) -> Result<Vec<String>, PublishError> {
+) -> Result<usize, PublishError> {
     let Batch {
         thread,
         workflow,
@@ -372,7 +372,7 @@ pub async fn publish(
         };
         invocation.arg(message).arg(entry);
     }
-    match invocation.invoke_async::<Vec<String>>(conn).await {
+    match invocation.invoke_async::<usize>(conn).await {
         Ok(ids) => Ok(ids),
         Err(err) => match fenced_by(&err) {
             Some(current) => Err(PublishError::Fenced { current }),

@@ -6,7 +6,9 @@
 --       A step result's type is `step result {step}\n{tool_call_id}`: the workflow's `:shown`
 --       field records it (see takeover.lua).
 -- A batch whose id is among the last ones applied for the workflow was already stored (a retry
--- after a reply was lost): it is not stored again, and the answer is empty.
+-- after a reply was lost): it is not stored again, and the answer is 0.
+-- The answer: how many events the batch had (their ids are not sent back: nobody reads them, and
+-- a batch of 512 would cost a reply of 512 ids).
 local stream, fence, starts = KEYS[1], KEYS[2], KEYS[3]
 
 -- Whether entry id `a` comes after entry id `b` (`<ms>-<seq>`; a missing `b` is before all).
@@ -27,7 +29,7 @@ end
 local batches_field = ARGV[1] .. ':batches'
 local applied = redis.call('HGET', fence, batches_field) or ''
 if string.find(',' .. applied .. ',', ',' .. ARGV[6] .. ',', 1, true) then
-  return {}
+  return 0
 end
 -- Remember this batch among the last 16 applied for the workflow.
 local ids_kept = {}
@@ -46,7 +48,7 @@ if redis.call('EXISTS', stream) == 0 then
 end
 local retention = tonumber(ARGV[3])
 local shown_field = ARGV[1] .. ':shown'
-local ids = {}
+local published = 0
 for i = 7, #ARGV, 3 do
   local kind, message, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local id = false
@@ -162,10 +164,10 @@ for i = 7, #ARGV, 3 do
     redis.call('PEXPIRE', fence, retention)
     redis.call('PEXPIRE', starts, retention)
   end
-  ids[#ids + 1] = id
+  published = published + 1
 end
 -- An empty batch only raises the fence: there is nothing to announce.
-if #ids > 0 then
+if published > 0 then
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
-return ids
+return published
