@@ -26,6 +26,34 @@ pub(crate) struct Stack {
     workers: Vec<Process>,
 }
 
+impl Drop for Stack {
+    /// Stops the workers and removes the scenario's Redis keys: its streams are kept for a day
+    /// (the retention window), and P3 alone leaves a gigabyte of them a run (a day of bench runs
+    /// got Redis killed by the kernel for want of memory).
+    fn drop(&mut self) {
+        drop(std::mem::take(&mut self.workers));
+        if let Err(err) = forget_keys(&self.redis_url, &self.prefix) {
+            eprintln!(
+                "could not remove the Redis keys under {}: {err}",
+                self.prefix
+            );
+        }
+    }
+}
+
+/// Removes every key under `prefix` (a blocking connection: this runs in `drop`).
+fn forget_keys(redis_url: &str, prefix: &str) -> redis::RedisResult<()> {
+    use redis::Commands as _;
+    let mut conn = redis::Client::open(redis_url)?.get_connection()?;
+    let keys: Vec<String> = conn
+        .scan_match(format!("{prefix}:*"))?
+        .collect::<redis::RedisResult<_>>()?;
+    for chunk in keys.chunks(1000) {
+        let _: i64 = redis::cmd("UNLINK").arg(chunk).query(&mut conn)?;
+    }
+    Ok(())
+}
+
 /// The API as the bench's user sees it; cheap to clone into client tasks.
 #[derive(Clone)]
 pub(crate) struct Client {
