@@ -329,8 +329,8 @@ pub struct Batch<'a> {
     pub events: &'a [Event],
 }
 
-/// Publishes a batch, in order, fenced on its attempt; returns how many events it published (0
-/// if the batch was already stored).
+/// Publishes a batch, in order, fenced on its attempt; returns the number of events in the
+/// batch (0 if it is empty or was already stored).
 pub async fn publish(
     conn: &mut RedisConn,
     keys: &StreamKeys,
@@ -373,7 +373,7 @@ pub async fn publish(
         invocation.arg(message).arg(entry);
     }
     match invocation.invoke_async::<usize>(conn).await {
-        Ok(ids) => Ok(ids),
+        Ok(published) => Ok(published),
         Err(err) => match fenced_by(&err) {
             Some(current) => Err(PublishError::Fenced { current }),
             None => Err(PublishError::Redis(err)),

@@ -6,9 +6,9 @@
 --       A step result's type is `step result {step}\n{tool_call_id}`: the workflow's `:shown`
 --       field records it (see takeover.lua).
 -- A batch whose id is among the last ones applied for the workflow was already stored (a retry
--- after a reply was lost): it is not stored again, and the answer is 0.
--- The answer: how many events the batch had (their ids are not sent back: nobody reads them, and
--- a batch of 512 would cost a reply of 512 ids).
+-- after a reply was lost): it is not stored again.
+-- The answer: the number of events in the batch, 0 if it is empty or was already stored (their
+-- entry ids are not sent back: nobody reads them, and a batch of 512 would cost a reply of 512).
 local stream, fence, starts = KEYS[1], KEYS[2], KEYS[3]
 
 -- Whether entry id `a` comes after entry id `b` (`<ms>-<seq>`; a missing `b` is before all).

@@ -27,11 +27,25 @@ pub(crate) struct Stack {
 }
 
 impl Drop for Stack {
-    /// Stops the workers and removes the scenario's Redis keys: its streams are kept for a day
-    /// (the retention window), and P3 alone leaves a gigabyte of them a run (a day of bench runs
-    /// got Redis killed by the kernel for want of memory).
+    /// Stops the processes and removes the scenario's Redis keys: its streams are kept for a
+    /// day (the retention window), and P3 alone leaves a gigabyte of them a run (a day of bench
+    /// runs got Redis killed by the kernel for want of memory). The processes are gone first, so
+    /// that no write of theirs lands after the keys are removed.
     fn drop(&mut self) {
-        drop(std::mem::take(&mut self.workers));
+        let pids: Vec<u32> = std::iter::once(self.api.pid)
+            .chain(self.workers.iter().map(|w| w.pid))
+            .collect();
+        for pid in &pids {
+            // One may have exited already (P6 kills a worker): the answer does not matter.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !pids.iter().all(|pid| exited(*pid)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         if let Err(err) = forget_keys(&self.redis_url, &self.prefix) {
             eprintln!(
                 "could not remove the Redis keys under {}: {err}",
@@ -41,17 +55,36 @@ impl Drop for Stack {
     }
 }
 
+/// Whether process `pid` has exited (it is gone, or a zombie not reaped yet).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}
+
 /// Removes every key under `prefix` (a blocking connection: this runs in `drop`).
 fn forget_keys(redis_url: &str, prefix: &str) -> redis::RedisResult<()> {
-    use redis::Commands as _;
-    let mut conn = redis::Client::open(redis_url)?.get_connection()?;
-    let keys: Vec<String> = conn
-        .scan_match(format!("{prefix}:*"))?
-        .collect::<redis::RedisResult<_>>()?;
-    for chunk in keys.chunks(1000) {
-        let _: i64 = redis::cmd("UNLINK").arg(chunk).query(&mut conn)?;
+    let client = redis::Client::open(redis_url)?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    let pattern = format!("{prefix}:*");
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query(&mut conn)?;
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("UNLINK").arg(&keys).query(&mut conn)?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
-    Ok(())
 }
 
 /// The API as the bench's user sees it; cheap to clone into client tasks.
