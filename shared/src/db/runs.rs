@@ -1252,22 +1252,19 @@ mod tests {
     #[tokio::test]
     async fn a_claim_reads_the_runs_it_may_take_not_those_that_ended() {
         let db = without_autovacuum().await;
-        ended(&db, 5_000).await;
-        let (run, _) = queued(&db).await;
-        let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM}"
-        )))
-        .bind(WORKER)
-        .bind(interval(HOUR))
-        .bind(1_i64)
-        .fetch_one(&db.pool)
-        .await
-        .expect("explain the claim");
-        assert_eq!(
-            status_of(&db, run).await,
-            RunStatus::Running,
-            "the claim took it"
-        );
+        let plan = plan_of_a_claim_past_ended_runs(&db, async || {
+            let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM}"
+            )))
+            .bind(WORKER)
+            .bind(interval(HOUR))
+            .bind(1_i64)
+            .fetch_one(&db.pool)
+            .await
+            .expect("explain the claim");
+            plan
+        })
+        .await;
         let read = index_entries_read(&plan[0]["Plan"]);
         assert!(
             read <= 100.0,
@@ -1276,6 +1273,23 @@ mod tests {
     }
 
     /// `count` runs of tenant `big` that were claimed and have ended, more than a lease ago.
+    /// The plan `explain` returns for a claim of one queued run, made once 5,000 runs have
+    /// ended; checks that the claim took the run.
+    async fn plan_of_a_claim_past_ended_runs(
+        db: &TestDb,
+        explain: impl AsyncFnOnce() -> Value,
+    ) -> Value {
+        ended(db, 5_000).await;
+        let (run, _) = queued(db).await;
+        let plan = explain().await;
+        assert_eq!(
+            status_of(db, run).await,
+            RunStatus::Running,
+            "the claim took it"
+        );
+        plan
+    }
+
     async fn ended(db: &TestDb, count: i32) {
         backlog(db, "big", count).await;
         for sql in [
@@ -1347,19 +1361,16 @@ mod tests {
                 .await
                 .expect("a claim");
         }
-        ended(&db, 5_000).await;
-        let (run, _) = queued(&db).await;
-        let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {execute}"
-        )))
-        .fetch_one(&mut *conn)
-        .await
-        .expect("explain the claim");
-        assert_eq!(
-            status_of(&db, run).await,
-            RunStatus::Running,
-            "the claim took it"
-        );
+        let plan = plan_of_a_claim_past_ended_runs(&db, async || {
+            let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {execute}"
+            )))
+            .fetch_one(&mut *conn)
+            .await
+            .expect("explain the claim");
+            plan
+        })
+        .await;
         assert_eq!(
             seq_scans(&plan[0]["Plan"], "runs"),
             0,
