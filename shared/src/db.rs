@@ -62,13 +62,7 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
         "SPOOL_DB_CHECK_IDLE_SECS must be zero or more"
     );
     let check_idle = Duration::from_secs_f64(args.db_check_idle_secs);
-    let mut options: sqlx::postgres::PgConnectOptions = args
-        .database_url
-        .parse()
-        .context("DATABASE_URL is not a Postgres URL")?;
-    if options.get_application_name().is_none() {
-        options = options.application_name(application);
-    }
+    let options = connect_options(&args.database_url, application)?;
     let pool = checked_when_idle(PgPoolOptions::new(), check_idle)
         .max_connections(args.db_max_connections)
         .acquire_timeout(Duration::from_secs(10))
@@ -97,12 +91,7 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
 /// checked with a round trip only when it has been idle for a second or more: a worker claims
 /// more often than that while runs come.
 pub fn claim_pool(database_url: &str, application: &str) -> anyhow::Result<PgPool> {
-    let mut options: sqlx::postgres::PgConnectOptions = database_url
-        .parse()
-        .context("DATABASE_URL is not a Postgres URL")?;
-    if options.get_application_name().is_none() {
-        options = options.application_name(application);
-    }
+    let options = connect_options(database_url, application)?;
     Ok(
         checked_when_idle(PgPoolOptions::new(), Duration::from_secs(1))
             .max_connections(1)
@@ -117,6 +106,21 @@ pub fn claim_pool(database_url: &str, application: &str) -> anyhow::Result<PgPoo
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options),
     )
+}
+
+/// The connection options of `database_url`, named `application` unless the URL names one.
+fn connect_options(
+    database_url: &str,
+    application: &str,
+) -> anyhow::Result<sqlx::postgres::PgConnectOptions> {
+    let options: sqlx::postgres::PgConnectOptions = database_url
+        .parse()
+        .context("DATABASE_URL is not a Postgres URL")?;
+    Ok(if options.get_application_name().is_none() {
+        options.application_name(application)
+    } else {
+        options
+    })
 }
 
 /// `pool` checking a connection it hands out with a round trip only when the connection has
