@@ -309,24 +309,26 @@ impl Admission {
     }
 
     /// Copies the day's tokens Postgres counted for the counters of `tenant` (`rows` as
-    /// [`quota::charge`] returns them) to their hashes. Best effort: a copy that fails is made
-    /// up for by the next charge, or by a rebuild.
+    /// [`quota::charge`] returns them) to their hashes, in one round trip. Best effort: a copy
+    /// that fails is made up for by the next charge, or by a rebuild.
     pub async fn record_tokens(&self, tenant: &str, rows: &[quota::DayTokens]) {
+        if rows.is_empty() {
+            return;
+        }
+        let mut invocation = TOKENS.prepare_invoke();
         for row in rows {
             let counter = Counter {
                 owner_id: row.owner_id.clone(),
                 agent_id: row.agent_id.clone(),
                 limits: Default::default(),
             };
-            let mut invocation = TOKENS.prepare_invoke();
             invocation
                 .key(self.keys(tenant, &counter).0)
                 .arg(row.day)
                 .arg(row.day_tokens);
-            if let Err(err) = invocation.invoke_async::<i64>(&mut self.conn.clone()).await {
-                tracing::warn!(error = %err, "could not copy a counter's tokens to Redis");
-                return;
-            }
+        }
+        if let Err(err) = invocation.invoke_async::<i64>(&mut self.conn.clone()).await {
+            tracing::warn!(error = %err, "could not copy the counters' tokens to Redis");
         }
     }
 }

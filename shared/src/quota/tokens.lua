@@ -1,15 +1,20 @@
--- Copies a counter's tokens of the day, as Postgres counted them, into its hash, unless the
--- hash already holds a later day or more tokens (a later charge got there first). A counter
--- Redis does not hold is left alone: it is made from Postgres when next needed.
--- KEYS: the counter's hash. ARGV: the UTC day number, its tokens.
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
+-- Copies the day's tokens of a run's counters, as Postgres counted them, into their hashes, in
+-- one call: each unless its hash already holds a later day or more tokens (a later charge got
+-- there first). A counter Redis does not hold is left alone: it is made from Postgres when next
+-- needed.
+-- KEYS: the counters' hashes (one hash tag, the tenant: one Cluster slot). ARGV: for each, the
+-- UTC day number and its tokens.
+-- Answers how many hashes it changed.
+local changed = 0
+for i = 1, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    local fields = redis.call('HMGET', KEYS[i], 'd', 't')
+    local day, tokens = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+    local held_day, held = tonumber(fields[1]) or 0, tonumber(fields[2]) or 0
+    if day > held_day or (day == held_day and tokens > held) then
+      redis.call('HSET', KEYS[i], 'd', ARGV[2 * i - 1], 't', ARGV[2 * i])
+      changed = changed + 1
+    end
+  end
 end
-local fields = redis.call('HMGET', KEYS[1], 'd', 't')
-local day, tokens = tonumber(ARGV[1]), tonumber(ARGV[2])
-local held_day, held = tonumber(fields[1]) or 0, tonumber(fields[2]) or 0
-if day > held_day or (day == held_day and tokens > held) then
-  redis.call('HSET', KEYS[1], 'd', ARGV[1], 't', ARGV[2])
-  return 1
-end
-return 0
+return changed

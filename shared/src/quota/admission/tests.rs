@@ -279,6 +279,56 @@ async fn a_spent_budget_refuses_from_the_copied_tokens_and_after_redis_lost_them
 }
 
 #[tokio::test]
+async fn one_copy_carries_the_tokens_of_every_budgeted_counter_each_on_its_own() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let budget = QuotaLimits {
+        daily_token_budget: Some(1_000),
+        ..QuotaLimits::default()
+    };
+    let quotas = Quotas {
+        user: budget,
+        tenant: budget,
+    };
+    let quota = crate::quota::counters(&quotas, None, "alice").expect("quota");
+    // The take makes both counters in Redis; the worker charges the model call in Postgres.
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("admitted");
+    let (_, counted) = crate::db::quota::charge(&db.pool, "acme", &quota, 120)
+        .await
+        .expect("charge");
+    assert_eq!(counted.len(), 2, "{counted:?}");
+    admission.record_tokens("acme", &counted).await;
+    let both = vec![(String::new(), Some(120)), ("alice".to_owned(), Some(120))];
+    assert_eq!(day_tokens(&admission, &quota.counters).await, both);
+    // A late copy of the user's total beside a newer one of the tenant's: each is judged alone.
+    let mut mixed = counted.clone();
+    for row in &mut mixed {
+        row.day_tokens = if row.owner_id.is_empty() { 130 } else { 10 };
+    }
+    admission.record_tokens("acme", &mixed).await;
+    let after = vec![(String::new(), Some(130)), ("alice".to_owned(), Some(120))];
+    assert_eq!(day_tokens(&admission, &quota.counters).await, after);
+}
+
+/// Each counter's owner (`""`: the tenant) and the day's tokens its hash holds.
+async fn day_tokens(admission: &Admission, counters: &[Counter]) -> Vec<(String, Option<i64>)> {
+    let mut held = Vec::new();
+    for counter in counters {
+        let tokens: Option<i64> = redis::cmd("HGET")
+            .arg(admission.keys("acme", counter).0)
+            .arg("t")
+            .query_async(&mut admission.conn.clone())
+            .await
+            .expect("hget");
+        held.push((counter.owner_id.clone(), tokens));
+    }
+    held.sort();
+    held
+}
+
+#[tokio::test]
 async fn a_request_that_makes_no_run_gives_back_its_count_in_the_hour() {
     let db = TestDb::new().await.expect("db");
     let admission = admission();
