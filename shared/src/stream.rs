@@ -292,10 +292,18 @@ pub fn connect(url: &str) -> redis::RedisResult<RedisConn> {
     ))
 }
 
-static PUBLISH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("stream/publish.lua")));
-static TAKEOVER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("stream/takeover.lua")));
+static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("stream/fence.lua"),
+        include_str!("stream/publish.lua")
+    ))
+});
+static TAKEOVER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("stream/fence.lua"),
+        include_str!("stream/takeover.lua")
+    ))
+});
 static ERASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("stream/erase.lua")));
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("stream/inspect.lua")));

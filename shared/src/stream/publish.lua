@@ -18,13 +18,9 @@ local function after(a, b)
   a_ms, b_ms = tonumber(a_ms), tonumber(b_ms)
   return a_ms > b_ms or (a_ms == b_ms and tonumber(a_seq) > tonumber(b_seq))
 end
-local attempt = tonumber(ARGV[2])
-local current = tonumber(redis.call('HGET', fence, ARGV[1]) or '0')
-if current > attempt then
-  return redis.error_reply('SPOOL_FENCED ' .. current)
-end
-if current < attempt then
-  redis.call('HSET', fence, ARGV[1], ARGV[2])
+local fenced = raise_fence(fence, ARGV[1], tonumber(ARGV[2]))
+if fenced then
+  return fenced
 end
 local batches_field = ARGV[1] .. ':batches'
 local applied = redis.call('HGET', fence, batches_field) or ''
