@@ -1272,7 +1272,6 @@ mod tests {
         );
     }
 
-    /// `count` runs of tenant `big` that were claimed and have ended, more than a lease ago.
     /// The plan `explain` returns for a claim of one queued run, made once 5,000 runs have
     /// ended; checks that the claim took the run.
     async fn plan_of_a_claim_past_ended_runs(
@@ -1290,6 +1289,7 @@ mod tests {
         plan
     }
 
+    /// `count` runs of tenant `big` that were claimed and have ended, more than a lease ago.
     async fn ended(db: &TestDb, count: i32) {
         backlog(db, "big", count).await;
         for sql in [
