@@ -175,6 +175,21 @@ impl Process {
         let _ = self.child.wait().await;
     }
 
+    /// SIGKILLs it unless it has exited already, and reaps it, polling for at most `within`
+    /// (synchronous, so a `Drop` can call it); whether it is gone. Unlike [`Process::signal`],
+    /// a process that is already gone is no failure.
+    pub fn kill_and_reap(&mut self, within: Duration) -> bool {
+        let _ = self.child.start_kill();
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return true,
+                Ok(None) if std::time::Instant::now() >= deadline => return false,
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+
     /// Waits for the process to exit; returns its exit code.
     pub async fn wait(&mut self, timeout: Duration) -> Option<i32> {
         match tokio::time::timeout(timeout, self.child.wait()).await {

@@ -32,19 +32,10 @@ impl Drop for Stack {
     /// runs got Redis killed by the kernel for want of memory). The processes are gone first, so
     /// that no write of theirs lands after the keys are removed.
     fn drop(&mut self) {
-        let pids: Vec<u32> = std::iter::once(self.api.pid)
-            .chain(self.workers.iter().map(|w| w.pid))
-            .collect();
-        for pid in &pids {
-            // One may have exited already (P6 kills a worker): the answer does not matter.
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !pids.iter().all(|pid| exited(*pid)) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
+        // One may have exited already (P6 kills a worker): that is no failure here. The API
+        // first, then the workers, each given up to 5 s to go.
+        for process in std::iter::once(&mut self.api).chain(self.workers.iter_mut()) {
+            process.kill_and_reap(Duration::from_secs(5));
         }
         if let Err(err) = forget_keys(&self.redis_url, &self.prefix) {
             eprintln!(
@@ -53,14 +44,6 @@ impl Drop for Stack {
             );
         }
     }
-}
-
-/// Whether process `pid` has exited (it is gone, or a zombie not reaped yet).
-fn exited(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')))
-        .unwrap_or(true)
 }
 
 /// Removes every key under `prefix` (a blocking connection: this runs in `drop`).
