@@ -176,17 +176,13 @@ impl Process {
     }
 
     /// SIGKILLs it unless it has exited already, and reaps it, polling for at most `within`
-    /// (synchronous, so a `Drop` can call it); whether it is gone. Unlike [`Process::signal`],
-    /// a process that is already gone is no failure.
-    pub fn kill_and_reap(&mut self, within: Duration) -> bool {
+    /// (synchronous, so a `Drop` can call it). Unlike [`Process::signal`], a process that is
+    /// already gone is no failure.
+    pub fn kill_and_reap(&mut self, within: Duration) {
         let _ = self.child.start_kill();
         let deadline = std::time::Instant::now() + within;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) | Err(_) => return true,
-                Ok(None) if std::time::Instant::now() >= deadline => return false,
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            }
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
