@@ -268,11 +268,26 @@ pub fn nodes(url: &str) -> Vec<String> {
         .collect()
 }
 
+/// TCP as every Redis connection of ours uses it: `TCP_NODELAY` on. redis-rs leaves Nagle's
+/// algorithm on by default, and on a multiplexed connection a command written while an earlier
+/// one awaits its reply then waits for that reply's ACK before it is sent: concurrent requests
+/// queue behind each other's round trips (BENCHMARKS.md, "Nagle on the Redis connections").
+fn tcp() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
+/// A client of one Redis node (`url`, a `redis://` or `rediss://` URL), with [`tcp`]'s settings.
+pub fn client(url: &str) -> redis::RedisResult<redis::Client> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)?.set_tcp_settings(tcp());
+    redis::Client::open(info)
+}
+
 /// Opens a connection to `url`: a cluster if it lists several nodes.
 pub fn connect(url: &str) -> redis::RedisResult<RedisConn> {
     let nodes = nodes(url);
     if nodes.len() > 1 {
         let client = redis::cluster::ClusterClient::builder(nodes)
+            .tcp_settings(tcp())
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
             .build()?;
@@ -281,7 +296,7 @@ pub fn connect(url: &str) -> redis::RedisResult<RedisConn> {
             conn: Arc::default(),
         }));
     }
-    let client = redis::Client::open(nodes.first().map_or(url, String::as_str))?;
+    let client = client(nodes.first().map_or(url, String::as_str))?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(1)))
         .set_response_timeout(Some(Duration::from_secs(2)))
@@ -723,6 +738,15 @@ pub async fn inspect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_sends_without_nagle_and_keeps_its_url() {
+        let node = client("redis://127.0.0.1:6390/3").expect("a valid URL");
+        let info = node.get_connection_info();
+        assert!(info.tcp_settings().nodelay());
+        assert_eq!(info.redis_settings().db(), 3);
+        assert!(client("not a url").is_err());
+    }
 
     #[test]
     fn an_entry_is_read_packed_or_in_the_older_fields() {

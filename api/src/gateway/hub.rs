@@ -92,7 +92,7 @@ impl Hub {
         let inner = Arc::new(Inner {
             conn: stream::connect(redis_url)?,
             // Pub/sub goes to one node: in a cluster, PUBLISH reaches every node's subscribers.
-            client: redis::Client::open(
+            client: stream::client(
                 stream::nodes(redis_url)
                     .first()
                     .map_or(redis_url, String::as_str),
