@@ -270,13 +270,15 @@ pub fn nodes(url: &str) -> Vec<String> {
 
 /// TCP as every Redis connection of ours uses it: `TCP_NODELAY` on. redis-rs leaves Nagle's
 /// algorithm on by default, and on a multiplexed connection a command written while an earlier
-/// one awaits its reply then waits for that reply's ACK before it is sent: concurrent requests
-/// queue behind each other's round trips (BENCHMARKS.md, "Nagle on the Redis connections").
+/// one is unanswered is then held until that one is ACKed (up to a delayed ACK's 40 ms on a
+/// network). On loopback it made no difference we could measure (BENCHMARKS.md, "A slow
+/// machine, and Nagle on the Redis connections").
 fn tcp() -> redis::io::tcp::TcpSettings {
     redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
-/// A client of one Redis node (`url`, a `redis://` or `rediss://` URL), with [`tcp`]'s settings.
+/// A client of one Redis node (`url`, a `redis://`, `rediss://` or `redis+unix://` URL), with
+/// `TCP_NODELAY` on (see `tcp`).
 pub fn client(url: &str) -> redis::RedisResult<redis::Client> {
     let info = redis::IntoConnectionInfo::into_connection_info(url)?.set_tcp_settings(tcp());
     redis::Client::open(info)
