@@ -214,13 +214,18 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         // A stopped process cannot die of SIGKILL until it is continued on some kernels' views
-        // of ptrace; SIGCONT first is harmless.
-        let _ = std::process::Command::new("kill")
-            .arg("-CONT")
-            .arg(self.pid.to_string())
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.child.start_kill();
+        // of ptrace; SIGCONT first is harmless, to our child. Only while it is not reaped: the
+        // pid of a reaped child (after `kill9`, `wait` or `kill_and_reap`) may be another
+        // process's by now, a stopped worker of another test perhaps. (An unreaped child that
+        // has exited keeps its pid as a zombie until it is reaped, so the check cannot race.)
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = std::process::Command::new("kill")
+                .arg("-CONT")
+                .arg(self.pid.to_string())
+                .stderr(Stdio::null())
+                .status();
+            let _ = self.child.start_kill();
+        }
         if std::env::var("TEST_LOG").is_ok_and(|v| v == "1") {
             eprintln!("---- {} ----\n{}", self.log.display(), self.output());
         }
