@@ -73,10 +73,19 @@ pub struct TestDb {
 
 static TEMPLATE: OnceCell<String> = OnceCell::const_new();
 
+/// The test server's URL naming `database` instead.
 fn url_for(database: &str) -> String {
-    let base = postgres_base_url();
-    let (server, _) = base.rsplit_once('/').unwrap_or((&base, ""));
-    format!("{server}/{database}")
+    with_database(&postgres_base_url(), database)
+        .unwrap_or_else(|err| panic!("SPOOL_TEST_POSTGRES_URL is not a URL: {err}"))
+}
+
+/// `base` with its path set to `database`, the rest kept: its query parameters (`sslmode`,
+/// `host` for a socket) too, which cutting the text at its last `/` dropped; and a URL
+/// without a path (`postgres://root@127.0.0.1:5432`), which that made `postgres://<database>`.
+fn with_database(base: &str, database: &str) -> Result<String, String> {
+    let mut url = reqwest::Url::parse(base).map_err(|err| err.to_string())?;
+    url.set_path(&format!("/{database}"));
+    Ok(url.into())
 }
 
 /// Creates (once per migration set, across processes) a migrated template database.
@@ -325,4 +334,39 @@ pub async fn run_row(pool: &PgPool, id: uuid::Uuid) -> Option<RunRow> {
     .await
     .ok()
     .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn a_test_database_url_keeps_the_server_and_its_parameters() {
+        let cases = [
+            (
+                "postgres://root@127.0.0.1:5432/postgres",
+                "postgres://root@127.0.0.1:5432/spool_t1",
+            ),
+            (
+                "postgres://root@127.0.0.1:5432",
+                "postgres://root@127.0.0.1:5432/spool_t1",
+            ),
+            (
+                "postgres://root@127.0.0.1:5432/postgres?sslmode=disable",
+                "postgres://root@127.0.0.1:5432/spool_t1?sslmode=disable",
+            ),
+            (
+                "postgres://root@[::1]:5433/db?application_name=t",
+                "postgres://root@[::1]:5433/spool_t1?application_name=t",
+            ),
+        ];
+        for (base, url) in cases {
+            assert_eq!(
+                with_database(base, "spool_t1"),
+                Ok(url.to_owned()),
+                "{base}"
+            );
+        }
+        assert!(with_database("not a url", "spool_t1").is_err());
+    }
 }
