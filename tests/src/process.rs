@@ -158,15 +158,17 @@ impl Process {
 
     /// Sends a signal by name (`KILL`, `TERM`, `STOP`, `CONT`).
     pub fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill")
+        assert!(self.send(signal), "kill -{signal} {} failed", self.pid);
+    }
+
+    /// `kill -<signal>` to its pid; whether `kill` succeeded (its complaints not shown).
+    fn send(&self, signal: &str) -> bool {
+        std::process::Command::new("kill")
             .arg(format!("-{signal}"))
             .arg(self.pid.to_string())
-            .status();
-        assert!(
-            status.is_ok_and(|s| s.success()),
-            "kill -{signal} {} failed",
-            self.pid
-        );
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     /// `kill -9` and reap.
@@ -219,11 +221,7 @@ impl Drop for Process {
         // process's by now, a stopped worker of another test perhaps. (An unreaped child that
         // has exited keeps its pid as a zombie until it is reaped, so the check cannot race.)
         if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = std::process::Command::new("kill")
-                .arg("-CONT")
-                .arg(self.pid.to_string())
-                .stderr(Stdio::null())
-                .status();
+            self.send("CONT");
             let _ = self.child.start_kill();
         }
         if std::env::var("TEST_LOG").is_ok_and(|v| v == "1") {
