@@ -37,6 +37,41 @@ pub const RUNS_CHANNEL: &str = "spool_runs";
 /// stops at once (the heartbeat notices it too, within one interval, if the NOTIFY is lost).
 pub const CANCEL_CHANNEL: &str = "spool_cancel";
 
+/// A connection for statements a request may not need: the caller's own (its transaction),
+/// or one taken from the pool at the first statement and kept for the rest. A request that
+/// waits on something else first (the enqueue's quota take, a round trip to Redis) holds no
+/// pooled connection idle while it waits.
+pub enum LazyConn<'a> {
+    /// The caller's connection.
+    Held(&'a mut sqlx::PgConnection),
+    /// The pool, and the connection taken from it once a statement needed one.
+    Pool(
+        &'a PgPool,
+        Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    ),
+}
+
+impl<'a> LazyConn<'a> {
+    /// Takes a connection from `pool` only when a statement needs one.
+    pub fn pool(pool: &'a PgPool) -> Self {
+        Self::Pool(pool, None)
+    }
+
+    /// The connection, taken from the pool now if none is yet.
+    pub async fn get(&mut self) -> sqlx::Result<&mut sqlx::PgConnection> {
+        match self {
+            Self::Held(conn) => Ok(conn),
+            Self::Pool(pool, taken) => {
+                let conn = match taken.take() {
+                    Some(conn) => conn,
+                    None => pool.acquire().await?,
+                };
+                Ok(taken.insert(conn))
+            }
+        }
+    }
+}
+
 /// The embedded migrations (`migrations/` at the workspace root).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 

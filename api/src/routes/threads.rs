@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use spool_shared::agent::{RunDefaults, RunOverrides, ToolChoice};
+use spool_shared::db::LazyConn;
 use spool_shared::db::enqueue::{EnqueueError, Enqueued, NewMessage, enqueue};
 use spool_shared::db::messages::{self, Message};
 use spool_shared::db::quota::Refusal;
@@ -485,11 +486,11 @@ pub(crate) async fn enqueue_message(
     }
 
     // A transaction only when the run has company (a key, earlier turns): alone, its one
-    // statement commits by itself (db::enqueue).
+    // statement commits by itself (db::enqueue), on a connection taken only for it.
     let mut conn = if key.is_some() || !history.is_empty() {
         Conn::Tx(state.db.begin().await?)
     } else {
-        Conn::Alone(state.db.acquire().await?)
+        Conn::Alone
     };
     if let (Some(key), Conn::Tx(tx)) = (key, &mut conn)
         && !idempotency::reserve(&mut **tx, &owner.tenant_id, key, hash).await?
@@ -517,7 +518,10 @@ pub(crate) async fn enqueue_message(
         overrides: overrides.as_ref(),
         history,
     };
-    let enqueued = match enqueue(conn.as_mut(), &message).await {
+    // The pooled connection (if one was taken) goes back before an error is looked into,
+    // which takes another.
+    let result = enqueue(&mut conn.lazy(&state.db), &message).await;
+    let enqueued = match result {
         Ok(enqueued) => enqueued,
         Err(EnqueueError::ThreadBusy) => {
             conn.rollback().await?;
@@ -640,14 +644,15 @@ async fn commit(
 /// a pooled connection outside any, for an enqueue that is one statement.
 enum Conn {
     Tx(sqlx::Transaction<'static, sqlx::Postgres>),
-    Alone(sqlx::pool::PoolConnection<sqlx::Postgres>),
+    /// No transaction: the enqueue takes a connection from the pool when it writes.
+    Alone,
 }
 
 impl Conn {
-    fn as_mut(&mut self) -> &mut sqlx::PgConnection {
+    fn lazy<'a>(&'a mut self, pool: &'a sqlx::PgPool) -> LazyConn<'a> {
         match self {
-            Conn::Tx(tx) => tx,
-            Conn::Alone(conn) => conn,
+            Conn::Tx(tx) => LazyConn::Held(tx),
+            Conn::Alone => LazyConn::pool(pool),
         }
     }
 
@@ -656,7 +661,7 @@ impl Conn {
     async fn rollback(self) -> sqlx::Result<()> {
         match self {
             Conn::Tx(tx) => tx.rollback().await,
-            Conn::Alone(_) => Ok(()),
+            Conn::Alone => Ok(()),
         }
     }
 }

@@ -20,6 +20,8 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 
+use crate::db::LazyConn;
+
 use crate::agent::{AgentSpec, FieldError, RunOverrides};
 use crate::db::quota::Refusal;
 use crate::db::runs::{self, NewRun};
@@ -101,11 +103,13 @@ pub enum EnqueueError {
     Db(#[from] sqlx::Error),
 }
 
-/// Enqueues `message` on `conn` (see the module doc): in the caller's transaction, or alone
-/// in one statement on a connection outside any. (A little over 80 lines: the loop that guesses
-/// the thread's agent is kept whole, since each of its exits depends on the guess.)
+/// Enqueues `message` on `db` (see the module doc): in the caller's transaction, or alone in
+/// one statement on a connection outside any, taken from the pool only once the quota take
+/// (if any) has admitted the run, so that no pooled connection waits idle on Redis. (A little
+/// over 80 lines: the loop that guesses the thread's agent is kept whole, since each of its
+/// exits depends on the guess.)
 pub async fn enqueue(
-    conn: &mut PgConnection,
+    db: &mut LazyConn<'_>,
     message: &NewMessage<'_>,
 ) -> Result<Enqueued, EnqueueError> {
     let thread_id = message.thread_id;
@@ -115,8 +119,9 @@ pub async fn enqueue(
     let mut known: Option<Option<AgentId>> = None;
     if !message.history.is_empty() {
         // Earlier turns go in before the message, so the thread must exist first.
+        let conn = db.get().await?;
         known = Some(
-            threads::ensure_owned(conn, thread_id, message.owner, message.agent_id)
+            threads::ensure_owned(&mut *conn, thread_id, message.owner, message.agent_id)
                 .await?
                 .ok_or(EnqueueError::ThreadNotFound)?,
         );
@@ -125,13 +130,13 @@ pub async fn enqueue(
         }
     } else if message.agent_id.is_none() && message.overrides.is_some() {
         // Overrides are checked against the agent that answers: know it before.
-        known = Some(thread_agent(conn, message).await?);
+        known = Some(thread_agent(db.get().await?, message).await?);
     }
     // A guess proved wrong is looked up and tried again; a thread whose agent changes under
     // every try (created by a concurrent message, then erased) is reported missing.
     for _ in 0..3 {
         let agent_id = message.agent_id.or(known.flatten());
-        let agent_spec = agent_spec(conn, message, agent_id).await?;
+        let agent_spec = agent_spec(db, message, agent_id).await?;
         let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
         let quota = counters(message.quotas, governance, &message.owner.user_id);
         let mut enqueued = Enqueued {
@@ -142,7 +147,7 @@ pub async fn enqueue(
         };
         let tenant = &message.owner.tenant_id;
         if let Some(quota) = quota {
-            let taken_ms = admit(conn, message, enqueued.workflow_id, &quota).await?;
+            let taken_ms = admit(db, message, enqueued.workflow_id, &quota).await?;
             enqueued.admitted = Some((quota, taken_ms));
         }
         let run = NewRun {
@@ -158,14 +163,19 @@ pub async fn enqueue(
             quota: enqueued.admitted.as_ref().map(|(quota, _)| quota),
             overrides: message.overrides,
         };
-        let inserted = runs::insert_with_thread(
-            &mut *conn,
-            &run,
-            message.agent_id,
-            message.input_text,
-            message.metadata,
-        )
-        .await;
+        let inserted = match db.get().await {
+            Ok(conn) => {
+                runs::insert_with_thread(
+                    conn,
+                    &run,
+                    message.agent_id,
+                    message.input_text,
+                    message.metadata,
+                )
+                .await
+            }
+            Err(err) => Err(err),
+        };
         // Nothing was made (a wrong guess is tried again with a new run): all of it goes back.
         if !matches!(inserted, Ok(true))
             && let Some((quota, taken_ms)) = &enqueued.admitted
@@ -178,7 +188,7 @@ pub async fn enqueue(
         match inserted {
             Ok(true) => return Ok(enqueued),
             // The thread is someone else's or erased, or the guess of its agent was wrong.
-            Ok(false) => known = Some(thread_agent(conn, message).await?),
+            Ok(false) => known = Some(thread_agent(db.get().await?, message).await?),
             Err(err) if is_unique_violation(&err, runs::ONE_ACTIVE_PER_THREAD) => {
                 return Err(EnqueueError::ThreadBusy);
             }
@@ -191,19 +201,20 @@ pub async fn enqueue(
 /// Takes room for run `id` of `message` in the counters of `quota` (see the module doc); when
 /// the room was taken.
 async fn admit(
-    conn: &mut PgConnection,
+    db: &mut LazyConn<'_>,
     message: &NewMessage<'_>,
     id: WorkflowId,
     quota: &RunQuota,
 ) -> Result<i64, EnqueueError> {
     let tenant = &message.owner.tenant_id;
-    match message.admission.take(conn, tenant, id, quota).await {
+    match message.admission.take(db, tenant, id, quota).await {
         Ok(taken_ms) => Ok(taken_ms),
         // A message the thread itself refuses gets that answer, as it would without quotas: a
         // thread of someone else's is not found, a busy one is busy (checked only when a quota
         // refuses, so it costs the enqueue nothing otherwise).
         Err(AdmitError::Refused(refusal)) => {
-            thread_agent(conn, message).await?;
+            let conn = db.get().await?;
+            thread_agent(&mut *conn, message).await?;
             if runs::find_active(&mut *conn, message.thread_id)
                 .await?
                 .is_some()
@@ -233,13 +244,13 @@ async fn thread_agent(
 /// The spec of the agent that answers (`None`: the server's default), checked: it exists, is
 /// active, and the message's overrides fit it.
 async fn agent_spec(
-    conn: &mut PgConnection,
+    db: &mut LazyConn<'_>,
     message: &NewMessage<'_>,
     agent_id: Option<AgentId>,
 ) -> Result<Option<AgentSpec>, EnqueueError> {
     let agent_spec = match agent_id {
         Some(id) => {
-            let spec = agents::find(&mut *conn, id, &message.owner.tenant_id)
+            let spec = agents::find(db.get().await?, id, &message.owner.tenant_id)
                 .await?
                 .ok_or(EnqueueError::AgentNotFound)?
                 .spec
@@ -321,11 +332,10 @@ pub(crate) mod tests {
         }
     }
 
-    /// Enqueues on a pooled connection outside any transaction, as `POST user_message` does
-    /// without a key.
+    /// Enqueues outside any transaction, on a connection taken from the pool when it writes,
+    /// as `POST user_message` does without a key.
     async fn alone(db: &TestDb, message: &NewMessage<'_>) -> Result<Enqueued, EnqueueError> {
-        let mut conn = db.pool.acquire().await.expect("acquire");
-        enqueue(&mut conn, message).await
+        enqueue(&mut LazyConn::pool(&db.pool), message).await
     }
 
     /// (messages, runs) of the thread.

@@ -1150,7 +1150,9 @@ mod tests {
             history: &[],
         };
         let mut tx = db.pool.begin().await.expect("begin");
-        let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");
+        let enqueued = enqueue(&mut crate::db::LazyConn::Held(&mut tx), &message)
+            .await
+            .expect("enqueue");
         tx.commit().await.expect("commit");
         (enqueued.workflow_id, enqueued.message_id)
     }

@@ -56,6 +56,8 @@ use std::sync::LazyLock;
 use redis::Script;
 use sqlx::PgConnection;
 
+use crate::db::LazyConn;
+
 use crate::db::quota::{self, CONCURRENCY_RETRY_SECS, Refusal};
 use crate::ids::WorkflowId;
 use crate::quota::{Counter, RunQuota};
@@ -141,11 +143,12 @@ impl Admission {
     }
 
     /// Admits `run` against every counter of `quota` and takes room for it in each (see the
-    /// module doc); `db` answers what Redis does not hold. Nothing is taken when it is refused.
-    /// Returns the take's time (Redis's clock, ms), which [`Admission::undo`] needs.
+    /// module doc); `db` answers what Redis does not hold (a connection is taken from it only
+    /// then). Nothing is taken when it is refused. Returns the take's time (Redis's clock, ms),
+    /// which [`Admission::undo`] needs.
     pub async fn take(
         &self,
-        db: &mut PgConnection,
+        db: &mut LazyConn<'_>,
         tenant: &str,
         run: WorkflowId,
         quota: &RunQuota,
@@ -159,7 +162,8 @@ impl Admission {
                 Answer::Admitted(at_ms) => return Ok(at_ms),
                 Answer::Load(missing) => {
                     for i in missing {
-                        self.load(db, tenant, &quota.counters[i]).await?;
+                        self.load(db.get().await?, tenant, &quota.counters[i])
+                            .await?;
                     }
                 }
                 Answer::Refused {
@@ -172,7 +176,7 @@ impl Admission {
                     now_ms,
                     members,
                 } => {
-                    let ended = ended(db, now_ms, &members).await?;
+                    let ended = ended(db.get().await?, now_ms, &members).await?;
                     if ended.is_empty() {
                         let c = &quota.counters[counter];
                         return Err(refused("concurrency_limited", c, CONCURRENCY_RETRY_SECS));

@@ -158,7 +158,9 @@ impl Harness {
             history: &[],
         };
         let mut tx = self.db.pool.begin().await.expect("begin");
-        let enqueued = enqueue(&mut tx, &message).await.expect("enqueue");
+        let enqueued = enqueue(&mut spool_shared::db::LazyConn::Held(&mut tx), &message)
+            .await
+            .expect("enqueue");
         tx.commit().await.expect("commit");
         json!({"workflow_id": enqueued.workflow_id, "thread_id": thread,
             "message_id": enqueued.message_id})

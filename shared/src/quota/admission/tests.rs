@@ -36,8 +36,7 @@ async fn enqueue_on(
 ) -> Result<Enqueued, EnqueueError> {
     let owner = owner(user);
     let message = message(thread, &owner, quotas, admission);
-    let mut conn = db.pool.acquire().await.expect("acquire");
-    enqueue(&mut conn, &message).await
+    enqueue(&mut LazyConn::pool(&db.pool), &message).await
 }
 
 fn code(result: &Result<Enqueued, EnqueueError>) -> &'static str {
@@ -200,7 +199,7 @@ async fn a_full_counter_prunes_ended_runs_and_dead_enqueues_but_not_one_committi
     // An enqueue that took room and died before its statement, a minute ago.
     let dead = WorkflowId::new();
     admission
-        .take(&mut conn, "acme", dead, &quota)
+        .take(&mut LazyConn::Held(&mut conn), "acme", dead, &quota)
         .await
         .expect("take");
     redis::cmd("ZADD")
@@ -218,7 +217,7 @@ async fn a_full_counter_prunes_ended_runs_and_dead_enqueues_but_not_one_committi
     // One enqueue taking room right now, its run not committed yet: not pruned.
     let committing = WorkflowId::new();
     admission
-        .take(&mut conn, "acme", committing, &quota)
+        .take(&mut LazyConn::Held(&mut conn), "acme", committing, &quota)
         .await
         .expect("take");
     let over = enqueue_under(&db, &admission, "alice", &quotas).await;
@@ -371,7 +370,7 @@ async fn a_counter_made_again_keeps_the_takes_still_committing() {
     // A take whose enqueue has not committed yet (Postgres has no run for it)...
     let committing = WorkflowId::new();
     admission
-        .take(&mut conn, "acme", committing, &quota)
+        .take(&mut LazyConn::Held(&mut conn), "acme", committing, &quota)
         .await
         .expect("take");
     // ...when the counter's hash expires (it does a day after it was made; its set outlives it).

@@ -252,7 +252,7 @@ async fn interleaved(
     let (mut counts, mut secs) = ([0u64; 2], [0f64; 2]);
     for k in 0..slices * 2 {
         // Which stack runs this slice: ABBA order, 0 = without quotas.
-        let which = ((k + 1) / 2 % 2) as usize;
+        let which = (k.div_ceil(2) % 2) as usize;
         let started = Instant::now();
         let load = enqueue([plain, quota][which], c, slice).await?;
         counts[which] += load.count;
