@@ -1,6 +1,8 @@
 //! Admission against real Redis and Postgres: atomic takes, counters rebuilt after Redis lost
 //! them, full sets pruned of runs that ended, tokens copied from Postgres.
 
+use std::time::Duration;
+
 use spool_tests::TestDb;
 
 use super::*;
@@ -386,4 +388,78 @@ async fn a_counter_made_again_keeps_the_takes_still_committing() {
         members(&admission, &counter).await,
         [committing.to_string()]
     );
+}
+
+#[tokio::test]
+async fn an_enqueue_holds_no_pooled_connection_while_redis_answers_its_take() {
+    let url = spool_tests::redis_url();
+    if url.contains(',') {
+        // CLIENT PAUSE and CLIENT LIST act on one server; the single-server pass covers it.
+        eprintln!("skipped against a Redis Cluster");
+        return;
+    }
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        max_concurrent_runs: Some(10),
+        ..QuotaLimits::default()
+    });
+    // The counter exists first, so the take below needs nothing from Postgres.
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("first");
+    // A pool of one connection: while the enqueue waits on Redis, it must still be free.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&db.url)
+        .await
+        .expect("pool");
+    let mut control = redis::Client::open(url.as_str())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("control connection");
+    // Scripts wait while writes are paused (at most 5 s, should the test die paused).
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(5000)
+        .arg("WRITE")
+        .query_async::<()>(&mut control)
+        .await
+        .expect("pause");
+    let owner = owner("alice");
+    let message = message(ThreadId::new(), &owner, &quotas, &admission);
+    let mut lazy = LazyConn::pool(&pool);
+    let enqueue = enqueue(&mut lazy, &message);
+    let meanwhile = async {
+        // The take is in Redis, held by the pause: a blocked EVALSHA (other tests' scripts
+        // may be paused too; any of them means the pause holds, and ours is sent by now).
+        spool_tests::poll_until(
+            "the take to wait on the pause",
+            Duration::from_secs(10),
+            async || {
+                let clients: String = redis::cmd("CLIENT")
+                    .arg("LIST")
+                    .query_async(&mut control)
+                    .await
+                    .ok()?;
+                clients
+                    .lines()
+                    .any(|c| c.contains("flags=b ") && c.contains("cmd=evalsha"))
+                    .then_some(())
+            },
+        )
+        .await;
+        let free = pool.acquire().await.map(drop);
+        redis::cmd("CLIENT")
+            .arg("UNPAUSE")
+            .query_async::<()>(&mut control)
+            .await
+            .expect("unpause");
+        free
+    };
+    let (enqueued, free) = tokio::join!(enqueue, meanwhile);
+    free.expect("the pool's one connection was free while the take waited");
+    enqueued.expect("admitted once Redis answered");
 }
