@@ -13,9 +13,10 @@
 //! `202` means all of it is committed while any error leaves nothing behind. With a key or
 //! earlier turns it runs in the caller's transaction beside them. The partial unique index on
 //! active runs refuses a second one on the thread (invariant 2). When quotas apply, the run is
-//! admitted first, in Redis ([`Admission::take`]: one round trip, no lock held in Postgres), and
-//! what it took is given back if the statement fails; a caller whose transaction fails after
-//! the enqueue gives it back too ([`Enqueued::admitted`]).
+//! admitted first, in Redis ([`Admission::take`]: one round trip, no lock held in Postgres, and
+//! outside a transaction no pooled connection either: [`LazyConn`]), and what it took is given
+//! back if the statement fails; a caller whose transaction fails after the enqueue gives it back
+//! too ([`Enqueued::admitted`]).
 
 use serde_json::Value;
 use sqlx::PgConnection;
