@@ -21,13 +21,11 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use crate::db::LazyConn;
-
 use crate::agent::{AgentSpec, FieldError, RunOverrides};
 use crate::db::quota::Refusal;
 use crate::db::runs::{self, NewRun};
 use crate::db::threads::{self, Owner};
-use crate::db::{agents, is_unique_violation, messages};
+use crate::db::{LazyConn, agents, is_unique_violation, messages};
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
 use crate::quota::admission::{Admission, AdmitError};
 use crate::quota::{Quotas, RunQuota, counters};

@@ -57,7 +57,6 @@ use redis::Script;
 use sqlx::PgConnection;
 
 use crate::db::LazyConn;
-
 use crate::db::quota::{self, CONCURRENCY_RETRY_SECS, Refusal};
 use crate::ids::WorkflowId;
 use crate::quota::{Counter, RunQuota};
