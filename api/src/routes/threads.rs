@@ -640,8 +640,8 @@ async fn commit(
     Ok(())
 }
 
-/// The connection an enqueue runs on: a transaction (rolled back when dropped uncommitted), or
-/// a pooled connection outside any, for an enqueue that is one statement.
+/// Where an enqueue runs: a transaction (rolled back when dropped uncommitted), or, for an
+/// enqueue that is one statement, outside any, on a pooled connection taken when it writes.
 enum Conn {
     Tx(sqlx::Transaction<'static, sqlx::Postgres>),
     /// No transaction: the enqueue takes a connection from the pool when it writes.
