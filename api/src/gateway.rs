@@ -26,7 +26,6 @@
 
 pub mod ai_sdk;
 pub mod hub;
-pub mod schema;
 pub mod slots;
 
 use std::collections::VecDeque;
@@ -442,8 +441,14 @@ fn unpublished(latest: Option<&runs::Latest>, last: Option<&StoredEvent>) -> Opt
 
 /// The run of an event (from its envelope).
 fn run_of(event: &StoredEvent) -> Option<WorkflowId> {
-    let envelope: Value = serde_json::from_str(&event.json).ok()?;
-    envelope["workflow_id"].as_str()?.parse().ok()
+    /// The one field of an envelope read here.
+    #[derive(Deserialize)]
+    struct Envelope {
+        workflow_id: WorkflowId,
+    }
+    serde_json::from_str::<Envelope>(&event.json)
+        .ok()
+        .map(|e| e.workflow_id)
 }
 
 /// The wait for the last events of `run`, which changed `age` seconds ago, if that is within
@@ -526,7 +531,7 @@ impl Item {
                 .event("message_not_streaming")
                 .data(json!({"workflow_id": workflow_id}).to_string()),
             Self::Pause(event) => SseEvent::default()
-                .event(event.kind.as_str())
+                .event(event.kind().as_str())
                 .data(serde_json::to_string(&event).ok()?),
             Self::Live => return None,
         })
@@ -783,10 +788,9 @@ impl Session {
         let action = standing
             .pending_action
             .filter(|_| paused && !self.pause_shown)?;
-        let (kind, data) = action.0.event()?;
+        let data = action.0.event()?;
         let event = Event {
             v: envelope::VERSION,
-            kind,
             thread_id: self.thread_id,
             workflow_id: run,
             message_id: standing.assistant_message_id,

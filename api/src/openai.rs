@@ -13,6 +13,7 @@
 //! status (401, 403, 404, 409, 422, 429).
 
 pub mod chat;
+pub mod feed;
 pub mod responses;
 pub mod schema;
 pub mod translate;

@@ -122,7 +122,7 @@ pub(crate) fn queued_status() -> Object {
         AgentId,
         spool_shared::ids::WebhookId,
         crate::routes::workflows::CancelRequest,
-        crate::gateway::schema::StreamEnvelope,
+        spool_shared::event::Event,
     )),
     modifiers(&Security),
     tags(

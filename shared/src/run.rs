@@ -7,9 +7,9 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::event::EventType;
+use crate::event::{ApprovalRequested, Data, RequiresAction};
 
 /// Token usage of one or more model calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -203,7 +203,7 @@ impl PendingAction {
     /// worker publishes when the run pauses, and what the gateway sends if that was lost.
     /// `None` for a wait on agent runs: the client needs to do nothing, and the children's
     /// own events follow.
-    pub fn event(&self) -> Option<(EventType, Value)> {
+    pub fn event(&self) -> Option<Data> {
         Some(match self {
             Self::AgentRuns { .. } => return None,
             Self::Approval {
@@ -211,18 +211,21 @@ impl PendingAction {
                 tool_name,
                 arguments,
                 expires_at,
-            } => (
-                EventType::ApprovalRequested,
-                json!({"tool_call_id": tool_call_id, "tool_name": tool_name,
-                    "arguments": arguments, "expires_at": expires_at}),
-            ),
+            } => ApprovalRequested {
+                tool_call_id: tool_call_id.clone(),
+                tool_name: tool_name.clone(),
+                arguments: arguments.clone(),
+                expires_at: *expires_at,
+            }
+            .into(),
             Self::SubmitToolOutputs {
                 tool_calls,
                 expires_at,
-            } => (
-                EventType::RequiresAction,
-                json!({"tool_calls": tool_calls, "expires_at": expires_at}),
-            ),
+            } => RequiresAction {
+                tool_calls: tool_calls.clone(),
+                expires_at: *expires_at,
+            }
+            .into(),
         })
     }
 }

@@ -93,7 +93,7 @@ use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
-use crate::event::{Event, EventType};
+use crate::event::{Data, Event, Step};
 use crate::ids::{MessageId, ThreadId, WorkflowId};
 
 /// How long after a run's end is in Postgres its worker waits for Redis to store its last
@@ -385,7 +385,7 @@ pub async fn publish(
         .arg(thread.to_string())
         .arg(id);
     for event in events {
-        let kind = event.kind.as_str();
+        let kind = event.kind().as_str();
         let message = event.message_id.to_string();
         let entry = entry(event).map_err(|err| {
             redis::RedisError::from((redis::ErrorKind::Client, "event encoding", err.to_string()))
@@ -411,7 +411,7 @@ pub async fn publish(
 pub fn entry(event: &Event) -> serde_json::Result<Vec<u8>> {
     let mut entry = format!(
         "{} {} {} ",
-        event.kind.as_str(),
+        event.kind().as_str(),
         event.message_id,
         event.depth
     )
@@ -421,14 +421,11 @@ pub fn entry(event: &Event) -> serde_json::Result<Vec<u8>> {
 }
 
 /// The step and tool call of a `step` event of phase `result`.
-fn shown_result(event: &Event) -> Option<(u64, &str)> {
-    if event.kind != EventType::Step || event.data["phase"] != "result" {
-        return None;
+fn shown_result(event: &Event) -> Option<(u32, &str)> {
+    match &event.data {
+        Data::Step(Step::Result(result)) => Some((result.step, &result.tool_call_id)),
+        _ => None,
     }
-    Some((
-        event.data["step"].as_u64()?,
-        event.data["tool_call_id"].as_str()?,
-    ))
 }
 
 /// What the earlier attempts of a run showed of its step results, as a client that follows the

@@ -36,20 +36,19 @@ pub mod step;
 pub mod takeover;
 pub mod tools;
 
-use serde_json::json;
 use sqlx::PgPool;
 
 use spool_shared::agent::{AgentSpec, HookEvent, ResponseFormat};
 use spool_shared::db::quota::{self, Spent};
 use spool_shared::db::runs::Run;
 use spool_shared::db::{agents, messages};
-use spool_shared::event::EventType;
+use spool_shared::event::MessageStart;
 use spool_shared::run::{FailureCode, RunFailure, Usage};
 use spool_shared::status::RunStatus;
 
 use answer::{Answer, Exit, LoopEnd};
 use checkpoint::{Checkpoint, Unsettled};
-use context::{Attempt, block_id};
+use context::Attempt;
 use engine::Engine;
 pub(crate) use hooks::Hooks;
 use llm::{ChatMessage, ChatRequest, Choice};
@@ -166,10 +165,7 @@ impl<'a> Loop<'a> {
     async fn prepare(a: &Attempt<'a>, spec: &AgentSpec) -> Result<(Self, Checkpoint), Exit> {
         let run = a.claimed.run();
         if !run.resumed {
-            a.events.send(
-                EventType::MessageStart,
-                json!({"role": "assistant", "model": spec.model}),
-            );
+            a.events.send(MessageStart::new(Some(spec.model.clone())));
         }
         // What earlier attempts produced first: every way this attempt ends keeps it.
         let mut checkpoint = checkpoint::restore(a.db, run).await?;
@@ -250,7 +246,7 @@ impl<'a> Loop<'a> {
     ) -> Result<(), Exit> {
         let Unsettled { output, results } = unsettled;
         if reshow {
-            a.emit_text(&block_id(step), &output.text);
+            a.emit_text(step, &output.text);
         }
         self.answer.usage.add(output.usage);
         self.recent.extend(&output.tool_calls);
@@ -291,7 +287,7 @@ impl<'a> Loop<'a> {
             return Err(self.final_answer(a, step, output.text).await);
         }
         if self.buffer {
-            a.emit_text(&block_id(step), &output.text);
+            a.emit_text(step, &output.text);
         }
         if let Some(call) = self.recent.doom(&output.tool_calls) {
             let message = format!(
@@ -440,7 +436,7 @@ impl<'a> Loop<'a> {
             }
         }
         if self.buffer {
-            a.emit_text(&block_id(step), &text);
+            a.emit_text(step, &text);
         }
         self.answer.add_text(&text);
         self.answer.output = output.map(Box::new);

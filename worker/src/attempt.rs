@@ -15,13 +15,14 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::FutureExt as _;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use spool_shared::agent::AgentSpec;
 use spool_shared::db::runs::{Claimed, Fence, Outcome};
-use spool_shared::event::{EventType, Origin, end_of_message};
+use spool_shared::event::{
+    AttemptRestarted, Citations, MessageEnd, MessageStart, Origin, end_of_message,
+};
 use spool_shared::run::{FailureCode, MessagePart, RunFailure};
 use spool_shared::status::RunStatus;
 use spool_shared::stream::FLUSH_WINDOW;
@@ -82,13 +83,7 @@ async fn execute_in_span(
     release: CancellationToken,
 ) -> Option<Ended> {
     let run = claimed.run();
-    let origin = Origin {
-        thread_id: run.thread_id,
-        workflow_id: run.id,
-        message_id: run.assistant_message_id,
-        attempt: run.attempt,
-        depth: u32::try_from(run.depth).unwrap_or(0),
-    };
+    let origin = Origin::of(run, run.attempt);
     let events = Publisher::start(
         worker.streams.clone(),
         origin,
@@ -237,12 +232,12 @@ async fn attempt(
     let run = a.claimed.run();
     // After a crash or a release, not after an answered pause: that continues cleanly.
     if run.attempt > 1 && !run.resumed {
-        a.events
-            .send(EventType::AttemptRestarted, json!({"attempt": run.attempt}));
+        a.events.send(AttemptRestarted {
+            attempt: run.attempt,
+        });
     }
     if run.reclaims > max_reclaims {
-        a.events
-            .send(EventType::MessageStart, json!({"role": "assistant"}));
+        a.events.send(MessageStart::new(None));
         let error = RunFailure::new(
             FailureCode::TooManyAttempts,
             format!(
@@ -255,8 +250,7 @@ async fn attempt(
         return end(a, spec, RunStatus::Failed, answer, Some(&error)).await;
     }
     let Some(agent) = spec else {
-        a.events
-            .send(EventType::MessageStart, json!({"role": "assistant"}));
+        a.events.send(MessageStart::new(None));
         let error = RunFailure::new(
             FailureCode::AgentNotFound,
             "the run's agent no longer exists",
@@ -274,8 +268,9 @@ async fn attempt(
         }
         LoopEnd::Completed(mut answer) => {
             if !answer.citations.is_empty() {
-                a.events
-                    .send(EventType::Citations, json!({"citations": answer.citations}));
+                a.events.send(Citations {
+                    citations: answer.citations.clone(),
+                });
                 answer.parts.push(MessagePart::Citations {
                     citations: answer.citations.clone(),
                 });
@@ -336,17 +331,15 @@ async fn end(
     if let Some(quota) = &run.quota {
         a.admission.release(&run.tenant_id, run.id, &quota.0).await;
     }
-    for (kind, mut data) in end_of_message(status, answer.usage, error) {
-        // `message_end` carries what the stored message says beyond its text.
-        if kind == EventType::MessageEnd {
-            if answer.blocked {
-                data["blocked"] = json!(true);
-            }
-            if let Some(output) = &answer.output {
-                data["output"] = (**output).clone();
-            }
-        }
-        a.events.send(kind, data);
+    // `message_end` carries what the stored message says beyond its text.
+    let end = MessageEnd {
+        status,
+        usage: answer.usage,
+        blocked: answer.blocked,
+        output: answer.output.as_deref().cloned(),
+    };
+    for data in end_of_message(end, error) {
+        a.events.send(data);
     }
     if let Some(spec) = spec {
         Hooks::for_run(spec, a.engine, run).on_run_complete(status.as_str(), &answer.content);

@@ -24,11 +24,10 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use backon::{BackoffBuilder as _, ExponentialBuilder};
-use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use spool_shared::event::{Event, EventType, Origin};
+use spool_shared::event::{Data, Event, Heartbeat, Origin, TextDelta};
 use spool_shared::stream::{self, Batch, PublishError, RedisConn, StreamKeys};
 
 /// Where events go: a Redis connection, the key names and the retention window.
@@ -121,9 +120,9 @@ impl Publisher {
     }
 
     /// Queues an event; never waits.
-    pub fn send(&self, kind: EventType, data: Value) {
+    pub fn send(&self, data: impl Into<Data>) {
         // The task only ends after `finish` or `abort`, which consume the publisher.
-        let _ = self.tx.send(self.origin.event(kind, data));
+        let _ = self.tx.send(self.origin.event(data));
     }
 
     /// Waits for every queued event to be published, giving up once no batch has been stored
@@ -176,7 +175,7 @@ async fn publish_loop(
                     None => outbox.closed = true,
                 },
                 changed = beats.changed(), if outbox.beating && !outbox.done => match changed {
-                    Ok(()) => outbox.take(origin.event(EventType::Heartbeat, json!({}))),
+                    Ok(()) => outbox.take(origin.event(Heartbeat {})),
                     // The lease is gone; the run's own events still flow until `finish`.
                     Err(_) => outbox.beating = false,
                 },
@@ -249,7 +248,7 @@ impl Outbox {
 
     /// Queues an event behind whatever is pending.
     fn take(&mut self, event: Event) {
-        self.done |= event.kind == EventType::Done;
+        self.done |= matches!(event.data, Data::Done(_));
         push(&mut self.pending, event, self.coalesce);
     }
 
@@ -291,15 +290,12 @@ fn retry_delays() -> impl Iterator<Item = Duration> {
 /// many modest events, never one huge one. In place: a million queued deltas cost linear time
 /// (spool-bench P3 measures it).
 fn push(pending: &mut VecDeque<Event>, event: Event, coalesce: usize) {
-    if event.kind == EventType::TextDelta
-        && let Some(last) = pending.back_mut()
-        && last.kind == EventType::TextDelta
-        && last.data["block_id"] == event.data["block_id"]
-        && let Some(more) = event.data["delta"].as_str()
-        && let Value::String(previous) = &mut last.data["delta"]
-        && previous.len() + more.len() <= coalesce
+    if let Data::TextDelta(TextDelta { block_id, delta }) = &event.data
+        && let Some(Data::TextDelta(last)) = pending.back_mut().map(|last| &mut last.data)
+        && last.block_id == *block_id
+        && last.delta.len() + delta.len() <= coalesce
     {
-        previous.push_str(more);
+        last.delta.push_str(delta);
         return;
     }
     pending.push_back(event);
@@ -308,6 +304,7 @@ fn push(pending: &mut VecDeque<Event>, event: Event, coalesce: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spool_shared::event::{BlockId, EventType, TextStart};
     use spool_shared::{MessageId, ThreadId, WorkflowId};
 
     const CAP: usize = 4096;
@@ -322,43 +319,36 @@ mod tests {
         }
     }
 
+    fn delta(o: &Origin, step: u32, text: &str) -> Event {
+        o.event(TextDelta {
+            block_id: BlockId::of_step(step),
+            delta: text.to_owned(),
+        })
+    }
+
+    /// A `text_delta`'s text and block.
+    fn text(event: &Event) -> Option<(&str, &str)> {
+        match &event.data {
+            Data::TextDelta(d) => Some((d.delta.as_str(), d.block_id.as_str())),
+            _ => None,
+        }
+    }
+
     #[test]
     fn unpublished_deltas_of_one_block_coalesce_without_reordering() {
         let o = origin();
         let mut pending = VecDeque::new();
-        push(
-            &mut pending,
-            o.event(EventType::TextStart, json!({"block_id": "b0"})),
-            CAP,
-        );
-        for delta in ["Hel", "lo", ", wor", "ld"] {
-            push(
-                &mut pending,
-                o.event(
-                    EventType::TextDelta,
-                    json!({"block_id": "b0", "delta": delta}),
-                ),
-                CAP,
-            );
+        let start = TextStart {
+            block_id: BlockId::of_step(0),
+        };
+        push(&mut pending, o.event(start), CAP);
+        for text in ["Hel", "lo", ", wor", "ld"] {
+            push(&mut pending, delta(&o, 0, text), CAP);
         }
-        push(&mut pending, o.event(EventType::Heartbeat, json!({})), CAP);
-        push(
-            &mut pending,
-            o.event(
-                EventType::TextDelta,
-                json!({"block_id": "b0", "delta": "!"}),
-            ),
-            CAP,
-        );
-        push(
-            &mut pending,
-            o.event(
-                EventType::TextDelta,
-                json!({"block_id": "b1", "delta": "x"}),
-            ),
-            CAP,
-        );
-        let kinds: Vec<_> = pending.iter().map(|e| e.kind).collect();
+        push(&mut pending, o.event(Heartbeat {}), CAP);
+        push(&mut pending, delta(&o, 0, "!"), CAP);
+        push(&mut pending, delta(&o, 1, "x"), CAP);
+        let kinds: Vec<_> = pending.iter().map(Event::kind).collect();
         assert_eq!(
             kinds,
             [
@@ -369,9 +359,9 @@ mod tests {
                 EventType::TextDelta
             ]
         );
-        assert_eq!(pending[1].data["delta"], "Hello, world");
-        assert_eq!(pending[3].data["delta"], "!");
-        assert_eq!(pending[4].data["block_id"], "b1");
+        assert_eq!(text(&pending[1]), Some(("Hello, world", "s0")));
+        assert_eq!(text(&pending[3]), Some(("!", "s0")));
+        assert_eq!(text(&pending[4]), Some(("x", "s1")));
     }
 
     #[test]
@@ -380,24 +370,17 @@ mod tests {
         let mut pending = VecDeque::new();
         let n = 200_000;
         for i in 0..n {
-            push(
-                &mut pending,
-                o.event(
-                    EventType::TextDelta,
-                    json!({"block_id": "b0", "delta": format!("{} ", i % 10)}),
-                ),
-                CAP,
-            );
+            push(&mut pending, delta(&o, 0, &format!("{} ", i % 10)), CAP);
         }
         assert!(pending.len() > 1, "a long backlog is split");
         assert!(
             pending
                 .iter()
-                .all(|e| { e.data["delta"].as_str().is_some_and(|d| d.len() <= CAP) })
+                .all(|e| text(e).is_some_and(|(d, _)| d.len() <= CAP))
         );
         let text: String = pending
             .iter()
-            .filter_map(|e| e.data["delta"].as_str())
+            .filter_map(|e| text(e).map(|(d, _)| d))
             .collect();
         let expected: String = (0..n).map(|i| format!("{} ", i % 10)).collect();
         assert_eq!(text, expected);
@@ -406,12 +389,7 @@ mod tests {
     #[test]
     fn a_batch_is_retried_exactly_as_it_was_first_sent() {
         let o = origin();
-        let delta = |text: &str| {
-            o.event(
-                EventType::TextDelta,
-                json!({"block_id": "b0", "delta": text}),
-            )
-        };
+        let delta = |text: &str| delta(&o, 0, text);
         let mut outbox = Outbox::new(o, CAP);
         outbox.take(delta("Hel"));
         let (id, events) = outbox.batch();
@@ -428,7 +406,7 @@ mod tests {
         let (id, events) = outbox.batch();
         assert_ne!(id, first.0, "the next batch has an id of its own");
         assert_eq!(events.len(), 1);
-        assert_eq!(events[0].data["delta"], "lo");
+        assert_eq!(text(&events[0]), Some(("lo", "s0")));
         assert_eq!(outbox.sent(), 1);
         assert!(outbox.idle());
     }
@@ -453,17 +431,13 @@ mod tests {
     fn a_cap_of_zero_sends_every_delta_as_its_own_event() {
         let o = origin();
         let mut pending = VecDeque::new();
-        for delta in ["a", "b", "c"] {
-            push(
-                &mut pending,
-                o.event(
-                    EventType::TextDelta,
-                    json!({"block_id": "b0", "delta": delta}),
-                ),
-                0,
-            );
+        for text in ["a", "b", "c"] {
+            push(&mut pending, delta(&o, 0, text), 0);
         }
-        let deltas: Vec<_> = pending.iter().map(|e| e.data["delta"].clone()).collect();
+        let deltas: Vec<_> = pending
+            .iter()
+            .filter_map(|e| text(e).map(|(d, _)| d))
+            .collect();
         assert_eq!(deltas, ["a", "b", "c"]);
     }
 }

@@ -5,7 +5,7 @@
 //!   terminal) as a message and streams the reply to stdout; progress (queued, tool steps,
 //!   pauses, reconnects) goes to stderr. A dropped connection is resumed with `Last-Event-ID`,
 //!   and a crashed worker's new attempt does not print text twice (the reply is followed
-//!   through the same translation as the OpenAI-compatible stream). Exits 0 at end of input.
+//!   through the same transcript as every other client format). Exits 0 at end of input.
 //! - `spool threads list|show ID`, `spool runs list [--thread ID]|show ID`,
 //!   `spool agents list|get ID|apply -f FILE|delete ID`: JSON on stdout.
 //!
@@ -22,8 +22,8 @@ use futures::StreamExt as _;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt as _;
 
-use spool_api::openai::translate::Translator;
-use spool_shared::event::{Event, EventType};
+use spool_shared::event::transcript::{Shown, Transcript};
+use spool_shared::event::{Data, Event, Step};
 
 /// A terminal client of a Spool server.
 #[derive(Debug, Parser)]
@@ -325,7 +325,7 @@ enum Followed {
 /// Streams the reply `message` to stdout until its `done`, resuming dropped connections.
 async fn follow(client: &Client, thread: uuid::Uuid, message: &str) -> anyhow::Result<()> {
     let mut reply = Reply {
-        translator: Translator::new(json!({"id": message})),
+        transcript: Transcript::new(),
         message: message.to_owned(),
         cursor: None,
         printed: false,
@@ -373,15 +373,15 @@ async fn follow(client: &Client, thread: uuid::Uuid, message: &str) -> anyhow::R
     Ok(())
 }
 
-/// A reply being followed: its translation and the last entry id seen.
+/// A reply being followed: its transcript and the last entry id seen.
 struct Reply {
-    translator: Translator,
+    transcript: Transcript,
     message: String,
     cursor: Option<String>,
     printed: bool,
     /// Every piece of text printed so far.
     text: String,
-    /// After a reset: the text the new translation has produced, while it repeats `text`.
+    /// After a reset: the text the new transcript has produced, while it repeats `text`.
     replay: Option<String>,
 }
 
@@ -389,7 +389,7 @@ impl Reply {
     /// Follows the reply again from its `message_start`, printing only what goes beyond the
     /// text already printed.
     fn restart(&mut self) {
-        self.translator = Translator::new(json!({"id": self.message}));
+        self.transcript = Transcript::new();
         self.cursor = None;
         self.replay = Some(String::new());
     }
@@ -480,50 +480,37 @@ impl Reply {
     /// Prints what the event adds; `true` at the reply's `done`. (An agent run the reply
     /// started: see [`show_nested`].)
     fn show(&mut self, event: &Event) -> bool {
-        for out in self.translator.push(event) {
-            match out["type"].as_str() {
-                Some("response.output_text.delta") => {
-                    self.print(out["delta"].as_str().unwrap_or_default());
-                }
-                Some("response.output_item.done")
-                    if out["item"]["type"] == "message"
-                        && out["item"]["status"] == "incomplete" =>
-                {
-                    eprintln!("\nspool: (the worker restarted and wrote this part anew)");
-                }
+        for shown in self.transcript.push(event) {
+            match shown {
+                Shown::TextDelta { delta, .. } => self.print(&delta),
+                Shown::TextEnded {
+                    superseded: true, ..
+                } => eprintln!("\nspool: (the worker restarted and wrote this part anew)"),
                 _ => {}
             }
         }
-        let data = &event.data;
-        match event.kind {
-            EventType::Step if data["phase"] == "call" => {
-                eprintln!(
-                    "spool: (tool {})",
-                    data["tool_name"].as_str().unwrap_or("?")
-                );
-            }
-            EventType::RequiresAction => {
+        match &event.data {
+            Data::Step(Step::Call(call)) => eprintln!("spool: (tool {})", call.tool_name),
+            Data::RequiresAction(_) => {
                 eprintln!(
                     "spool: (paused: the run waits for client tool outputs: POST /v1/workflows/{}/tool_outputs)",
                     event.workflow_id
                 );
             }
-            EventType::ApprovalRequested => {
+            Data::ApprovalRequested(approval) => {
                 eprintln!(
                     "spool: (paused: tool {} waits for an approval: POST /v1/workflows/{}/approvals/{})",
-                    data["tool_name"].as_str().unwrap_or("?"),
-                    event.workflow_id,
-                    data["tool_call_id"].as_str().unwrap_or("?")
+                    approval.tool_name, event.workflow_id, approval.tool_call_id
                 );
             }
-            EventType::Error => {
+            Data::Error(failure) => {
                 eprintln!(
                     "\nspool: error {}: {}",
-                    data["code"].as_str().unwrap_or("?"),
-                    data["message"].as_str().unwrap_or("")
+                    failure.code.as_str(),
+                    failure.message
                 );
             }
-            EventType::Done => return true,
+            Data::Done(_) => return true,
             _ => {}
         }
         false
@@ -534,28 +521,22 @@ impl Reply {
 /// result, which the model answers from): that it works, its tool calls, what it waits for.
 fn show_nested(event: &Event) {
     let indent = "  ".repeat(event.depth as usize);
-    let data = &event.data;
-    match event.kind {
-        EventType::MessageStart => {
+    match &event.data {
+        Data::MessageStart(_) => {
             eprintln!("spool: {indent}(agent run {} working)", event.workflow_id);
         }
-        EventType::Step if data["phase"] == "call" => {
-            eprintln!(
-                "spool: {indent}(tool {})",
-                data["tool_name"].as_str().unwrap_or("?")
-            );
-        }
-        EventType::RequiresAction | EventType::ApprovalRequested => {
+        Data::Step(Step::Call(call)) => eprintln!("spool: {indent}(tool {})", call.tool_name),
+        Data::RequiresAction(_) | Data::ApprovalRequested(_) => {
             eprintln!(
                 "spool: {indent}(paused: agent run {} waits: GET /v1/workflows/{})",
                 event.workflow_id, event.workflow_id
             );
         }
-        EventType::Done => {
+        Data::Done(done) => {
             eprintln!(
                 "spool: {indent}(agent run {} {})",
                 event.workflow_id,
-                data["status"].as_str().unwrap_or("ended")
+                done.status.as_str()
             );
         }
         _ => {}

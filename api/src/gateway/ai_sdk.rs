@@ -5,7 +5,7 @@
 //! | run event | chunks |
 //! |---|---|
 //! | `message_start` | `start` (`messageId`: the assistant message's id) |
-//! | text | `text-start`, `text-delta`, `text-end` (through [`Translator`], as the Responses stream) |
+//! | text | `text-start`, `text-delta`, `text-end` |
 //! | `step` (call) | `tool-input-available` (`providerExecuted`: Spool runs it) |
 //! | `step` (result) | `tool-output-available`, or `tool-output-error` for a failed call |
 //! | `citations` | `source-url` per source |
@@ -15,7 +15,7 @@
 //!
 //! `attempt_restarted` (a crashed attempt's successor) cannot take text back from an AI SDK
 //! client, so the new attempt's text is compared with what was shown since the last tool
-//! result and only what goes beyond it is sent ([`Translator`]). If the new attempt writes
+//! result and only what goes beyond it is sent ([`Transcript`]). If the new attempt writes
 //! something else, the shown part ends with `text-end` carrying `providerMetadata: {spool:
 //! {superseded: true}}` (hide such parts: the final message is the others), or, if it had
 //! already ended, is named by a `data-spool-superseded` part (`data: {id}`); the new text comes
@@ -27,7 +27,7 @@
 //! With no cursor and nothing streaming the answer is `204`, what `useChat({resume: true})`
 //! expects; a cursor whose run Redis no longer holds gets one `error` chunk (`stream_reset`).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use axum::http::{HeaderValue, StatusCode};
@@ -37,14 +37,16 @@ use futures::Stream;
 use serde_json::{Value, json};
 
 use spool_shared::db::runs;
-use spool_shared::event::{Event, EventType};
+use spool_shared::event::Event;
+use spool_shared::event::transcript::{Pause, Shown, Transcript};
+use spool_shared::run::Citation;
+use spool_shared::status::RunStatus;
 use spool_shared::stream::{self as events, EntryId};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use super::{Item, Session, follow_run, unavailable};
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::openai::translate::Translator;
 
 /// An `ai-sdk` cursor: an entry id and how many of its chunks after the first were sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -68,130 +70,98 @@ impl std::str::FromStr for Cursor {
     }
 }
 
-/// The chunks of one run, from its start.
+/// The chunks of one run, from its start: its [`Transcript`], each item mapped once.
 struct Chunks {
-    translator: Translator,
-    started: bool,
-    calls: HashSet<String>,
-    results: HashSet<String>,
-    /// Text parts whose `text-end` was sent.
-    ended_parts: HashSet<String>,
-    ended: bool,
+    transcript: Transcript,
+    /// Text parts are named after the message: `msg_<message id>_<n>`.
+    prefix: String,
 }
 
 impl Chunks {
     fn new(message: Option<MessageId>) -> Self {
-        // Text parts are named after the message: `msg_<message id>_<n>`.
         let id = message.map(|m| m.to_string()).unwrap_or_default();
         Self {
-            translator: Translator::new(json!({"id": id})),
-            started: false,
-            calls: HashSet::new(),
-            results: HashSet::new(),
-            ended_parts: HashSet::new(),
-            ended: false,
+            transcript: Transcript::new(),
+            prefix: id.replace('-', ""),
         }
+    }
+
+    fn part(&self, index: usize) -> String {
+        format!("msg_{}_{index}", self.prefix)
     }
 
     /// The chunks of one event, in order.
     fn push(&mut self, event: &Event) -> Vec<Value> {
         let mut out = Vec::new();
-        for response_event in self.translator.push(event) {
-            if let Some(mut chunk) = text_chunk(&response_event) {
-                let id = chunk["id"].as_str().unwrap_or_default().to_owned();
-                if chunk["type"] == "text-end" && !self.ended_parts.insert(id.clone()) {
-                    // A part that had ended, written anew by a new attempt: it can only be
-                    // named now, for the client to hide.
-                    chunk = json!({"type": "data-spool-superseded", "data": {"id": id}});
-                }
-                out.push(chunk);
+        for shown in self.transcript.push(event) {
+            match shown {
+                Shown::Citations(citations) => out.extend(sources(&citations)),
+                shown => out.extend(self.chunk(event, shown)),
             }
-        }
-        let data = &event.data;
-        match event.kind {
-            EventType::MessageStart if !self.started => {
-                self.started = true;
-                out.insert(
-                    0,
-                    json!({"type": "start", "messageId": event.message_id.to_string()}),
-                );
-            }
-            EventType::Step if data["phase"] == "call" => {
-                let id = data["tool_call_id"].as_str().unwrap_or_default();
-                if self.calls.insert(id.to_owned()) {
-                    out.push(json!({"type": "tool-input-available", "toolCallId": id,
-                        "toolName": data["tool_name"], "input": data["arguments"],
-                        "providerExecuted": true}));
-                }
-            }
-            EventType::Step if data["phase"] == "result" => {
-                let id = data["tool_call_id"].as_str().unwrap_or_default();
-                if self.results.insert(id.to_owned()) {
-                    let output = data["output"].as_str().unwrap_or_default();
-                    out.push(if data["is_error"] == true {
-                        json!({"type": "tool-output-error", "toolCallId": id,
-                            "errorText": output, "providerExecuted": true})
-                    } else {
-                        json!({"type": "tool-output-available", "toolCallId": id,
-                            "output": output, "providerExecuted": true})
-                    });
-                }
-            }
-            EventType::Citations => {
-                for citation in data["citations"].as_array().into_iter().flatten() {
-                    let url = citation["url"].as_str().unwrap_or_default();
-                    let mut chunk = json!({"type": "source-url", "sourceId": url, "url": url});
-                    if let Some(title) = citation["title"].as_str() {
-                        chunk["title"] = json!(title);
-                    }
-                    out.push(chunk);
-                }
-            }
-            EventType::RequiresAction | EventType::ApprovalRequested => {
-                let name = event.kind.as_str().replace('_', "-");
-                out.push(json!({"type": format!("data-spool-{name}"), "data": data}));
-            }
-            EventType::Error => {
-                let text = format!(
-                    "{}: {}",
-                    data["code"].as_str().unwrap_or("error"),
-                    data["message"].as_str().unwrap_or_default()
-                );
-                out.push(json!({"type": "error", "errorText": text}));
-            }
-            EventType::Done => {
-                self.ended = true;
-                out.push(match data["status"].as_str() {
-                    Some("cancelled") => json!({"type": "abort", "reason": "cancelled"}),
-                    Some("failed") => json!({"type": "finish", "finishReason": "error"}),
-                    _ => json!({"type": "finish", "finishReason": "stop"}),
-                });
-            }
-            _ => {}
         }
         out
     }
+
+    fn chunk(&self, event: &Event, shown: Shown) -> Option<Value> {
+        Some(match shown {
+            Shown::Started => json!({"type": "start", "messageId": event.message_id}),
+            Shown::TextStarted { index } => json!({"type": "text-start", "id": self.part(index)}),
+            Shown::TextDelta { index, delta } => {
+                json!({"type": "text-delta", "id": self.part(index), "delta": delta})
+            }
+            // A part that had ended, written anew by a new attempt: it can only be named now,
+            // for the client to hide.
+            Shown::TextEnded {
+                index, again: true, ..
+            } => json!({"type": "data-spool-superseded", "data": {"id": self.part(index)}}),
+            Shown::TextEnded {
+                index, superseded, ..
+            } => {
+                let mut chunk = json!({"type": "text-end", "id": self.part(index)});
+                if superseded {
+                    chunk["providerMetadata"] = json!({"spool": {"superseded": true}});
+                }
+                chunk
+            }
+            Shown::CallMade { call, .. } => json!({"type": "tool-input-available",
+                "toolCallId": call.tool_call_id, "toolName": call.tool_name,
+                "input": call.arguments, "providerExecuted": true}),
+            Shown::CallAnswered { result, .. } if result.is_error => {
+                json!({"type": "tool-output-error", "toolCallId": result.tool_call_id,
+                    "errorText": result.output, "providerExecuted": true})
+            }
+            Shown::CallAnswered { result, .. } => json!({"type": "tool-output-available",
+                "toolCallId": result.tool_call_id, "output": result.output,
+                "providerExecuted": true}),
+            Shown::CallEnded { .. } | Shown::Citations(_) => return None,
+            Shown::Paused(Pause::RequiresAction(action)) => {
+                json!({"type": "data-spool-requires-action", "data": action})
+            }
+            Shown::Paused(Pause::ApprovalRequested(approval)) => {
+                json!({"type": "data-spool-approval-requested", "data": approval})
+            }
+            Shown::Failed(failure) => json!({"type": "error",
+                "errorText": format!("{}: {}", failure.code.as_str(), failure.message)}),
+            Shown::Ended(RunStatus::Cancelled) => json!({"type": "abort", "reason": "cancelled"}),
+            Shown::Ended(RunStatus::Failed) => json!({"type": "finish", "finishReason": "error"}),
+            Shown::Ended(_) => json!({"type": "finish", "finishReason": "stop"}),
+        })
+    }
 }
 
-/// The AI SDK chunk of a Responses text event, if it is one.
-fn text_chunk(event: &Value) -> Option<Value> {
-    let is_message = event["item"]["type"] == "message";
-    match event["type"].as_str()? {
-        "response.output_item.added" if is_message => {
-            Some(json!({"type": "text-start", "id": event["item"]["id"]}))
-        }
-        "response.output_text.delta" => {
-            Some(json!({"type": "text-delta", "id": event["item_id"], "delta": event["delta"]}))
-        }
-        "response.output_item.done" if is_message => {
-            let mut chunk = json!({"type": "text-end", "id": event["item"]["id"]});
-            if event["item"]["status"] == "incomplete" {
-                chunk["providerMetadata"] = json!({"spool": {"superseded": true}});
+/// A `source-url` chunk per cited source.
+fn sources(citations: &[Citation]) -> Vec<Value> {
+    citations
+        .iter()
+        .map(|citation| {
+            let url = citation.url.as_str().unwrap_or_default();
+            let mut chunk = json!({"type": "source-url", "sourceId": url, "url": url});
+            if let Some(title) = citation.title.as_str() {
+                chunk["title"] = json!(title);
             }
-            Some(chunk)
-        }
-        _ => None,
-    }
+            chunk
+        })
+        .collect()
 }
 
 /// The `ai-sdk` stream of the thread (see the module doc).
@@ -299,7 +269,7 @@ impl Feed {
                 );
                 continue;
             }
-            if self.chunks.ended {
+            if self.chunks.transcript.ended() {
                 self.queue.push_back((None, "[DONE]".to_owned()));
                 self.finished = true;
                 continue;

@@ -25,17 +25,19 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use spool_shared::ThreadId;
 use spool_shared::db::runs::Run;
 use spool_shared::db::{agents, idempotency, messages};
+use spool_shared::event::transcript::Shown;
 use spool_shared::status::RunStatus;
+use spool_shared::{ThreadId, WorkflowId};
 
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
-use crate::openai::responses::{Feed, turns};
+use crate::openai::feed::{Feed, Followed};
+use crate::openai::responses::turns;
 use crate::openai::{DEFAULT_MODEL, find_run, model_of, resolve_model, wait_for_run};
 use crate::routes::threads::{UserMessageRequest, enqueue_message, idempotency_key};
 
@@ -147,10 +149,10 @@ pub(crate) async fn create_completion(
     if let Some(slot) = slot {
         let run = find_run(&state, &caller, id).await?;
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        let mut feed = Feed::open(&state, &caller, slot, run.clone(), None).await?;
-        feed.report_pauses = true;
+        let feed = Feed::open(&state, &caller, slot, &run).await?;
         let chunks = Chunks {
             feed,
+            workflow_id: run.id,
             id: format!("chatcmpl-{}", run.id.to_string().replace('-', "")),
             model: model_of(&run),
             created: run.created_at.timestamp(),
@@ -217,9 +219,10 @@ async fn completion(state: &AppState, run: &Run) -> Result<Response, ApiError> {
     .into_response())
 }
 
-/// A run's Responses events as chat-completion chunks.
+/// A run's transcript as chat-completion chunks.
 struct Chunks {
     feed: Feed,
+    workflow_id: WorkflowId,
     id: String,
     model: String,
     created: i64,
@@ -246,8 +249,8 @@ impl Chunks {
         )
     }
 
-    /// The data lines an event becomes.
-    fn lines(&mut self, event: &Value) -> Vec<String> {
+    /// The data lines an item becomes.
+    fn lines(&mut self, followed: Followed) -> Vec<String> {
         let mut lines = Vec::new();
         if !self.started {
             self.started = true;
@@ -256,19 +259,26 @@ impl Chunks {
                     .to_string(),
             );
         }
-        match event["type"].as_str().unwrap_or_default() {
-            "response.output_text.delta" => {
-                let delta = json!({"content": event["delta"]});
-                lines.push(self.delta(delta, None).to_string());
+        match followed {
+            Followed::Shown(Shown::TextDelta { delta, .. }) => {
+                lines.push(self.delta(json!({"content": delta}), None).to_string());
             }
-            "response.completed" | "response.cancelled" | "response.incomplete" => {
+            Followed::Shown(Shown::Paused(_)) => {
+                let message = "the run waits for client tool outputs or an approval: answer it \
+                    through /v1/workflows/{workflow_id}";
+                lines.push(
+                    json!({"error": {"message": message, "type": "invalid_request_error",
+                        "code": "run_not_finished", "param": null,
+                        "workflow_id": self.workflow_id}})
+                    .to_string(),
+                );
+                self.over = true;
+            }
+            Followed::Ended(run) if run.status != RunStatus::Failed => {
                 lines.push(self.delta(json!({}), Some("stop")).to_string());
                 if self.include_usage {
-                    let usage = &event["response"]["usage"];
-                    let (input, output) = (
-                        usage["input_tokens"].as_u64().unwrap_or(0),
-                        usage["output_tokens"].as_u64().unwrap_or(0),
-                    );
+                    let usage = run.usage.as_ref().map(|u| u.0).unwrap_or_default();
+                    let (input, output) = (usage.input_tokens, usage.output_tokens);
                     let usage = json!({"prompt_tokens": input, "completion_tokens": output,
                         "total_tokens": input + output});
                     lines.push(self.chunk(json!([]), Some(usage)).to_string());
@@ -276,33 +286,34 @@ impl Chunks {
                 lines.push("[DONE]".to_owned());
                 self.over = true;
             }
-            "spool.paused" => {
-                let message = "the run waits for client tool outputs or an approval: answer it \
-                    through /v1/workflows/{workflow_id}";
-                lines.push(
-                    json!({"error": {"message": message, "type": "invalid_request_error",
-                        "code": "run_not_finished", "param": null,
-                        "workflow_id": event["workflow_id"]}})
-                    .to_string(),
-                );
-                self.over = true;
+            Followed::Ended(run) => {
+                let (message, code) = run
+                    .error
+                    .as_ref()
+                    .map_or((Value::Null, Value::Null), |e| {
+                        (json!(e.0.message), json!(e.0.code))
+                    });
+                lines.push(self.error(message, code));
             }
-            "response.failed" | "error" => {
-                let error = if event["type"] == "error" {
-                    json!({"message": event["message"], "code": event["code"]})
-                } else {
-                    event["response"]["error"].clone()
-                };
-                lines.push(
-                    json!({"error": {"message": error["message"], "type": "server_error",
-                        "code": error["code"], "param": null}})
-                    .to_string(),
-                );
-                self.over = true;
-            }
-            _ => {}
+            Followed::Expired => lines.push(self.error(
+                json!("the events of this response are no longer retained; GET the response without stream"),
+                json!("stream_expired"),
+            )),
+            Followed::Reset => lines.push(self.error(
+                json!("events of this response were lost; GET the response without stream"),
+                json!("stream_reset"),
+            )),
+            Followed::Shown(_) | Followed::Live => {}
         }
         lines
+    }
+
+    /// An `error` object (the SDKs raise it); the stream is over.
+    fn error(&mut self, message: Value, code: Value) -> String {
+        self.over = true;
+        json!({"error": {"message": message, "type": "server_error", "code": code,
+            "param": null}})
+        .to_string()
     }
 
     fn into_sse(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
@@ -315,8 +326,8 @@ impl Chunks {
                 if chunks.over {
                     return None;
                 }
-                let event = chunks.feed.next().await?;
-                pending.extend(chunks.lines(&event));
+                let followed = chunks.feed.next().await?;
+                pending.extend(chunks.lines(followed));
             }
         })
     }

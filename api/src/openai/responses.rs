@@ -27,7 +27,6 @@ use serde_json::{Map, Value, json};
 
 use spool_shared::db::runs::Run;
 use spool_shared::db::{idempotency, runs};
-use spool_shared::event::{Event, EventType};
 use spool_shared::status::Role;
 use spool_shared::{ThreadId, WorkflowId};
 
@@ -35,8 +34,9 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::gateway::{self, Item, Session};
-use crate::openai::translate::Translator;
+use crate::gateway;
+use crate::openai::feed::{Feed, Followed};
+use crate::openai::translate::ResponseEvents;
 use crate::openai::{
     find_run as find, load_response, resolve_model, response_not_found, wait_for_run,
 };
@@ -385,94 +385,69 @@ async fn stream(
     run: Run,
     starting_after: Option<u64>,
 ) -> Result<Response, ApiError> {
-    let feed = Feed::open(state, caller, slot, run, starting_after).await?;
-    Ok(gateway::sse_without_retry(feed.into_sse()))
+    let events = ResponseStream::open(state, caller, slot, run, starting_after).await?;
+    Ok(gateway::sse_without_retry(events.into_sse()))
 }
 
 /// A run's Responses events (see [`crate::openai::translate`]): the same for every client and
 /// every reconnect, filtered to those after `starting_after`.
-pub(crate) struct Feed {
+struct ResponseStream {
     state: AppState,
-    caller: Caller,
-    workflow_id: WorkflowId,
-    /// `None` when Redis no longer holds the run's events.
-    session: Option<Session>,
-    translator: Translator,
+    feed: Feed,
+    events: ResponseEvents,
     after: Option<u64>,
     queue: VecDeque<Value>,
     finished: bool,
-    /// Whether a pause is reported (as `spool.paused`, without a sequence number): for chat
-    /// completions, which cannot wait for one.
-    pub(crate) report_pauses: bool,
 }
 
-/// What a [`Feed`] that reports pauses yields when its run pauses.
-fn paused(workflow_id: WorkflowId) -> Value {
-    json!({"type": "spool.paused", "workflow_id": workflow_id})
-}
-
-impl Feed {
-    /// The feed of `run`'s events after `starting_after`.
-    pub(crate) async fn open(
+impl ResponseStream {
+    /// The events of `run` after `starting_after`.
+    async fn open(
         state: &AppState,
         caller: &Caller,
         slot: gateway::StreamSlot,
         run: Run,
         starting_after: Option<u64>,
     ) -> Result<Self, ApiError> {
-        let session =
-            gateway::follow_run(state, slot, run.thread_id, run.id, run.assistant_message_id)
-                .await?;
+        let feed = Feed::open(state, caller, slot, &run).await?;
         let mut head = load_response(state, &run).await?;
         head["status"] = json!("queued");
         head["output"] = json!([]);
         head["usage"] = Value::Null;
         head["error"] = Value::Null;
         head["completed_at"] = Value::Null;
-        let mut translator = Translator::new(head);
+        let mut events = ResponseEvents::new(head);
         let mut queue = VecDeque::new();
-        if session.is_some() {
-            queue.push_back(translator.created());
-        } else {
-            // Its events are gone (the retention window passed): say so; the stored response
-            // is over REST.
-            let mut error = translator.error(
-                "stream_expired",
-                "the events of this response are no longer retained; GET the response without stream",
-            );
-            error["sequence_number"] = json!(starting_after.map_or(0, |n| n.saturating_add(1)));
-            queue.push_back(error);
+        if feed.retained() {
+            queue.push_back(events.created());
         }
         Ok(Self {
             state: state.clone(),
-            caller: caller.clone(),
-            workflow_id: run.id,
-            finished: session.is_none(),
-            session,
-            translator,
+            feed,
+            events,
             after: starting_after,
             queue,
-            report_pauses: false,
+            finished: false,
         })
     }
 
     fn into_sse(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
-        futures::stream::unfold(self, |mut feed| async move {
-            let event = feed.next().await?;
+        futures::stream::unfold(self, |mut stream| async move {
+            let event = stream.next().await?;
             let kind = event["type"].as_str().unwrap_or("error").to_owned();
             Some((
                 Ok(SseEvent::default().event(kind).data(event.to_string())),
-                feed,
+                stream,
             ))
         })
     }
 
     /// The next event to send, or `None` at the end.
-    pub(crate) async fn next(&mut self) -> Option<Value> {
+    async fn next(&mut self) -> Option<Value> {
         loop {
             if let Some(event) = self.queue.pop_front() {
                 let sequence = event["sequence_number"].as_u64().unwrap_or(0);
-                let unnumbered = event["type"] == "error" || event["type"] == "spool.paused";
+                let unnumbered = event["type"] == "error";
                 if self.after.is_none_or(|after| sequence > after) || unnumbered {
                     return Some(event);
                 }
@@ -481,81 +456,51 @@ impl Feed {
             if self.finished {
                 return None;
             }
-            if self.translator.ended {
-                self.finish().await;
+            let Some(followed) = self.feed.next().await else {
+                self.finished = true;
                 continue;
-            }
-            let item = match &mut self.session {
-                Some(session) => session.next().await,
-                None => None,
             };
-            match item {
-                Some(Item::Entry(entry)) => {
-                    let Ok(event) = serde_json::from_str::<Event>(&entry.json) else {
-                        continue;
-                    };
-                    if event.workflow_id == self.workflow_id {
-                        let events = self.translator.push(&event);
-                        self.queue.extend(events);
-                        if self.report_pauses
-                            && matches!(
-                                event.kind,
-                                EventType::RequiresAction | EventType::ApprovalRequested
-                            )
-                        {
-                            self.queue.push_back(paused(self.workflow_id));
-                        }
-                    }
+            match followed {
+                Followed::Expired => {
+                    // Its events are gone (the retention window passed): say so; the stored
+                    // response is over REST.
+                    let mut error = self.events.error(
+                        "stream_expired",
+                        "the events of this response are no longer retained; GET the response without stream",
+                    );
+                    error["sequence_number"] = json!(self.after.map_or(0, |n| n.saturating_add(1)));
+                    self.queue.push_back(error);
+                    self.finished = true;
                 }
-                Some(Item::Live) => {
+                Followed::Shown(shown) => {
+                    let events = self.events.shown(&shown);
+                    self.queue.extend(events);
+                }
+                Followed::Live => {
                     // A `starting_after` beyond the last event: follow live from the end.
-                    let next = self.translator.next_sequence();
+                    let next = self.events.next_sequence();
                     if let Some(after) = self.after
                         && after >= next
                     {
                         self.after = next.checked_sub(1);
                     }
                 }
-                Some(Item::Pause(_)) if self.report_pauses => {
-                    self.queue.push_back(paused(self.workflow_id));
-                }
-                Some(Item::Pause(_)) => {}
-                Some(Item::Reset { .. }) => {
-                    let error = self.translator.error(
+                Followed::Reset => {
+                    let error = self.events.error(
                         "stream_reset",
                         "events of this response were lost; GET the response without stream",
                     );
                     self.queue.push_back(error);
                     self.finished = true;
                 }
-                // Over, but its `done` was lost with Redis: the stored end.
-                Some(Item::NotStreaming { .. }) => self.finish().await,
-                // The session was cut (the server stops, a lagging client dropped, Redis
-                // failed): end here, so the client resumes with `starting_after`.
-                None => self.finished = true,
+                Followed::Ended(run) => match load_response(&self.state, &run).await {
+                    Ok(response) => {
+                        let event = self.events.terminal(response);
+                        self.queue.push_back(event);
+                    }
+                    Err(err) => tracing::warn!(error = %err, "reading a response's end failed"),
+                },
             }
-        }
-    }
-
-    /// Queues the terminal event from the stored run, if it has ended; the feed is over.
-    async fn finish(&mut self) {
-        self.finished = true;
-        let run = match find(&self.state, &self.caller, self.workflow_id).await {
-            Ok(run) => run,
-            Err(err) => {
-                tracing::warn!(error = %err, "reading a response's end failed");
-                return;
-            }
-        };
-        if !run.status.is_terminal() {
-            return;
-        }
-        match load_response(&self.state, &run).await {
-            Ok(response) => {
-                let event = self.translator.terminal(response);
-                self.queue.push_back(event);
-            }
-            Err(err) => tracing::warn!(error = %err, "reading a response's end failed"),
         }
     }
 }

@@ -11,12 +11,11 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::sync::broadcast;
 
 use spool_shared::db;
 use spool_shared::db::runs::{self, Run};
-use spool_shared::event::{EventType, Origin, end_of_message};
+use spool_shared::event::{MessageEnd, MessageStart, Origin, end_of_message};
 use spool_shared::ids::AgentId;
 use spool_shared::run::{PendingAction, RunFailure, Usage};
 use spool_shared::status::RunStatus;
@@ -444,18 +443,16 @@ async fn end_cancelled(state: &AppState, run: &Run, status: RunStatus) -> Result
 /// Ends the stream of a run cancelled without a worker (best effort: with Redis down, the
 /// gateway's followers learn from Postgres that the run is over).
 async fn publish_cancelled(state: &AppState, run: &Run, attempt: i32) {
-    let origin = Origin {
-        thread_id: run.thread_id,
-        workflow_id: run.id,
-        message_id: run.assistant_message_id,
-        attempt,
-        depth: u32::try_from(run.depth).unwrap_or(0),
+    let origin = Origin::of(run, attempt);
+    let end = MessageEnd {
+        status: RunStatus::Cancelled,
+        usage: Usage::default(),
+        blocked: false,
+        output: None,
     };
-    let start = (EventType::MessageStart, json!({"role": "assistant"}));
-    let end = end_of_message(RunStatus::Cancelled, Usage::default(), None);
-    let events: Vec<_> = std::iter::once(start)
-        .chain(end)
-        .map(|(kind, data)| origin.event(kind, data))
+    let events: Vec<_> = std::iter::once(MessageStart::new(None).into())
+        .chain(end_of_message(end, None))
+        .map(|data| origin.event(data))
         .collect();
     let mut conn = state.streams.conn();
     let id = uuid::Uuid::new_v4().simple().to_string();

@@ -463,10 +463,7 @@ async fn an_entry_whose_notification_was_lost_still_reaches_its_follower() {
         attempt: 1,
         depth: 0,
     };
-    let event = origin.event(
-        spool_shared::event::EventType::MessageStart,
-        serde_json::json!({}),
-    );
+    let event = origin.event(spool_shared::event::MessageStart::new(None));
     let id: String = redis::cmd("XADD")
         .arg(app.keys.events(ThreadId(thread)))
         .arg("*")
@@ -652,10 +649,10 @@ async fn a_subscriber_that_falls_behind_the_buffer_is_dropped_and_can_resume() {
     let publish = |n: usize| {
         let events: Vec<_> = (0..n)
             .map(|i| {
-                origin.event(
-                    spool_shared::event::EventType::TextDelta,
-                    serde_json::json!({"block_id": "b0", "delta": format!("{i} ")}),
-                )
+                origin.event(spool_shared::event::TextDelta {
+                    block_id: spool_shared::event::BlockId::of_step(0),
+                    delta: format!("{i} "),
+                })
             })
             .collect();
         let app = &app;
@@ -737,10 +734,10 @@ async fn a_cursor_on_a_thread_with_nothing_running_replays_and_ends_even_without
     let events: Vec<_> = ["a", "b", "c"]
         .iter()
         .map(|d| {
-            origin.event(
-                spool_shared::event::EventType::TextDelta,
-                serde_json::json!({"block_id": "b0", "delta": d}),
-            )
+            origin.event(spool_shared::event::TextDelta {
+                block_id: spool_shared::event::BlockId::of_step(0),
+                delta: (*d).to_owned(),
+            })
         })
         .collect();
     app.publish_as(&origin, &events).await;
@@ -786,13 +783,10 @@ async fn a_client_resuming_after_the_run_ended_but_before_its_done_was_published
         attempt: 1,
         depth: 0,
     };
-    let end: Vec<_> = [
-        spool_shared::event::EventType::MessageEnd,
-        spool_shared::event::EventType::Done,
-    ]
-    .into_iter()
-    .map(|kind| origin.event(kind, serde_json::json!({"status": "completed"})))
-    .collect();
+    let end: Vec<_> = completed()
+        .into_iter()
+        .map(|data| origin.event(data))
+        .collect();
     app.publish_as(&origin, &end).await;
     frames.extend(reader.collect(READ).await);
     assert_eq!(kinds(&frames).last(), Some(&"done"));
@@ -881,23 +875,10 @@ async fn a_client_resuming_from_the_last_done_before_a_finished_run_published_an
         reader.next(Duration::from_millis(300)).await.is_none() && !reader.closed,
         "the stream waits for the events of a run that has only just finished"
     );
-    let run: Vec<_> = [
-        (
-            spool_shared::event::EventType::MessageStart,
-            serde_json::json!({}),
-        ),
-        (
-            spool_shared::event::EventType::MessageEnd,
-            serde_json::json!({"status": "completed"}),
-        ),
-        (
-            spool_shared::event::EventType::Done,
-            serde_json::json!({"status": "completed"}),
-        ),
-    ]
-    .into_iter()
-    .map(|(kind, data)| origin.event(kind, data))
-    .collect();
+    let run: Vec<_> = std::iter::once(spool_shared::event::MessageStart::new(None).into())
+        .chain(completed())
+        .map(|data| origin.event(data))
+        .collect();
     app.publish_as(&origin, &run).await;
     let frames = reader.collect(READ).await;
     assert_eq!(kinds(&frames), ["message_start", "message_end", "done"]);
@@ -1104,13 +1085,10 @@ async fn a_client_following_a_message_sees_none_of_the_previous_run_s_late_event
         attempt: 1,
         depth: 0,
     };
-    let late: Vec<_> = [
-        spool_shared::event::EventType::MessageEnd,
-        spool_shared::event::EventType::Done,
-    ]
-    .into_iter()
-    .map(|kind| origin.event(kind, serde_json::json!({"status": "completed"})))
-    .collect();
+    let late: Vec<_> = completed()
+        .into_iter()
+        .map(|data| origin.event(data))
+        .collect();
     app.publish_as(&origin, &late).await;
     let frames = reader.collect(READ).await;
     assert!(reader.closed, "the stream ends with the second run's done");
@@ -1122,4 +1100,15 @@ async fn a_client_following_a_message_sees_none_of_the_previous_run_s_late_event
         .collect();
     assert!(foreign.is_empty(), "{foreign:?}");
     app.stop().await;
+}
+
+/// A completed run's `message_end` and `done`.
+fn completed() -> Vec<spool_shared::event::Data> {
+    let end = spool_shared::event::MessageEnd {
+        status: spool_shared::status::RunStatus::Completed,
+        usage: spool_shared::run::Usage::default(),
+        blocked: false,
+        output: None,
+    };
+    spool_shared::event::end_of_message(end, None)
 }

@@ -4,7 +4,10 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use spool_shared::event::{EventType, Origin};
+use spool_shared::event::{
+    BlockId, Data, Done, EventType, MessageStart, Origin, StepCall, StepResult, TextDelta,
+};
+use spool_shared::status::RunStatus;
 use spool_shared::stream::{self, PublishError, StreamKeys};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 use spool_tests::servers::{OwnRedis, free_port};
@@ -101,7 +104,7 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
         depth: 0,
     };
     let publish_kind = |attempt: i32, kind: EventType| {
-        let event = origin(attempt).event(kind, json!({"block_id": "b0", "delta": "x"}));
+        let event = origin(attempt).event(sample(kind));
         let keys = keys.clone();
         let mut conn = conn.clone();
         async move {
@@ -166,10 +169,10 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
         depth: 0,
     };
     let delta = |text: &str| {
-        origin.event(
-            EventType::TextDelta,
-            json!({"block_id": "b0", "delta": text}),
-        )
+        origin.event(TextDelta {
+            block_id: BlockId::of_step(0),
+            delta: text.to_owned(),
+        })
     };
     let publish = |id: String, events: Vec<spool_shared::event::Event>| {
         let keys = keys.clone();
@@ -242,7 +245,7 @@ impl Direct {
             attempt: 1,
             depth: 0,
         };
-        let events: Vec<_> = kinds.iter().map(|k| origin.event(*k, json!({}))).collect();
+        let events: Vec<_> = kinds.iter().map(|k| origin.event(sample(*k))).collect();
         let id = uuid::Uuid::new_v4().to_string();
         let batch = stream::Batch {
             thread: self.thread,
@@ -745,18 +748,21 @@ async fn a_takeover_reads_the_step_results_shown_and_fences_older_attempts() {
         depth: 0,
     };
     let result = |step: u32, call: &str| {
-        origin.event(
-            EventType::Step,
-            json!({"phase": "result", "step": step, "tool_call_id": call, "tool_name": "t",
-                "output": "ok", "is_error": false}),
-        )
+        origin.event(StepResult {
+            step,
+            tool_call_id: call.to_owned(),
+            tool_name: "t".to_owned(),
+            output: "ok".to_owned(),
+            is_error: false,
+        })
     };
     let call = |step: u32, call: &str| {
-        origin.event(
-            EventType::Step,
-            json!({"phase": "call", "step": step, "tool_call_id": call, "tool_name": "t",
-                "arguments": {}}),
-        )
+        origin.event(StepCall {
+            step,
+            tool_call_id: call.to_owned(),
+            tool_name: "t".to_owned(),
+            arguments: json!({}),
+        })
     };
     let publish = |id: &'static str, attempt: i32, events: Vec<spool_shared::event::Event>| {
         let keys = keys.clone();
@@ -816,8 +822,25 @@ async fn a_takeover_reads_the_step_results_shown_and_fences_older_attempts() {
         takeover(2).await.expect("the same attempt again"),
         shown(2, &["c", "b"])
     );
-    let done = origin.event(EventType::Done, json!({"status": "completed"}));
+    let done = origin.event(sample(EventType::Done));
     let done = spool_shared::event::Event { attempt: 2, ..done };
     publish("b5", 2, vec![done]).await.expect("done");
     assert_eq!(takeover(3).await.expect("after done"), shown(0, &[]));
+}
+
+/// An event of type `kind` as these tests publish it (a start, a delta, a completed done).
+fn sample(kind: EventType) -> Data {
+    match kind {
+        EventType::MessageStart => MessageStart::new(None).into(),
+        EventType::Done => Done {
+            status: RunStatus::Completed,
+        }
+        .into(),
+        EventType::TextDelta => TextDelta {
+            block_id: BlockId::of_step(0),
+            delta: "x".to_owned(),
+        }
+        .into(),
+        other => panic!("no sample of {other:?}"),
+    }
 }

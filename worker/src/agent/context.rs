@@ -4,12 +4,11 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use sqlx::PgPool;
 
 use spool_shared::db::runs::{Claimed, Fence, Pause};
 use spool_shared::db::steps::SavedStep;
-use spool_shared::event::EventType;
+use spool_shared::event::{BlockId, TextDelta, TextEnd, TextStart};
 use spool_shared::run::PendingAction;
 use spool_shared::status::RunStatus;
 
@@ -62,24 +61,20 @@ impl Attempt<'_> {
     }
 
     /// Publishes a whole text block at once (held-back or re-shown text).
-    pub(crate) fn emit_text(&self, block: &str, text: &str) {
+    pub(crate) fn emit_text(&self, step: u32, text: &str) {
         if text.is_empty() {
             return;
         }
-        self.events
-            .send(EventType::TextStart, json!({"block_id": block}));
-        self.events.send(
-            EventType::TextDelta,
-            json!({"block_id": block, "delta": text}),
-        );
-        self.events
-            .send(EventType::TextEnd, json!({"block_id": block}));
+        let block_id = BlockId::of_step(step);
+        self.events.send(TextStart {
+            block_id: block_id.clone(),
+        });
+        self.events.send(TextDelta {
+            block_id: block_id.clone(),
+            delta: text.to_owned(),
+        });
+        self.events.send(TextEnd { block_id });
     }
-}
-
-/// The id of step `step`'s text block.
-pub(crate) fn block_id(step: u32) -> String {
-    format!("s{step}")
 }
 
 /// A lost lease ends the loop; nothing more may be written.

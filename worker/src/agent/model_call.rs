@@ -18,15 +18,14 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder as _, ExponentialBuilder};
 use futures::StreamExt as _;
-use serde_json::json;
 use tracing::Instrument as _;
 
 use chrono::Utc;
 use spool_shared::db::steps::{AssistantTurn, CallResult, ModelCall, SavedStep};
-use spool_shared::event::EventType;
+use spool_shared::event::{BlockId, TextDelta, TextEnd, TextStart};
 use spool_shared::run::{Citation, Usage};
 
-use super::context::{Attempt, block_id};
+use super::context::Attempt;
 use super::llm::{
     ChatChunk, ChatMessage, ChatModel, ChatRequest, ChatResponse, FinishReason, LlmError, ToolCall,
 };
@@ -93,7 +92,7 @@ pub(crate) async fn call_model(
         run.step = i64::from(step));
     let mut out = Streamed {
         a,
-        block: block_id(step),
+        block: BlockId::of_step(step),
         buffer,
         block_open: false,
         text: String::new(),
@@ -309,7 +308,7 @@ fn record(model: &str, usage: Usage, took: Duration) {
 /// The text of one model call as it streams, across its retries and continuations.
 struct Streamed<'a, 'b> {
     a: &'a Attempt<'b>,
-    block: String,
+    block: BlockId,
     /// Hold the text back instead of publishing it.
     buffer: bool,
     block_open: bool,
@@ -328,23 +327,23 @@ impl Streamed<'_, '_> {
             return;
         }
         if !self.block_open {
-            self.a
-                .events
-                .send(EventType::TextStart, json!({"block_id": self.block}));
+            self.a.events.send(TextStart {
+                block_id: self.block.clone(),
+            });
             self.block_open = true;
         }
-        self.a.events.send(
-            EventType::TextDelta,
-            json!({"block_id": self.block, "delta": delta}),
-        );
+        self.a.events.send(TextDelta {
+            block_id: self.block.clone(),
+            delta,
+        });
     }
 
     /// Ends the block, if one was opened.
     fn close(&mut self) {
         if std::mem::take(&mut self.block_open) {
-            self.a
-                .events
-                .send(EventType::TextEnd, json!({"block_id": self.block}));
+            self.a.events.send(TextEnd {
+                block_id: self.block.clone(),
+            });
         }
     }
 }

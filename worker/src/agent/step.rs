@@ -15,13 +15,13 @@
 //!   between the save and the publish, the next attempt shows it (see [`super::takeover`]).
 //! - [`Recent`]: the same call three times in a row is a doom loop and fails the run.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use spool_shared::agent::{AgentSpec, StopCondition};
 use spool_shared::db::agents;
 use spool_shared::db::runs::{self, ChildEnd, NewChild, Pause, Wait};
 use spool_shared::db::steps::{CallResult, CallState, DecidedBy, Decision};
-use spool_shared::event::EventType;
+use spool_shared::event::{StepCall, StepResult};
 use spool_shared::run::{AgentCall, Citation, PendingAction, PendingCall};
 use spool_shared::status::RunStatus;
 use spool_shared::{AgentId, WorkflowId};
@@ -236,7 +236,7 @@ impl Loop<'_> {
         output: &ModelOutput,
         mut results: Vec<CallResult>,
         starts: Vec<AgentStart>,
-        shown: Vec<Value>,
+        shown: Vec<StepResult>,
     ) -> Exit {
         let mut calls = Vec::with_capacity(starts.len());
         for start in &starts {
@@ -372,7 +372,7 @@ impl Loop<'_> {
         step: u32,
         output: ModelOutput,
         results: Vec<CallResult>,
-        shown: Vec<Value>,
+        shown: Vec<StepResult>,
     ) -> Result<(), Exit> {
         let citations = results
             .iter()
@@ -416,7 +416,7 @@ impl Loop<'_> {
         step: u32,
         output: &ModelOutput,
         results: Vec<CallResult>,
-        shown: Vec<Value>,
+        shown: Vec<StepResult>,
     ) -> Exit {
         if let Err(exit) = a
             .save_step(step, &output.saved(results.clone(), Vec::new()))
@@ -471,8 +471,8 @@ impl Loop<'_> {
             Ok(Pause::CancelRequested) => self.halted(Halt::Cancelled),
             Ok(Pause::Lost) => LoopEnd::LeaseLost.into(),
             Ok(Pause::Paused(deadline)) => {
-                if let Some((event, data)) = action.until(deadline).event() {
-                    a.events.send(event, data);
+                if let Some(event) = action.until(deadline).event() {
+                    a.events.send(event);
                 }
                 LoopEnd::Paused.into()
             }
@@ -516,19 +516,19 @@ fn child_result(end: Option<&ChildEnd>) -> (String, bool) {
 /// Publishes a `step` event (`phase: call`) per call.
 pub(crate) fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
     for call in calls {
-        a.events.send(
-            EventType::Step,
-            json!({"phase": "call", "step": step,
-            "tool_call_id": call.id, "tool_name": call.name,
-            "arguments": call.parsed_arguments()}),
-        );
+        a.events.send(StepCall {
+            step,
+            tool_call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            arguments: call.parsed_arguments(),
+        });
     }
 }
 
 /// The `step` events (`phase: result`) of the settled calls not published yet, which are marked
 /// published: the caller saves the step (so a resumed attempt does not show them again), then
 /// [`publish`]es them.
-fn unpublished_results(step: u32, results: &mut [CallResult]) -> Vec<Value> {
+fn unpublished_results(step: u32, results: &mut [CallResult]) -> Vec<StepResult> {
     results
         .iter_mut()
         .filter(|r| r.state == CallState::Done && !r.published)
@@ -540,16 +540,20 @@ fn unpublished_results(step: u32, results: &mut [CallResult]) -> Vec<Value> {
 }
 
 /// The data of a call's `step` event of phase `result`.
-pub(crate) fn result_event(step: u32, result: &CallResult) -> Value {
-    json!({"phase": "result", "step": step,
-    "tool_call_id": result.tool_call_id, "tool_name": result.name,
-    "output": result.output, "is_error": result.is_error})
+pub(crate) fn result_event(step: u32, result: &CallResult) -> StepResult {
+    StepResult {
+        step,
+        tool_call_id: result.tool_call_id.clone(),
+        tool_name: result.name.clone(),
+        output: result.output.clone(),
+        is_error: result.is_error,
+    }
 }
 
 /// Publishes results from [`unpublished_results`], once their step is saved.
-fn publish(a: &Attempt<'_>, shown: Vec<Value>) {
-    for data in shown {
-        a.events.send(EventType::Step, data);
+fn publish(a: &Attempt<'_>, shown: Vec<StepResult>) {
+    for result in shown {
+        a.events.send(result);
     }
 }
 
@@ -577,6 +581,7 @@ pub(crate) fn citations_in(output: &str, is_error: bool) -> Vec<Citation> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn citations_are_read_from_json_results() {

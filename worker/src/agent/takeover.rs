@@ -17,10 +17,9 @@
 use std::time::Duration;
 
 use spool_shared::db::steps::{CallResult, SavedStep};
-use spool_shared::event::EventType;
 use spool_shared::stream::PublishError;
 
-use super::context::{Attempt, block_id};
+use super::context::Attempt;
 use super::step::{announce_calls, result_event};
 
 /// How long the takeover waits for Redis before going by the saved marks.
@@ -50,12 +49,12 @@ pub(crate) async fn show_again(
             continue;
         }
         if n > shown.step {
-            a.emit_text(&block_id(number), &step.assistant.text);
+            a.emit_text(number, &step.assistant.text);
             announce_calls(a, number, &step.assistant.tool_calls);
         }
         for result in &step.results {
             if n > shown.step || !shown.calls.contains(&result.tool_call_id) {
-                a.events.send(EventType::Step, result_event(number, result));
+                a.events.send(result_event(number, result));
             }
         }
     }
