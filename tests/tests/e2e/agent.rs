@@ -130,8 +130,9 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
         .collect();
     assert_eq!(results, ["t1 done", "t2 done", "t3 done"]);
 
-    // The stream retracts the cut step and replays its call under the new attempt.
-    let stored = stack.stored(&json!(thread.to_string())).await;
+    // The stream retracts the cut step and replays its call under the new attempt (read once
+    // it ends with the done, which the worker publishes after it writes the run's end).
+    let stored = stored_to_done(&stack, &accepted).await;
     let restart = stored
         .iter()
         .position(|(_, e)| e["type"] == "attempt_restarted")
