@@ -258,7 +258,7 @@ pub(crate) async fn wait_for_run(
     id: spool_shared::WorkflowId,
 ) -> Result<Run, ApiError> {
     let deadline = tokio::time::Instant::now() + BLOCKING_WAIT;
-    crate::routes::workflows::wait_settled(state, caller, id, Some(deadline)).await
+    crate::runs::wait::until_settled(state, caller, id, Some(deadline)).await
 }
 
 /// The Responses object of the caller's run, from Postgres.

@@ -514,6 +514,25 @@ pub async fn erase(
         .await
 }
 
+/// Undoes [`erase`]'s fences for `publishing` (the erasure failed after the stream was erased,
+/// and the thread stays): their runs may publish again.
+pub async fn lift_fences(
+    conn: &mut RedisConn,
+    keys: &StreamKeys,
+    thread: ThreadId,
+    publishing: &[WorkflowId],
+) -> redis::RedisResult<()> {
+    if publishing.is_empty() {
+        return Ok(());
+    }
+    let fields: Vec<String> = publishing.iter().map(ToString::to_string).collect();
+    redis::cmd("HDEL")
+        .arg(keys.fence(thread))
+        .arg(fields)
+        .query_async(conn)
+        .await
+}
+
 /// One stored event as the gateway serves it.
 #[derive(Clone, Debug)]
 pub struct StoredEvent {

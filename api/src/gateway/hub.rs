@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use spool_shared::ThreadId;
 use spool_shared::stream::{self, EntryId, ReadError, RedisConn, StoredEvent, StreamKeys};
 
-/// Entries read per round trip: four sessions' pages ([`super::PAGE`]), since a feed keeps up
+/// Entries read per round trip: four sessions' pages ([`super::session::PAGE`]), since a feed keeps up
 /// with a whole thread's output (one event per delta: tens of thousands a second) and each read
 /// is a round trip; still bounded, since an entry may be a whole tool result (50,000
 /// characters).

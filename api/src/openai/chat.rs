@@ -39,7 +39,7 @@ use crate::gateway;
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::responses::turns;
 use crate::openai::{DEFAULT_MODEL, find_run, model_of, resolve_model, wait_for_run};
-use crate::routes::threads::{UserMessageRequest, enqueue_message, idempotency_key};
+use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 
 /// `/v1/chat/completions`, `/v1/models`.
 pub fn router() -> Router<AppState> {

@@ -40,8 +40,8 @@ use crate::openai::translate::ResponseEvents;
 use crate::openai::{
     find_run as find, load_response, resolve_model, response_not_found, wait_for_run,
 };
-use crate::routes::threads::{UserMessageRequest, enqueue_message, idempotency_key};
-use crate::routes::workflows;
+use crate::runs::cancel::cancel;
+use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 
 /// `/v1/responses...`.
 pub fn router() -> Router<AppState> {
@@ -372,8 +372,7 @@ pub(crate) async fn cancel_response(
     runs::find(&state.db, id, &caller.owner)
         .await?
         .ok_or_else(response_not_found)?;
-    let run =
-        workflows::cancel(&state, &caller, id, Some("cancelled through /v1/responses")).await?;
+    let run = cancel(&state, &caller, id, Some("cancelled through /v1/responses")).await?;
     Ok(Json(load_response(&state, &run).await?))
 }
 

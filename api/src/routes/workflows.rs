@@ -11,15 +11,11 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast;
 
-use spool_shared::db;
 use spool_shared::db::runs::{self, Run};
-use spool_shared::event::{MessageEnd, MessageStart, Origin, end_of_message};
 use spool_shared::ids::AgentId;
 use spool_shared::run::{PendingAction, RunFailure, Usage};
 use spool_shared::status::RunStatus;
-use spool_shared::stream;
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
@@ -28,6 +24,8 @@ use crate::error::ApiError;
 use crate::error::{ErrorBody, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::routes::list::{self, List, ListQuery};
+use crate::runs::cancel::cancel;
+use crate::runs::wait::until_settled;
 
 /// `/v1/workflows/...`.
 pub fn router() -> Router<AppState> {
@@ -167,76 +165,8 @@ async fn get_workflow(
         ));
     }
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(wait);
-    let run = wait_settled(&state, &caller, workflow_id, (wait > 0).then_some(deadline)).await?;
+    let run = until_settled(&state, &caller, workflow_id, (wait > 0).then_some(deadline)).await?;
     Ok(Json(run.into()))
-}
-
-/// The caller's run once it is terminal or paused, or at `deadline` as it is then (at once
-/// without a deadline). Holds no database connection while it waits (see [`crate::watch`]).
-pub(crate) async fn wait_settled(
-    state: &AppState,
-    caller: &Caller,
-    workflow_id: WorkflowId,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<Run, ApiError> {
-    // Subscribed before the first read: a change between the read and the wait is not missed.
-    let mut changes = state.runs.subscribe();
-    let _waiting = deadline.is_some().then(Waiting::start);
-    let find = || async {
-        runs::find_in(&state.db, workflow_id, caller.scope())
-            .await?
-            .ok_or_else(workflow_not_found)
-    };
-    let Some(deadline) = deadline else {
-        return find().await;
-    };
-    let mut run = runs::watch(&state.db, workflow_id, caller.scope())
-        .await?
-        .ok_or_else(workflow_not_found)?;
-    while !settled(run.status) {
-        tokio::select! {
-            change = changes.recv() => match change {
-                Ok(Some(id)) if id != workflow_id => continue,
-                // Its change, a lost LISTEN connection, or a lag: read it again.
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => run = find().await?,
-                Err(broadcast::error::RecvError::Closed) => {
-                    tokio::time::sleep_until(deadline).await;
-                    return find().await;
-                }
-            },
-            () = tokio::time::sleep_until(deadline) => break,
-            () = state.shutdown.cancelled() => break,
-        }
-    }
-    if !settled(run.status) {
-        run = find().await?;
-    }
-    Ok(run)
-}
-
-/// Counts a `?wait=` request in `spool_workflow_waits` while it lives.
-struct Waiting;
-
-impl Waiting {
-    fn start() -> Self {
-        metrics::gauge!("spool_workflow_waits").increment(1);
-        Self
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        metrics::gauge!("spool_workflow_waits").decrement(1);
-    }
-}
-
-/// Whether a `?wait=` is over: the run has ended or waits for someone.
-fn settled(status: RunStatus) -> bool {
-    status.is_terminal()
-        || matches!(
-            status,
-            RunStatus::RequiresAction | RunStatus::AwaitingApproval
-        )
 }
 
 /// A page of runs.
@@ -311,22 +241,6 @@ async fn list_workflows(
     Ok(Json(List::of(page, WorkflowResponse::from)))
 }
 
-/// The caller's run, as it is now.
-pub(crate) async fn current(
-    state: &AppState,
-    id: WorkflowId,
-    caller: &Caller,
-) -> Result<Run, ApiError> {
-    runs::find(&state.db, id, &caller.owner)
-        .await?
-        .ok_or_else(workflow_not_found)
-}
-
-/// 404 `workflow_not_found`.
-pub(crate) fn workflow_not_found() -> ApiError {
-    ApiError::not_found("workflow_not_found", "no such workflow")
-}
-
 /// 202 with the run.
 pub(crate) fn accepted(run: Run) -> (StatusCode, Json<WorkflowResponse>) {
     (StatusCode::ACCEPTED, Json(run.into()))
@@ -381,96 +295,4 @@ async fn cancel_workflow(
     Ok(accepted(
         cancel(&state, &caller, id, reason.as_deref()).await?,
     ))
-}
-
-/// Cancels the caller's run (see [`cancel_workflow`]) and returns it as it is then.
-pub(crate) async fn cancel(
-    state: &AppState,
-    caller: &Caller,
-    id: WorkflowId,
-    reason: Option<&str>,
-) -> Result<Run, ApiError> {
-    let status = runs::request_cancel(&state.db, id, &caller.owner, reason).await?;
-    let run = current(state, id, caller).await?;
-    let Some(status) = status else {
-        return Ok(run);
-    };
-    // The agent runs it started, deepest first. A run waiting for a child that a worker
-    // holds is not ended here: the child's end re-queues it, and the worker that claims it
-    // finds the cancel request and ends it, so every run of the tree ends after its children
-    // (and the thread's stream ends with the parent's `done`).
-    let mut held_below = std::collections::HashSet::new();
-    for child in runs::active_descendants(&state.db, id).await? {
-        let Some(child_status) =
-            runs::request_cancel(&state.db, child.id, &caller.owner, reason).await?
-        else {
-            continue;
-        };
-        let ended =
-            !held_below.contains(&child.id) && end_cancelled(state, &child, child_status).await?;
-        if !ended && let Some(parent) = child.parent_workflow_id {
-            held_below.insert(parent);
-        }
-    }
-    if held_below.contains(&id) {
-        tracing::info!(workflow.id = %id, "cancel requested; ends after its agent runs");
-    } else {
-        end_cancelled(state, &run, status).await?;
-        tracing::info!(workflow.id = %id, "cancel requested");
-    }
-    current(state, id, caller).await
-}
-
-/// Ends a run whose cancel was just requested: one no worker holds is cancelled here, and its
-/// stream ended (`true`); a worker holding it hears it, and ends it (`false`).
-async fn end_cancelled(state: &AppState, run: &Run, status: RunStatus) -> Result<bool, ApiError> {
-    // Not running: cancelled here, unless a worker claimed it in between (it sees the
-    // request as it starts).
-    if status != RunStatus::Running
-        && let Some(attempt) = runs::cancel_unclaimed(&state.db, run.id).await?
-    {
-        // Its room in its quotas goes back (a worker's end of a run does the same).
-        if let Some(quota) = &run.quota {
-            state.admission.release(&run.tenant_id, run.id, quota).await;
-        }
-        publish_cancelled(state, run, attempt).await;
-        return Ok(true);
-    }
-    db::notify_cancel(&state.db, run.id).await?;
-    Ok(false)
-}
-
-/// Ends the stream of a run cancelled without a worker (best effort: with Redis down, the
-/// gateway's followers learn from Postgres that the run is over).
-async fn publish_cancelled(state: &AppState, run: &Run, attempt: i32) {
-    let origin = Origin::of(run, attempt);
-    let end = MessageEnd {
-        status: RunStatus::Cancelled,
-        usage: Usage::default(),
-        blocked: false,
-        output: None,
-    };
-    let events: Vec<_> = std::iter::once(MessageStart::new(None).into())
-        .chain(end_of_message(end, None))
-        .map(|data| origin.event(data))
-        .collect();
-    let mut conn = state.streams.conn();
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    let batch = stream::Batch {
-        thread: run.thread_id,
-        workflow: run.id,
-        attempt,
-        id: &id,
-        events: &events,
-    };
-    let result = stream::publish(
-        &mut conn,
-        state.streams.keys(),
-        &batch,
-        state.config.stream_retention,
-    )
-    .await;
-    if let Err(err) = result {
-        tracing::warn!(workflow.id = %run.id, error = %err, "could not publish the cancellation");
-    }
 }

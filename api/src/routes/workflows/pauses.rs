@@ -21,11 +21,12 @@ use spool_shared::db::{self, agents};
 use spool_shared::run::PendingAction;
 use spool_shared::status::RunStatus;
 
-use super::{WorkflowResponse, accepted, current, workflow_not_found};
+use super::{WorkflowResponse, accepted};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, BadBody, ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
+use crate::runs::{find_own, workflow_not_found};
 
 /// One client tool output.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -268,6 +269,6 @@ impl Paused {
         }
         db::notify_runs(&mut *self.tx).await?;
         self.tx.commit().await?;
-        Ok(accepted(current(state, id, caller).await?))
+        Ok(accepted(find_own(state, id, caller).await?))
     }
 }

@@ -14,11 +14,11 @@ use spool_shared::db::steps::{self, CallResult, CallState, Decision, ModelCall, 
 use spool_shared::run::{Citation, PendingAction, Usage};
 use spool_shared::status::RunStatus;
 
-use super::workflow_not_found;
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, Unauthenticated};
 use crate::extract::ApiPath;
+use crate::runs::workflow_not_found;
 
 /// A run's durable timeline.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
