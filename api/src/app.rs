@@ -32,8 +32,8 @@ pub struct ApiConfig {
     pub quotas: spool_shared::quota::Quotas,
     /// The named model providers (`SPOOL_PROVIDERS`), for agents' `provider`.
     pub providers: spool_shared::provider::Providers,
-    /// The tools' network policy, which webhook URLs must pass too.
-    pub network_policy: Arc<spool_worker::agent::tools::ssrf::NetworkPolicy>,
+    /// The network policy webhook URLs must pass (as tools' URLs do in the worker).
+    pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
 }
 
 /// Everything a handler needs, cheap to clone.

@@ -309,13 +309,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             cors_origins: args.cors_origins.clone(),
             stream_retention: args.stream.retention(),
             quotas: args.quota.quotas(),
-            providers: args.worker.providers.clone().unwrap_or_default(),
-            network_policy: Arc::new(
-                spool_worker::agent::tools::ssrf::NetworkPolicy::parse(
-                    &args.worker.tools_allow_networks,
-                )
-                .context("SPOOL_TOOLS_ALLOW_NETWORKS")?,
-            ),
+            providers: args.worker.providers.providers(),
+            network_policy: Arc::new(args.worker.egress.policy()?),
         }),
         runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
         wake: crate::wake::Wake::start(db.clone(), shutdown.clone()),

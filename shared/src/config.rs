@@ -42,6 +42,43 @@ pub struct RedisArgs {
     pub redis_prefix: String,
 }
 
+/// Which networks outbound calls to tenants' addresses may reach (see [`crate::egress`]): read
+/// by the worker (tools, MCP servers, hooks, webhook deliveries) and the API (webhook URLs).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct EgressArgs {
+    /// Networks (CIDRs or IPs, comma-separated) tools, MCP servers, hooks and webhooks may
+    /// reach although they are private, loopback or otherwise special. Empty: public addresses
+    /// only.
+    #[arg(long, env = "SPOOL_TOOLS_ALLOW_NETWORKS", default_value = "")]
+    pub tools_allow_networks: String,
+}
+
+impl EgressArgs {
+    /// The network policy these settings describe; an error names the variable.
+    pub fn policy(&self) -> anyhow::Result<crate::egress::NetworkPolicy> {
+        use anyhow::Context as _;
+        crate::egress::NetworkPolicy::parse(&self.tools_allow_networks)
+            .context("SPOOL_TOOLS_ALLOW_NETWORKS")
+    }
+}
+
+/// The operator's named model providers: read by the worker (which calls them) and the API
+/// (which checks agents' `provider` at save).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ProviderArgs {
+    /// Named model providers that agents choose with `provider` (JSON):
+    /// `[{"name", "kind": "openai" | "anthropic", "base_url", "api_key_env"?, "models"?}]`.
+    #[arg(long, env = "SPOOL_PROVIDERS", value_parser = crate::provider::Providers::parse)]
+    pub providers: Option<crate::provider::Providers>,
+}
+
+impl ProviderArgs {
+    /// The providers (none when unset).
+    pub fn providers(&self) -> crate::provider::Providers {
+        self.providers.clone().unwrap_or_default()
+    }
+}
+
 /// Lease and heartbeat timing of runs.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LeaseArgs {

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod config;
 pub mod db;
+pub mod egress;
 pub mod event;
 pub mod ids;
 pub mod metrics;

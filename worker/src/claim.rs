@@ -181,7 +181,7 @@ fn background(
         )),
         tokio::spawn(crate::webhooks::run(
             worker.db.clone(),
-            Arc::new(worker.engine.http.policy().clone()),
+            Arc::clone(&worker.egress),
             worker.args.lease.lease(),
             shutdown.clone(),
         )),

@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use spool_shared::config::LeaseArgs;
-use spool_shared::provider::Providers;
+use spool_shared::config::{EgressArgs, LeaseArgs, ProviderArgs};
 
 /// Settings of `spool-worker run` (and of `spool-api serve --embedded-worker`).
 #[derive(clap::Args, Clone, Debug)]
@@ -47,11 +46,9 @@ pub struct WorkerArgs {
     #[arg(long, env = "SPOOL_LLM_API_KEY", hide_env_values = true)]
     pub llm_api_key: Option<String>,
 
-    /// Named model providers that agents choose with `provider` (JSON):
-    /// `[{"name", "kind": "openai" | "anthropic", "base_url", "api_key_env"?, "models"?}]`.
-    /// Read by the API too (it checks agents' `provider` at save).
-    #[arg(long, env = "SPOOL_PROVIDERS", value_parser = Providers::parse)]
-    pub providers: Option<Providers>,
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub providers: ProviderArgs,
 
     /// HS256 secret (at least 32 bytes) that signs the `X-Spool-Identity` token every tool,
     /// MCP and hook call carries. Unset: calls carry `X-Spool-Tenant` and `X-Spool-User` only.
@@ -74,10 +71,9 @@ pub struct WorkerArgs {
     )]
     pub default_instructions: String,
 
-    /// Networks (CIDRs or IPs, comma-separated) tools may reach although they are private,
-    /// loopback or otherwise special. Empty: public addresses only.
-    #[arg(long, env = "SPOOL_TOOLS_ALLOW_NETWORKS", default_value = "")]
-    pub tools_allow_networks: String,
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub egress: EgressArgs,
 
     /// Seconds a tool call may take.
     #[arg(long, env = "SPOOL_TOOL_TIMEOUT_SECS", default_value_t = 30.0)]

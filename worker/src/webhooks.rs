@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 
 use spool_shared::db::webhooks::{self, Due, Outcome};
 
-use crate::agent::tools::ssrf::{NetworkPolicy, Redirects, Refused, guarded_client};
+use spool_shared::egress::{NetworkPolicy, Redirects, Refused, guarded_client};
 
 /// How often a worker looks for due deliveries.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -145,7 +145,7 @@ async fn attempt(clients: &(Arc<NetworkPolicy>, reqwest::Client), due: &Due) -> 
                     e.source()
                 });
             let refused = chain
-                .filter_map(|e| e.downcast_ref::<crate::agent::tools::ssrf::Refused>())
+                .filter_map(|e| e.downcast_ref::<Refused>())
                 .map(ToString::to_string)
                 .next();
             failed(

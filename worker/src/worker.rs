@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+use spool_shared::egress::NetworkPolicy;
 use spool_shared::quota::admission::Admission;
 
 use crate::agent::engine::Engine;
@@ -31,6 +32,8 @@ pub struct Worker {
     /// The quota counters (Redis): a run's end gives back its room, a model call's tokens are
     /// copied there.
     pub admission: Admission,
+    /// What tools, MCP servers, hooks and webhook deliveries may reach.
+    pub egress: Arc<NetworkPolicy>,
 }
 
 impl Worker {
@@ -42,7 +45,8 @@ impl Worker {
         args: WorkerArgs,
         streams: Streams,
     ) -> anyhow::Result<Self> {
-        let engine = Arc::new(Engine::new(&args)?);
+        let egress = Arc::new(args.egress.policy()?);
+        let engine = Arc::new(Engine::new(&args, &egress)?);
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let id = format!("{host}-{}-{}", std::process::id(), &suffix[..8]);
@@ -57,6 +61,7 @@ impl Worker {
             streams,
             engine,
             admission,
+            egress,
         })
     }
 }

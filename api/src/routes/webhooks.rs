@@ -22,8 +22,8 @@ use uuid::Uuid;
 
 use spool_shared::WorkflowId;
 use spool_shared::db::webhooks::{self, Delivery, EVENTS, Try, Webhook};
+use spool_shared::egress;
 use spool_shared::ids::WebhookId;
-use spool_worker::agent::tools::ssrf;
 
 use crate::app::AppState;
 use crate::auth::Caller;
@@ -193,7 +193,7 @@ async fn check_url(state: &AppState, url: &str) -> Result<(), ApiError> {
         .and_then(Result::ok)
         .map(Iterator::collect)
         .unwrap_or_default();
-        ssrf::screen(policy, host, resolved).map_err(|r| refused(r.reason().to_owned()))?;
+        egress::screen(policy, host, resolved).map_err(|r| refused(r.reason().to_owned()))?;
     }
     Ok(())
 }

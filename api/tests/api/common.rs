@@ -110,12 +110,11 @@ impl TestApp {
                 cors_origins: vec!["https://app.example".into()],
                 stream_retention: Duration::from_secs(retention_secs),
                 quotas: spool_shared::quota::Quotas::default(),
-                providers: args.providers.clone().unwrap_or_default(),
+                providers: args.providers.providers(),
                 // As `SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8` would: receivers in the tests
                 // listen on loopback.
                 network_policy: Arc::new(
-                    spool_worker::agent::tools::ssrf::NetworkPolicy::parse("127.0.0.0/8")
-                        .expect("policy"),
+                    spool_shared::egress::NetworkPolicy::parse("127.0.0.0/8").expect("policy"),
                 ),
             }),
             runs: spool_api::watch::RunWatch::start(db.pool.clone(), shutdown.clone()),

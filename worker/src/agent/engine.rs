@@ -17,8 +17,8 @@ use super::llm::openai::OpenAiClient;
 use super::llm::{ChatModel, LlmError};
 use super::model_call::Candidate;
 use super::tools::identity::{Identity, IdentitySigner};
-use super::tools::ssrf::{GuardedClients, NetworkPolicy};
 use crate::config::WorkerArgs;
+use spool_shared::egress::{GuardedClients, NetworkPolicy};
 
 /// Models, tools' HTTP client and defaults, built once per worker.
 pub struct Engine {
@@ -38,8 +38,9 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds the engine from the worker's settings.
-    pub fn new(args: &WorkerArgs) -> anyhow::Result<Self> {
+    /// Builds the engine from the worker's settings; tools, MCP servers and hooks reach what
+    /// `egress` permits.
+    pub fn new(args: &WorkerArgs, egress: &Arc<NetworkPolicy>) -> anyhow::Result<Self> {
         // An empty variable (common in compose files and manifests) means unset.
         let base_url = args
             .llm_base_url
@@ -58,6 +59,7 @@ impl Engine {
         let idle = Duration::from_secs(args.llm_timeout_secs.max(1));
         let providers = args
             .providers
+            .providers
             .iter()
             .flat_map(|p| p.0.iter())
             .map(|spec| Ok((spec.clone(), named_client(spec, idle)?)))
@@ -67,8 +69,7 @@ impl Engine {
         } else {
             super::llm::demo::MODEL_NAME
         };
-        let policy = Arc::new(NetworkPolicy::parse(&args.tools_allow_networks)?);
-        let http = GuardedClients::new(&policy, args.tool_timeout())?;
+        let http = GuardedClients::new(egress, args.tool_timeout())?;
         // An empty variable means unset, as for the provider.
         let identity = match &args.tool_identity_secret {
             Some(secret) if !secret.expose_secret().is_empty() => {

@@ -26,7 +26,7 @@ use super::engine::Engine;
 use super::llm::ToolCall;
 use super::tools::http::{self, HttpTool};
 use super::tools::identity::Identity;
-use super::tools::ssrf::GuardedClients;
+use spool_shared::egress::GuardedClients;
 
 /// The answer a `pre_response` hook's denial gives when the hook sends no `text`.
 pub(crate) const BLOCKED_TEXT: &str = "Sorry, I can't help with that.";

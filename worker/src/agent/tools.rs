@@ -13,7 +13,6 @@
 pub mod http;
 pub mod identity;
 pub mod mcp;
-pub mod ssrf;
 
 use std::collections::HashMap;
 use std::sync::Arc;

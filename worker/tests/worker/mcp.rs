@@ -21,10 +21,10 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use spool_shared::egress::{GuardedClients, NetworkPolicy};
 use spool_worker::agent::tools::ToolOutput;
 use spool_worker::agent::tools::identity::{Identity, IdentitySigner};
 use spool_worker::agent::tools::mcp::{McpServer, McpSession, McpTool};
-use spool_worker::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -20,10 +20,10 @@ use axum::routing::{any, get};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use spool_shared::egress::{GuardedClients, NetworkPolicy};
 use spool_worker::agent::tools::ToolOutput;
 use spool_worker::agent::tools::http::{self, HttpTool};
 use spool_worker::agent::tools::identity::Identity;
-use spool_worker::agent::tools::ssrf::{GuardedClients, NetworkPolicy};
 
 /// A listener that only counts the connections it accepts.
 struct Trap {

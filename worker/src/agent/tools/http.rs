@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::ToolOutput;
 use super::identity::Identity;
-use super::ssrf::{GuardedClients, Refused};
+use spool_shared::egress::{GuardedClients, Refused};
 
 /// The most response body read from a tool; the rest is dropped and the text marked truncated.
 pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;

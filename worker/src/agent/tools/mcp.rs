@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 use super::ToolOutput;
 use super::identity::Identity;
-use super::ssrf::GuardedClients;
+use spool_shared::egress::GuardedClients;
 
 /// The `_meta` key of a tool call that carries its idempotency key.
 pub const IDEMPOTENCY_META: &str = "io.spool/idempotency-key";

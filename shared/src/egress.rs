@@ -1,10 +1,13 @@
-//! The network policy for tools: which addresses an HTTP tool may reach, and a reqwest client
-//! that enforces it.
+//! Egress: the network policy every outbound call to an address a tenant chose goes through
+//! (HTTP tools, MCP servers and hooks in the worker; webhook deliveries; the API's check of a
+//! webhook URL at save), and the reqwest clients that enforce it.
 //!
-//! Tool URLs come from tenants and redirects come from whatever server answers, so without a
-//! policy a tool could make the worker reach its own loopback services, the private network or
+//! Those URLs come from tenants and redirects come from whatever server answers, so without a
+//! policy a tenant could make Spool reach its own loopback services, the private network or
 //! the cloud metadata endpoint (server-side request forgery). Only public unicast addresses are
-//! permitted, unless an operator allows a network with `SPOOL_TOOLS_ALLOW_NETWORKS`.
+//! permitted, unless an operator allows a network with `SPOOL_TOOLS_ALLOW_NETWORKS`
+//! ([`crate::config::EgressArgs`]). Model providers are the operator's own addresses and are
+//! not screened.
 //!
 //! What must stay true:
 //! - The address checked is the address connected to. Host names are checked inside the DNS
