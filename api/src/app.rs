@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::JwtKeys;
 use crate::routes;
@@ -57,10 +58,9 @@ pub struct AppState {
     pub admission: spool_shared::quota::admission::Admission,
 }
 
-/// The full router with its middleware.
-pub fn router(state: AppState) -> Router {
-    let body_limit = state.config.max_body_bytes;
-    Router::new()
+/// Every route, each registered with its documentation (see [`crate::openapi`]).
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(crate::openapi::base())
         .merge(routes::health::router())
         .merge(routes::threads::router())
         .merge(routes::workflows::router())
@@ -72,6 +72,13 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::page::router())
         .merge(crate::openapi::router())
         .merge(crate::metrics::router())
+}
+
+/// The full router with its middleware.
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config.max_body_bytes;
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(|| async {
             crate::error::ApiError::not_found("route_not_found", "no such route")
         })

@@ -31,12 +31,10 @@ pub mod slots;
 
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::response::sse::Event as SseEvent;
-use axum::routing::get;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -51,6 +49,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 pub use hub::Hub;
 pub(crate) use session::{Item, Session, sse, sse_without_retry};
@@ -68,8 +67,8 @@ pub(crate) fn stream_slot(state: &AppState, caller: &Caller) -> Result<StreamSlo
 }
 
 /// `/v1/threads/{thread_id}/stream`.
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/threads/{thread_id}/stream", get(stream_thread))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(stream_thread))
 }
 
 /// Query of the stream endpoint.

@@ -4,21 +4,28 @@
 
 use std::time::Instant;
 
-use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::app::AppState;
 
 /// `/metrics`.
-pub fn router() -> Router<AppState> {
-    Router::new().route("/metrics", get(get_metrics))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(get_metrics))
 }
 
-/// `GET /metrics`.
+/// Prometheus metrics.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    responses((status = 200, description = "Metrics in the Prometheus text format.",
+        content_type = "text/plain", body = String))
+)]
 async fn get_metrics(State(state): State<AppState>) -> Response {
     let handle = spool_shared::metrics::install();
     let body = spool_shared::metrics::render(&handle, &state.db).await;

@@ -18,7 +18,6 @@ pub mod responses;
 pub mod schema;
 pub mod translate;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
@@ -35,13 +34,14 @@ use spool_shared::status::RunStatus;
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
+use utoipa_axum::router::OpenApiRouter;
 
 /// The model name of the server's default agent.
 pub const DEFAULT_MODEL: &str = "spool-default";
 
 /// `/v1/responses...`, `/v1/chat/completions`, `/v1/models`, with OpenAI's error shape.
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .merge(responses::router())
         .merge(chat::router())
         .layer(axum::middleware::from_fn(openai_errors))

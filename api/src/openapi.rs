@@ -1,33 +1,48 @@
 //! The OpenAPI 3.1 document of the API, generated from the handlers' `#[utoipa::path]`
-//! attributes and the types' `ToSchema` derives, and `GET /openapi.json` (no auth) that serves
-//! it. `api/tests/api/openapi.rs` keeps the document and the router in sync.
+//! attributes (each router registers its handlers with `utoipa_axum::routes!`, which adds
+//! them to the router and the document at once) and the types' `ToSchema` derives, and
+//! `GET /openapi.json` (no auth) that serves it.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use utoipa::OpenApi as _;
 use utoipa::openapi::schema::{AdditionalProperties, Schema};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Object, ObjectBuilder, OpenApi, RefOr, Type};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use spool_shared::{AgentId, MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
 
 /// `GET /openapi.json`.
-pub fn router() -> Router<AppState> {
-    Router::new().route("/openapi.json", get(openapi_json))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(openapi_json))
 }
 
-/// The OpenAPI document of every route, with the bearer scheme and every error body.
+/// The OpenAPI document of every route, with the bearer scheme and every error body: the
+/// paths come from the routers themselves (`crate::app::routes`), so a route cannot be served
+/// undocumented or documented unserved.
 pub fn document() -> OpenApi {
-    let mut document = ApiDoc::openapi();
-    // serde's `flatten` (an agent's spec in `AgentResponse`) and internally tagged enums of
-    // structs (`ToolSpec`) come out as `allOf` of a closed object (`deny_unknown_fields`) and
-    // the other fields, which no value satisfies; merge them into one object.
-    merge_all_of(&mut document);
-    document
+    static DOCUMENT: LazyLock<OpenApi> = LazyLock::new(|| {
+        let mut document = crate::app::routes().into_openapi();
+        // serde's `flatten` (an agent's spec in `AgentResponse`) and internally tagged enums
+        // of structs (`ToolSpec`) come out as `allOf` of a closed object
+        // (`deny_unknown_fields`) and the other fields, which no value satisfies; merge them
+        // into one object.
+        merge_all_of(&mut document);
+        document
+    });
+    DOCUMENT.clone()
+}
+
+/// The document's info, tags, security schemes and the schemas no path names; the routers
+/// add the paths.
+pub(crate) fn base() -> OpenApi {
+    ApiDoc::openapi()
 }
 
 /// One Server-Sent Event of `GET /v1/threads/{thread_id}/stream` (the schema of each event).
@@ -73,45 +88,6 @@ pub(crate) fn queued_status() -> Object {
             `workflow_id` at once, stream the run's events over SSE, read the messages over REST. \
             Errors are `{\"error\": {\"code\", \"message\"}}`; another tenant's or user's ids are \
             404, exactly as ids that do not exist."
-    ),
-    paths(
-        crate::routes::threads::post_thread,
-        crate::routes::threads::get_thread,
-        crate::routes::threads::list_messages,
-        crate::routes::threads::post_user_message,
-        crate::routes::threads::list_threads,
-        crate::routes::threads::patch_thread,
-        crate::routes::threads::delete_thread,
-        crate::gateway::stream_thread,
-        crate::routes::workflows::get_workflow,
-        crate::routes::workflows::cancel_workflow,
-        crate::routes::workflows::list_workflows,
-        crate::routes::workflows::timeline::get_steps,
-        crate::routes::workflows::pauses::post_tool_outputs,
-        crate::routes::workflows::pauses::post_approval,
-        crate::routes::agents::post_agent,
-        crate::routes::agents::list_agents,
-        crate::routes::agents::get_agent,
-        crate::routes::agents::put_agent,
-        crate::routes::agents::delete_agent,
-        crate::routes::webhooks::post_webhook,
-        crate::routes::webhooks::list_webhooks,
-        crate::routes::webhooks::delete_webhook,
-        crate::routes::webhooks::list_deliveries,
-        crate::routes::usage::get_usage,
-        crate::openai::responses::create_response,
-        crate::openai::responses::get_response,
-        crate::openai::responses::cancel_response,
-        crate::openai::chat::create_completion,
-        crate::openai::chat::list_models,
-        crate::openai::chat::get_model,
-        crate::page::index,
-        crate::page::script,
-        crate::page::style,
-        crate::routes::health::healthz,
-        crate::routes::health::readyz,
-        get_metrics,
-        openapi_json,
     ),
     components(schemas(
         crate::error::ErrorBody,
@@ -177,17 +153,6 @@ impl utoipa::Modify for Security {
 async fn openapi_json() -> Json<OpenApi> {
     Json(document())
 }
-
-/// Prometheus metrics.
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "health",
-    responses((status = 200, description = "Metrics in the Prometheus text format.",
-        content_type = "text/plain", body = String))
-)]
-#[expect(dead_code, reason = "documents the handler of `crate::metrics`")]
-fn get_metrics() {}
 
 /// Replaces each `allOf` of objects (inline or referenced), as a component schema or as a
 /// `oneOf` variant of one, by a single object with their properties and required fields,

@@ -6,23 +6,22 @@
 //! `Last-Event-ID`, following a reply in progress after a reload), answers approvals and client
 //! tools, and cancels. A refused token shows the sign-in form again.
 
-use axum::Router;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 
 use crate::app::AppState;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 const INDEX: &str = include_str!("page/index.html");
 const SCRIPT: &str = include_str!("page/app.js");
 const STYLE: &str = include_str!("page/app.css");
 
 /// `/`, `/app.js`, `/app.css`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/", get(index))
-        .route("/app.js", get(script))
-        .route("/app.css", get(style))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(index))
+        .routes(routes!(script))
+        .routes(routes!(style))
 }
 
 fn file(body: &'static str, content_type: &'static str) -> Response {

@@ -15,12 +15,11 @@
 
 use std::convert::Infallible;
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -40,13 +39,14 @@ use crate::openai::feed::{Feed, Followed};
 use crate::openai::responses::turns;
 use crate::openai::{DEFAULT_MODEL, find_run, model_of, resolve_model, wait_for_run};
 use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// `/v1/chat/completions`, `/v1/models`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/chat/completions", post(create_completion))
-        .route("/v1/models", get(list_models))
-        .route("/v1/models/{model}", get(get_model))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_completion))
+        .routes(routes!(list_models))
+        .routes(routes!(get_model))
 }
 
 /// The body of `POST /v1/chat/completions` (others accepted and ignored: see the module doc).

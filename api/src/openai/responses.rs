@@ -15,12 +15,11 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -42,13 +41,14 @@ use crate::openai::{
 };
 use crate::runs::cancel::cancel;
 use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// `/v1/responses...`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/responses", post(create_response))
-        .route("/v1/responses/{response_id}", get(get_response))
-        .route("/v1/responses/{response_id}/cancel", post(cancel_response))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_response))
+        .routes(routes!(get_response))
+        .routes(routes!(cancel_response))
 }
 
 /// `input`: a string, or a list of items.

@@ -6,10 +6,9 @@
 //! every read shows `"<redacted>"`, and a write that sends `"<redacted>"` back keeps the stored
 //! value, so a client can read an agent, change it and write it back.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -22,15 +21,13 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::error::{BadBody, ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// `/v1/agents/...`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/agents", get(list_agents).post(post_agent))
-        .route(
-            "/v1/agents/{agent_id}",
-            get(get_agent).put(put_agent).delete(delete_agent),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_agents, post_agent))
+        .routes(routes!(get_agent, put_agent, delete_agent))
 }
 
 /// An agent as clients see it: its spec, plus `id` and timestamps.

@@ -2,20 +2,20 @@
 
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::error::ErrorBody;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// `/healthz` and `/readyz`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
 }
 
 /// Liveness: the process answers.

@@ -6,11 +6,10 @@
 //! Redis stream are deleted. The row keeps only its id and `erased_at`, so the id is 404 for
 //! everyone afterwards and a `user_message` can never create it again.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -33,20 +32,15 @@ use crate::runs::enqueue::{
     UserMessageRequest, UserMessageResponse, check_agent, enqueue_message, idempotency_key,
 };
 use crate::runs::{erase, thread_not_found, workflow_url};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// `/v1/threads/...`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/threads", post(post_thread).get(list_threads))
-        .route(
-            "/v1/threads/{thread_id}",
-            get(get_thread).patch(patch_thread).delete(delete_thread),
-        )
-        .route("/v1/threads/{thread_id}/messages", get(list_messages))
-        .route(
-            "/v1/threads/{thread_id}/user_message",
-            post(post_user_message),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(post_thread, list_threads))
+        .routes(routes!(get_thread, patch_thread, delete_thread))
+        .routes(routes!(list_messages))
+        .routes(routes!(post_user_message))
 }
 
 /// Body of `POST /v1/threads`.

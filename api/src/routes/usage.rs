@@ -1,9 +1,8 @@
 //! `GET /v1/usage` (admin, DESIGN §8): the tenant's tokens and runs in a window, by user, agent
 //! or model, from Postgres.
 
+use axum::Json;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -13,13 +12,14 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, Unauthenticated};
 use crate::extract::ApiQuery;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// The longest window, in days.
 pub const MAX_WINDOW_DAYS: i64 = 366;
 
 /// `/v1/usage`.
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/usage", get(get_usage))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(get_usage))
 }
 
 /// Query of `GET /v1/usage`.

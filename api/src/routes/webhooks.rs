@@ -10,10 +10,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{delete, get};
-use axum::{Json, Router};
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -30,6 +29,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, BadBody, ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
 use crate::routes::list::{List, ListQuery};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// The prefix of a Standard Webhooks secret.
 pub const SECRET_PREFIX: &str = "whsec_";
@@ -37,11 +37,11 @@ pub const SECRET_PREFIX: &str = "whsec_";
 pub const MAX_URL_BYTES: usize = 2048;
 
 /// `/v1/webhooks/...`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/webhooks", get(list_webhooks).post(post_webhook))
-        .route("/v1/webhooks/{webhook_id}", delete(delete_webhook))
-        .route("/v1/webhooks/{webhook_id}/deliveries", get(list_deliveries))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_webhooks, post_webhook))
+        .routes(routes!(delete_webhook))
+        .routes(routes!(list_deliveries))
 }
 
 /// Body of `POST /v1/webhooks`.

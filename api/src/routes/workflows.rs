@@ -4,10 +4,9 @@
 pub mod pauses;
 pub mod timeline;
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -26,25 +25,17 @@ use crate::extract::{ApiPath, ApiQuery};
 use crate::routes::list::{self, List, ListQuery};
 use crate::runs::cancel::cancel;
 use crate::runs::wait::until_settled;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// `/v1/workflows/...`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/workflows", get(list_workflows))
-        .route("/v1/workflows/{workflow_id}", get(get_workflow))
-        .route(
-            "/v1/workflows/{workflow_id}/steps",
-            get(timeline::get_steps),
-        )
-        .route("/v1/workflows/{workflow_id}/cancel", post(cancel_workflow))
-        .route(
-            "/v1/workflows/{workflow_id}/tool_outputs",
-            post(pauses::post_tool_outputs),
-        )
-        .route(
-            "/v1/workflows/{workflow_id}/approvals/{tool_call_id}",
-            post(pauses::post_approval),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_workflows))
+        .routes(routes!(get_workflow))
+        .routes(routes!(timeline::get_steps))
+        .routes(routes!(cancel_workflow))
+        .routes(routes!(pauses::post_tool_outputs))
+        .routes(routes!(pauses::post_approval))
 }
 
 /// A run as clients see it.

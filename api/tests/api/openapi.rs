@@ -1,6 +1,6 @@
 //! `GET /openapi.json` documents exactly the routes the router serves: every documented
 //! operation is routed (no 404 `route_not_found`, no 405), every method the document does not
-//! list on a documented path is a 405, every path the sources route is documented, and the
+//! list on a documented path is a 405, no path the sources route by hand goes undocumented, and the
 //! operations are exactly the expected list below (add a route: add it here and document it).
 
 use std::collections::BTreeSet;
@@ -74,7 +74,7 @@ fn operations(document: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-/// Every path literal given to `.route(` in the API's sources.
+/// Every path literal given to a plain `.route(` in the API's sources.
 fn routed_paths() -> BTreeSet<String> {
     fn visit(dir: &Path, paths: &mut BTreeSet<String>) {
         for entry in std::fs::read_dir(dir).expect("read_dir") {
@@ -148,10 +148,15 @@ async fn the_document_lists_exactly_the_routes_the_router_serves() {
         .keys()
         .cloned()
         .collect();
-    assert_eq!(
-        routed_paths(),
-        documented_paths,
-        "routed vs. documented paths"
+    // Handlers are routed through `utoipa_axum::routes!`, which documents them as it routes
+    // them; a plain `.route("…")` in the sources would serve a path the document may miss.
+    let undocumented: BTreeSet<String> = routed_paths()
+        .difference(&documented_paths)
+        .cloned()
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "routed, not documented: {undocumented:?}"
     );
 
     // Every /v1 operation needs the bearer token; the stream also takes `access_token`.
