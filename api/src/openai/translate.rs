@@ -23,6 +23,7 @@
 
 use serde_json::{Value, json};
 
+use spool_shared::event::StepCall;
 use spool_shared::event::transcript::Shown;
 
 #[cfg(doc)]
@@ -68,19 +69,7 @@ impl ResponseEvents {
                 response["status"] = json!("in_progress");
                 vec![self.event(json!({"type": "response.in_progress", "response": response}))]
             }
-            Shown::TextStarted { index } => {
-                let id = self.message_id(*index);
-                vec![
-                    self.event(json!({
-                        "type": "response.output_item.added", "output_index": index,
-                        "item": message_item(&id, "", "in_progress"),
-                    })),
-                    self.event(json!({
-                        "type": "response.content_part.added", "item_id": id,
-                        "output_index": index, "content_index": 0, "part": text_part(""),
-                    })),
-                ]
-            }
+            Shown::TextStarted { index } => self.text_started(*index),
             Shown::TextDelta { index, delta } => {
                 let id = self.message_id(*index);
                 vec![self.event(json!({
@@ -91,60 +80,10 @@ impl ResponseEvents {
             Shown::TextEnded {
                 index,
                 text,
-                again: true,
-                ..
-            } => {
-                let item = message_item(&self.message_id(*index), text, "incomplete");
-                vec![self.event(json!({
-                    "type": "response.output_item.done", "output_index": index, "item": item,
-                }))]
-            }
-            Shown::TextEnded {
-                index,
-                text,
                 superseded,
-                ..
-            } => {
-                let id = self.message_id(*index);
-                let status = if *superseded {
-                    "incomplete"
-                } else {
-                    "completed"
-                };
-                vec![
-                    self.event(json!({
-                        "type": "response.output_text.done", "item_id": id,
-                        "output_index": index, "content_index": 0, "text": text, "logprobs": [],
-                    })),
-                    self.event(json!({
-                        "type": "response.content_part.done", "item_id": id,
-                        "output_index": index, "content_index": 0, "part": text_part(text),
-                    })),
-                    self.event(json!({
-                        "type": "response.output_item.done", "output_index": index,
-                        "item": message_item(&id, text, status),
-                    })),
-                ]
-            }
-            Shown::CallMade { index, call } => {
-                let id = format!("fc_{}", call.tool_call_id);
-                let arguments = call.arguments_text();
-                let (call_id, name) = (&call.tool_call_id, &call.tool_name);
-                vec![
-                    self.event(json!({
-                        "type": "response.output_item.added", "output_index": index,
-                        "item": call_item(&id, call_id, name, "", "in_progress", None),
-                    })),
-                    self.event(json!({
-                        "type": "response.function_call_arguments.delta", "item_id": id,
-                        "output_index": index, "delta": arguments,
-                    })),
-                    self.event(json!({
-                        "type": "response.function_call_arguments.done", "item_id": id,
-                        "output_index": index, "name": name, "arguments": arguments,
-                    })),
-                ]
-            }
+                again,
+            } => self.text_ended(*index, text, *superseded, *again),
+            Shown::CallMade { index, call } => self.call_made(*index, call),
             Shown::CallEnded {
                 index,
                 call,
@@ -173,6 +112,76 @@ impl ResponseEvents {
             | Shown::Failed(_)
             | Shown::Ended(_) => Vec::new(),
         }
+    }
+
+    fn text_started(&mut self, index: usize) -> Vec<Value> {
+        let id = self.message_id(index);
+        vec![
+            self.event(json!({
+                "type": "response.output_item.added", "output_index": index,
+                "item": message_item(&id, "", "in_progress"),
+            })),
+            self.event(json!({
+                "type": "response.content_part.added", "item_id": id,
+                "output_index": index, "content_index": 0, "part": text_part(""),
+            })),
+        ]
+    }
+
+    fn text_ended(
+        &mut self,
+        index: usize,
+        text: &str,
+        superseded: bool,
+        again: bool,
+    ) -> Vec<Value> {
+        let id = self.message_id(index);
+        if again {
+            // Closed before: only the item is replaced, now `incomplete`.
+            let item = message_item(&id, text, "incomplete");
+            return vec![self.event(json!({
+                "type": "response.output_item.done", "output_index": index, "item": item,
+            }))];
+        }
+        let status = if superseded {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        vec![
+            self.event(json!({
+                "type": "response.output_text.done", "item_id": id,
+                "output_index": index, "content_index": 0, "text": text, "logprobs": [],
+            })),
+            self.event(json!({
+                "type": "response.content_part.done", "item_id": id,
+                "output_index": index, "content_index": 0, "part": text_part(text),
+            })),
+            self.event(json!({
+                "type": "response.output_item.done", "output_index": index,
+                "item": message_item(&id, text, status),
+            })),
+        ]
+    }
+
+    fn call_made(&mut self, index: usize, call: &StepCall) -> Vec<Value> {
+        let id = format!("fc_{}", call.tool_call_id);
+        let arguments = call.arguments_text();
+        let (call_id, name) = (&call.tool_call_id, &call.tool_name);
+        vec![
+            self.event(json!({
+                "type": "response.output_item.added", "output_index": index,
+                "item": call_item(&id, call_id, name, "", "in_progress", None),
+            })),
+            self.event(json!({
+                "type": "response.function_call_arguments.delta", "item_id": id,
+                "output_index": index, "delta": arguments,
+            })),
+            self.event(json!({
+                "type": "response.function_call_arguments.done", "item_id": id,
+                "output_index": index, "name": name, "arguments": arguments,
+            })),
+        ]
     }
 
     /// The terminal event for the stored `response` (its `status` picks the type).
