@@ -3,22 +3,30 @@
 //! An agent is `name, instructions, model, temperature, max_steps, history_depth, tool_choice,
 //! tools[], stop_conditions[], step_rules[], hooks[]`. This module holds the spec as both crates
 //! read it, and the one statement of how a step's rules resolve ([`AgentSpec::rules_for`]).
-//! Beside it: [`overrides`] (the steering a pause's answer posts, kept on the run) and
+//! Beside it: [`tools`] (the tool kinds and the tool choice), [`hooks`] (what runs on a run's
+//! events), [`secrets`] (header values are write-only: redacted on every read, kept when
+//! written back), [`overrides`] (the steering a pause's answer posts, kept on the run) and
 //! [`validate`] (every problem of a spec or of overrides, reported at once by field path, so a
 //! client can fix it in one round trip; nothing invalid is ever stored or run).
 
+pub mod hooks;
 pub mod overrides;
+pub mod secrets;
+pub mod tools;
 pub mod validate;
-
-use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use hooks::{HookEvent, HookKind, HookSpec};
 pub use overrides::{RunDefaults, RunOverrides};
+pub use secrets::REDACTED;
+pub use tools::{
+    AgentToolSpec, ClientToolSpec, DEFAULT_MAX_CALL_DEPTH, HttpToolSpec, McpToolSpec, ToolChoice,
+    ToolSpec,
+};
 pub use validate::FieldError;
 
-use crate::ids::AgentId;
 use crate::quota::Quotas;
 
 /// Bounds of `max_steps`.
@@ -274,73 +282,6 @@ impl Limits {
     }
 }
 
-/// When a hook runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum HookEvent {
-    /// Before the first step; may block the run.
-    OnRunStart,
-    /// Before a tool call; may block it, hold it for approval, or rewrite its arguments.
-    PreToolUse,
-    /// After a tool call; may rewrite its result.
-    PostToolUse,
-    /// Before the final answer is shown; may block or rewrite it.
-    PreResponse,
-    /// After the run ends; fire and forget.
-    OnRunComplete,
-}
-
-/// A hook: an event, an optional tool-name matcher (a regex matching the whole name, for tool
-/// events), and what it does.
-// No `deny_unknown_fields` here: serde cannot combine it with `flatten`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct HookSpec {
-    /// When it runs.
-    pub event: HookEvent,
-    /// Which tools it applies to (tool events only; default all).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub matcher: Option<String>,
-    /// What it does.
-    #[serde(flatten)]
-    pub kind: HookKind,
-}
-
-/// What a hook does.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum HookKind {
-    /// POSTs the event to a URL; the JSON answer `{decision: allow|deny|modify, reason?,
-    /// arguments?, output?, text?}` decides. Errors and timeouts allow (fail-open).
-    Http {
-        /// Where to POST.
-        url: String,
-        /// Extra headers.
-        #[serde(default)]
-        headers: BTreeMap<String, String>,
-        /// Seconds to wait (default 5).
-        #[serde(default = "default_hook_timeout")]
-        timeout_secs: u32,
-    },
-    /// Denies a tool call whose arguments meet every condition (the first matching deny wins).
-    Rule {
-        /// Conditions on the call's arguments, all of which must hold.
-        conditions: Vec<RuleCondition>,
-        /// The reason the model sees.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        message: Option<String>,
-    },
-    /// Holds the tool call for a person's approval.
-    Approval {
-        /// Seconds before no decision counts as a denial (default: the agent's).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        timeout_secs: Option<u32>,
-    },
-}
-
-fn default_hook_timeout() -> u32 {
-    5
-}
-
 /// A condition on one argument of a tool call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -378,189 +319,6 @@ fn default_context_budget() -> u32 {
 }
 fn default_approval_timeout() -> u32 {
     300
-}
-
-/// `auto`, `required`, `none`, or the name of one tool the model must call.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "String", into = "String")]
-pub enum ToolChoice {
-    /// The model decides.
-    #[default]
-    Auto,
-    /// The model must call some tool.
-    Required,
-    /// The model must not call tools.
-    None,
-    /// The model must call this tool.
-    Tool(String),
-}
-
-impl utoipa::PartialSchema for ToolChoice {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        // Serialized as one string (`from`/`into` String), so it is documented as one.
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
-            .description(Some(
-                "`auto`, `required`, `none`, or the name of one tool the model must call.",
-            ))
-            .examples(["auto", "required", "none"])
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for ToolChoice {}
-
-impl From<String> for ToolChoice {
-    fn from(value: String) -> Self {
-        match value.as_str() {
-            "auto" => Self::Auto,
-            "required" => Self::Required,
-            "none" => Self::None,
-            _ => Self::Tool(value),
-        }
-    }
-}
-
-impl From<ToolChoice> for String {
-    fn from(choice: ToolChoice) -> Self {
-        match choice {
-            ToolChoice::Auto => "auto".into(),
-            ToolChoice::Required => "required".into(),
-            ToolChoice::None => "none".into(),
-            ToolChoice::Tool(name) => name,
-        }
-    }
-}
-
-/// One tool of an agent.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ToolSpec {
-    /// An HTTP endpoint that receives the arguments as JSON.
-    Http(HttpToolSpec),
-    /// An MCP server whose tools are discovered at run start.
-    Mcp(McpToolSpec),
-    /// A tool the client executes (the run waits for its output).
-    Client(ClientToolSpec),
-    /// Another agent of the tenant: a call starts a child run of it with the call's `input`,
-    /// and the run waits (without a worker) for the child's final text as the call's result.
-    Agent(AgentToolSpec),
-}
-
-impl ToolSpec {
-    /// The name (for MCP: the prefix of its tools' names).
-    pub fn name(&self) -> &str {
-        match self {
-            Self::Http(t) => &t.name,
-            Self::Mcp(t) => &t.name,
-            Self::Client(t) => &t.name,
-            Self::Agent(t) => &t.name,
-        }
-    }
-}
-
-/// An HTTP tool.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HttpToolSpec {
-    /// The name the model sees.
-    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
-    pub name: String,
-    /// What it does, for the model.
-    #[serde(default)]
-    pub description: String,
-    /// JSON Schema of its arguments.
-    #[serde(default = "empty_object_schema")]
-    #[schema(value_type = Object)]
-    pub parameters: Value,
-    /// Where to send the arguments.
-    pub url: String,
-    /// The HTTP method (default POST).
-    #[serde(default = "default_method")]
-    pub method: String,
-    /// Extra request headers.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Whether it only reads (read-only calls of one step run concurrently).
-    #[serde(default)]
-    pub read_only: bool,
-    /// Whether a person must approve each call.
-    #[serde(default)]
-    pub requires_approval: bool,
-}
-
-/// An MCP server.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct McpToolSpec {
-    /// The prefix of its tools' names (`{name}_{tool}`).
-    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
-    pub name: String,
-    /// Its Streamable HTTP endpoint.
-    pub url: String,
-    /// Headers sent on every request.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Whether a person must approve each call.
-    #[serde(default)]
-    pub requires_approval: bool,
-}
-
-/// A client tool.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClientToolSpec {
-    /// The name the model sees.
-    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
-    pub name: String,
-    /// What it does, for the model.
-    #[serde(default)]
-    pub description: String,
-    /// JSON Schema of its arguments.
-    #[serde(default = "empty_object_schema")]
-    #[schema(value_type = Object)]
-    pub parameters: Value,
-    /// Whether a person must approve each call.
-    #[serde(default)]
-    pub requires_approval: bool,
-}
-
-/// An agent called as a tool.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AgentToolSpec {
-    /// The name the model sees.
-    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
-    pub name: String,
-    /// What the agent does, for the model.
-    #[serde(default)]
-    pub description: String,
-    /// The agent (of the same tenant) that answers a call.
-    pub agent_id: AgentId,
-    /// Whether a person must approve each call.
-    #[serde(default)]
-    pub requires_approval: bool,
-}
-
-impl AgentToolSpec {
-    /// The arguments the model gives: the child run's input.
-    pub fn parameters() -> Value {
-        serde_json::json!({
-            "type": "object",
-            "properties": {"input": {"type": "string", "description": "The request for the agent."}},
-            "required": ["input"],
-        })
-    }
-}
-
-/// How deep agents may call agents when `limits.max_call_depth` is unset.
-pub const DEFAULT_MAX_CALL_DEPTH: u32 = 3;
-
-fn empty_object_schema() -> Value {
-    serde_json::json!({"type": "object"})
-}
-fn default_method() -> String {
-    "POST".into()
 }
 
 /// A condition that ends the run after the step in which it holds.
@@ -665,114 +423,6 @@ impl<'a> StepPlan<'a> {
     }
 }
 
-/// What a header's value reads as on every read of an agent: header values are write-only
-/// (they are often credentials).
-pub const REDACTED: &str = "<redacted>";
-
-impl AgentSpec {
-    /// The spec as any reader sees it: every header value (tools, MCP servers, hooks) replaced
-    /// by [`REDACTED`].
-    pub fn redacted(mut self) -> Self {
-        let redact = |headers: &mut BTreeMap<String, String>| {
-            headers
-                .values_mut()
-                .for_each(|value| *value = REDACTED.to_owned());
-        };
-        self.tools
-            .iter_mut()
-            .filter_map(ToolSpec::headers_mut)
-            .for_each(redact);
-        self.hooks
-            .iter_mut()
-            .filter_map(HookSpec::headers_mut)
-            .for_each(redact);
-        self
-    }
-
-    /// Puts back, for every header sent as [`REDACTED`], the value `stored` holds for it: the
-    /// same header of the tool of the same name, or of the hook at the same place. A client
-    /// that read an agent and writes it back keeps its secrets. Every such header `stored` has
-    /// no value for is a problem, by field path.
-    pub fn keep_redacted(&mut self, stored: Option<&AgentSpec>) -> Vec<FieldError> {
-        let mut problems = Vec::new();
-        let mut keep = |field: String,
-                        headers: &mut BTreeMap<String, String>,
-                        old: Option<&BTreeMap<String, String>>| {
-            for (name, value) in headers.iter_mut().filter(|(_, v)| *v == REDACTED) {
-                match old.and_then(|old| old.get(name)) {
-                    Some(kept) => value.clone_from(kept),
-                    None => problems.push(FieldError {
-                        field: format!("{field}.{name}"),
-                        message: format!("`{REDACTED}` stands for a stored value; there is none"),
-                    }),
-                }
-            }
-        };
-        for (i, tool) in self.tools.iter_mut().enumerate() {
-            let old = stored
-                .and_then(|s| s.tools.iter().find(|t| t.name() == tool.name()))
-                .and_then(ToolSpec::headers);
-            if let Some(headers) = tool.headers_mut() {
-                keep(format!("tools[{i}].headers"), headers, old);
-            }
-        }
-        for (i, hook) in self.hooks.iter_mut().enumerate() {
-            let old = stored
-                .and_then(|s| s.hooks.get(i))
-                .and_then(HookSpec::headers);
-            if let Some(headers) = hook.headers_mut() {
-                keep(format!("hooks[{i}].headers"), headers, old);
-            }
-        }
-        problems
-    }
-}
-
-impl ToolSpec {
-    /// Its configured headers (HTTP and MCP tools).
-    pub fn headers(&self) -> Option<&BTreeMap<String, String>> {
-        match self {
-            Self::Http(t) => Some(&t.headers),
-            Self::Mcp(t) => Some(&t.headers),
-            Self::Client(_) | Self::Agent(_) => None,
-        }
-    }
-
-    fn headers_mut(&mut self) -> Option<&mut BTreeMap<String, String>> {
-        match self {
-            Self::Http(t) => Some(&mut t.headers),
-            Self::Mcp(t) => Some(&mut t.headers),
-            Self::Client(_) | Self::Agent(_) => None,
-        }
-    }
-}
-
-impl HookSpec {
-    /// Its configured headers (HTTP hooks).
-    pub fn headers(&self) -> Option<&BTreeMap<String, String>> {
-        match &self.kind {
-            HookKind::Http { headers, .. } => Some(headers),
-            _ => None,
-        }
-    }
-
-    fn headers_mut(&mut self) -> Option<&mut BTreeMap<String, String>> {
-        match &mut self.kind {
-            HookKind::Http { headers, .. } => Some(headers),
-            _ => None,
-        }
-    }
-}
-
-impl HookSpec {
-    /// The matcher as the regex it stands for: the whole tool name must match. `None` without a
-    /// matcher (the hook applies to every tool).
-    pub fn matcher_regex(&self) -> Option<Result<regex::Regex, regex::Error>> {
-        let matcher = self.matcher.as_ref()?;
-        Some(regex::Regex::new(&format!("^(?:{matcher})$")))
-    }
-}
-
 /// Specs and overrides from JSON, for the tests of this module and its children.
 #[cfg(test)]
 pub(crate) mod test_support {
@@ -794,70 +444,6 @@ mod tests {
     use super::test_support::spec;
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn header_values_read_as_redacted_and_writing_that_back_keeps_them() {
-        let stored = spec(json!({"name": "a", "model": "demo", "tools": [
-            {"type": "http", "name": "t", "url": "https://x.example", "headers": {"X-Key": "k1"}},
-            {"type": "mcp", "name": "m", "url": "https://m.example", "headers": {"Authorization": "Bearer s"}}],
-            "hooks": [{"event": "on_run_start", "type": "http", "url": "https://h.example",
-                       "headers": {"X-Hook": "h1"}}]}));
-        let read = stored.clone().redacted();
-        let shown = serde_json::to_string(&read).expect("json");
-        for secret in ["k1", "Bearer s", "h1"] {
-            assert!(!shown.contains(secret), "{secret} leaked: {shown}");
-        }
-        assert_eq!(
-            read.tools[0]
-                .headers()
-                .and_then(|h| h.get("X-Key"))
-                .map(String::as_str),
-            Some(REDACTED)
-        );
-        // Written back as read, with the tools in another order and one header changed.
-        let mut written = read.clone();
-        written.tools.reverse();
-        if let Some(headers) = written.tools[1].headers_mut() {
-            headers.insert("X-Key".into(), "k2".into());
-        }
-        assert_eq!(written.keep_redacted(Some(&stored)), []);
-        assert_eq!(
-            written.tools[0]
-                .headers()
-                .and_then(|h| h.get("Authorization"))
-                .map(String::as_str),
-            Some("Bearer s")
-        );
-        assert_eq!(
-            written.tools[1]
-                .headers()
-                .and_then(|h| h.get("X-Key"))
-                .map(String::as_str),
-            Some("k2")
-        );
-        assert_eq!(
-            written.hooks[0]
-                .headers()
-                .and_then(|h| h.get("X-Hook"))
-                .map(String::as_str),
-            Some("h1")
-        );
-        // `<redacted>` for a header nothing stored: refused, by field.
-        let mut fresh = read.clone();
-        let fields: Vec<String> = fresh
-            .keep_redacted(None)
-            .into_iter()
-            .map(|e| e.field)
-            .collect();
-        assert_eq!(
-            fields,
-            [
-                "tools[0].headers.X-Key",
-                "tools[1].headers.Authorization",
-                "hooks[0].headers.X-Hook"
-            ]
-        );
-    }
 
     #[test]
     fn each_field_of_a_step_comes_from_the_first_rule_that_sets_it() {

@@ -1,0 +1,193 @@
+//! The tools an agent offers the model, by kind (`http`, `mcp`, `client`, `agent`), and the
+//! tool choice. Names the model sees are unique per agent ([`super::validate`] refuses
+//! collisions at save).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::AgentId;
+
+/// `auto`, `required`, `none`, or the name of one tool the model must call.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// The model must call some tool.
+    Required,
+    /// The model must not call tools.
+    None,
+    /// The model must call this tool.
+    Tool(String),
+}
+
+impl utoipa::PartialSchema for ToolChoice {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        // Serialized as one string (`from`/`into` String), so it is documented as one.
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some(
+                "`auto`, `required`, `none`, or the name of one tool the model must call.",
+            ))
+            .examples(["auto", "required", "none"])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ToolChoice {}
+
+impl From<String> for ToolChoice {
+    fn from(value: String) -> Self {
+        match value.as_str() {
+            "auto" => Self::Auto,
+            "required" => Self::Required,
+            "none" => Self::None,
+            _ => Self::Tool(value),
+        }
+    }
+}
+
+impl From<ToolChoice> for String {
+    fn from(choice: ToolChoice) -> Self {
+        match choice {
+            ToolChoice::Auto => "auto".into(),
+            ToolChoice::Required => "required".into(),
+            ToolChoice::None => "none".into(),
+            ToolChoice::Tool(name) => name,
+        }
+    }
+}
+
+/// One tool of an agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToolSpec {
+    /// An HTTP endpoint that receives the arguments as JSON.
+    Http(HttpToolSpec),
+    /// An MCP server whose tools are discovered at run start.
+    Mcp(McpToolSpec),
+    /// A tool the client executes (the run waits for its output).
+    Client(ClientToolSpec),
+    /// Another agent of the tenant: a call starts a child run of it with the call's `input`,
+    /// and the run waits (without a worker) for the child's final text as the call's result.
+    Agent(AgentToolSpec),
+}
+
+impl ToolSpec {
+    /// The name (for MCP: the prefix of its tools' names).
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Http(t) => &t.name,
+            Self::Mcp(t) => &t.name,
+            Self::Client(t) => &t.name,
+            Self::Agent(t) => &t.name,
+        }
+    }
+}
+
+/// An HTTP tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpToolSpec {
+    /// The name the model sees.
+    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of its arguments.
+    #[serde(default = "empty_object_schema")]
+    #[schema(value_type = Object)]
+    pub parameters: Value,
+    /// Where to send the arguments.
+    pub url: String,
+    /// The HTTP method (default POST).
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Whether it only reads (read-only calls of one step run concurrently).
+    #[serde(default)]
+    pub read_only: bool,
+    /// Whether a person must approve each call.
+    #[serde(default)]
+    pub requires_approval: bool,
+}
+
+/// An MCP server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolSpec {
+    /// The prefix of its tools' names (`{name}_{tool}`).
+    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
+    pub name: String,
+    /// Its Streamable HTTP endpoint.
+    pub url: String,
+    /// Headers sent on every request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Whether a person must approve each call.
+    #[serde(default)]
+    pub requires_approval: bool,
+}
+
+/// A client tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientToolSpec {
+    /// The name the model sees.
+    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of its arguments.
+    #[serde(default = "empty_object_schema")]
+    #[schema(value_type = Object)]
+    pub parameters: Value,
+    /// Whether a person must approve each call.
+    #[serde(default)]
+    pub requires_approval: bool,
+}
+
+/// An agent called as a tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentToolSpec {
+    /// The name the model sees.
+    #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
+    pub name: String,
+    /// What the agent does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// The agent (of the same tenant) that answers a call.
+    pub agent_id: AgentId,
+    /// Whether a person must approve each call.
+    #[serde(default)]
+    pub requires_approval: bool,
+}
+
+impl AgentToolSpec {
+    /// The arguments the model gives: the child run's input.
+    pub fn parameters() -> Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {"input": {"type": "string", "description": "The request for the agent."}},
+            "required": ["input"],
+        })
+    }
+}
+
+/// How deep agents may call agents when `limits.max_call_depth` is unset.
+pub const DEFAULT_MAX_CALL_DEPTH: u32 = 3;
+
+fn empty_object_schema() -> Value {
+    serde_json::json!({"type": "object"})
+}
+fn default_method() -> String {
+    "POST".into()
+}
