@@ -41,8 +41,9 @@ use sqlx::PgPool;
 
 use spool_shared::db::{messages, runs, threads};
 use spool_shared::event::EventType;
+use spool_shared::redis_conn::RedisConn;
 use spool_shared::status::MessageStatus;
-use spool_shared::stream::{self as events, EntryId, FLUSH_WINDOW, RedisConn, StoredEvent};
+use spool_shared::stream::{self as events, EntryId, FLUSH_WINDOW, StoredEvent};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;

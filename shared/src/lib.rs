@@ -17,6 +17,7 @@ pub mod ids;
 pub mod metrics;
 pub mod provider;
 pub mod quota;
+pub mod redis_conn;
 pub mod run;
 pub mod shutdown;
 pub mod status;

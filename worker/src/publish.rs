@@ -28,7 +28,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use spool_shared::event::{Data, Event, Heartbeat, Origin, TextDelta};
-use spool_shared::stream::{self, Batch, PublishError, RedisConn, StreamKeys};
+use spool_shared::redis_conn::RedisConn;
+use spool_shared::stream::{self, Batch, PublishError, StreamKeys};
 
 /// Where events go: a Redis connection, the key names and the retention window.
 #[derive(Clone)]
@@ -50,7 +51,7 @@ impl Streams {
         retention: Duration,
     ) -> redis::RedisResult<Self> {
         Ok(Self {
-            conn: stream::connect(redis_url)?,
+            conn: spool_shared::redis_conn::connect(redis_url)?,
             keys,
             retention,
         })

@@ -26,7 +26,8 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::ThreadId;
-use spool_shared::stream::{self, EntryId, ReadError, RedisConn, StoredEvent, StreamKeys};
+use spool_shared::redis_conn::RedisConn;
+use spool_shared::stream::{self, EntryId, ReadError, StoredEvent, StreamKeys};
 
 /// Entries read per round trip: four sessions' pages ([`super::session::PAGE`]), since a feed keeps up
 /// with a whole thread's output (one event per delta: tens of thousands a second) and each read
@@ -90,10 +91,10 @@ impl Hub {
         shutdown: CancellationToken,
     ) -> redis::RedisResult<Self> {
         let inner = Arc::new(Inner {
-            conn: stream::connect(redis_url)?,
+            conn: spool_shared::redis_conn::connect(redis_url)?,
             // Pub/sub goes to one node: in a cluster, PUBLISH reaches every node's subscribers.
-            client: stream::client(
-                stream::nodes(redis_url)
+            client: spool_shared::redis_conn::client(
+                spool_shared::redis_conn::nodes(redis_url)
                     .first()
                     .map_or(redis_url, String::as_str),
             )?,

@@ -24,10 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 use spool_shared::db::runs;
 use spool_shared::event::{self as envelope, Event, EventType};
+use spool_shared::redis_conn::RedisConn;
 use spool_shared::status::RunStatus;
-use spool_shared::stream::{
-    self as events, EntryId, FLUSH_WINDOW, Gap, ReadError, RedisConn, StoredEvent,
-};
+use spool_shared::stream::{self as events, EntryId, FLUSH_WINDOW, Gap, ReadError, StoredEvent};
 use spool_shared::{ThreadId, WorkflowId};
 
 use super::{StreamSlot, hub, unavailable};

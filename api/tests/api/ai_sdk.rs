@@ -51,7 +51,7 @@ async fn a_tool_run_streams_as_ai_sdk_chunks_and_resumes_from_any_chunk() {
     assert_eq!(response.status(), StatusCode::NO_CONTENT);
 
     // From the message's first entry: every chunk after `start`.
-    let mut conn = spool_shared::stream::connect(&spool_tests::redis_url()).expect("redis");
+    let mut conn = spool_shared::redis_conn::connect(&spool_tests::redis_url()).expect("redis");
     let entries = read_after(
         &mut conn,
         &app.keys.events(spool_shared::ThreadId(thread)),

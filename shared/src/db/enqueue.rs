@@ -303,7 +303,7 @@ pub(crate) mod tests {
 
     /// Quota counters under a key prefix of the test's own.
     pub(crate) fn admission() -> Admission {
-        let conn = crate::stream::connect(&spool_tests::redis_url()).expect("redis");
+        let conn = crate::redis_conn::connect(&spool_tests::redis_url()).expect("redis");
         let keys = crate::stream::StreamKeys::new(spool_tests::redis_prefix());
         Admission::new(conn, &keys)
     }

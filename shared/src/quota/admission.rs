@@ -60,7 +60,8 @@ use crate::db::LazyConn;
 use crate::db::quota::{self, CONCURRENCY_RETRY_SECS, Refusal};
 use crate::ids::WorkflowId;
 use crate::quota::{Counter, RunQuota};
-use crate::stream::{RedisConn, StreamKeys};
+use crate::redis_conn::RedisConn;
+use crate::stream::StreamKeys;
 
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("take.lua")));
 static LOAD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("load.lua")));

@@ -214,7 +214,7 @@ async fn a_response_whose_events_redis_no_longer_holds_answers_with_an_error_eve
         .and_then(|s| s.parse().ok())
         .expect("thread");
     let keys = spool_shared::stream::StreamKeys::new(stack.prefix.clone());
-    let mut conn = spool_shared::stream::connect(&stack.redis_url).expect("redis");
+    let mut conn = spool_shared::redis_conn::connect(&stack.redis_url).expect("redis");
     let id = response["id"].as_str().expect("id");
     // Trimmed from the front (its start gone, its end kept), as `SPOOL_STREAM_MAXLEN`-style
     // trimming or a partial loss leaves it.

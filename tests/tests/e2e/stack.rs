@@ -247,7 +247,7 @@ impl Stack {
             .and_then(|s| s.parse().ok())
             .expect("thread id");
         let keys = spool_shared::stream::StreamKeys::new(self.prefix.clone());
-        let mut conn = spool_shared::stream::connect(&self.redis_url).expect("redis");
+        let mut conn = spool_shared::redis_conn::connect(&self.redis_url).expect("redis");
         let entries = spool_shared::stream::read_after(
             &mut conn,
             &keys.events(thread),

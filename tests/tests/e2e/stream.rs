@@ -95,7 +95,7 @@ async fn a_crash_after_an_answered_pause_restarts_the_answer_for_the_client() {
 #[tokio::test]
 async fn redis_itself_refuses_a_stale_attempt_s_events() {
     let keys = StreamKeys::new(spool_tests::redis_prefix());
-    let mut conn = stream::connect(&spool_tests::redis_url()).expect("redis");
+    let mut conn = spool_shared::redis_conn::connect(&spool_tests::redis_url()).expect("redis");
     let origin = |attempt| Origin {
         thread_id: ThreadId(uuid::Uuid::nil()),
         workflow_id: WorkflowId(uuid::Uuid::max()),
@@ -160,7 +160,7 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
 #[tokio::test]
 async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
     let keys = StreamKeys::new(spool_tests::redis_prefix());
-    let mut conn = stream::connect(&spool_tests::redis_url()).expect("redis");
+    let mut conn = spool_shared::redis_conn::connect(&spool_tests::redis_url()).expect("redis");
     let origin = Origin {
         thread_id: ThreadId::new(),
         workflow_id: WorkflowId::new(),
@@ -221,7 +221,7 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
 /// retention window, and its hashes read back: for the tests of what a `done` forgets.
 struct Direct {
     keys: StreamKeys,
-    conn: stream::RedisConn,
+    conn: spool_shared::redis_conn::RedisConn,
     thread: ThreadId,
     window: Duration,
 }
@@ -230,7 +230,7 @@ impl Direct {
     fn new(window: Duration) -> Self {
         Self {
             keys: StreamKeys::new(spool_tests::redis_prefix()),
-            conn: stream::connect(&spool_tests::redis_url()).expect("redis"),
+            conn: spool_shared::redis_conn::connect(&spool_tests::redis_url()).expect("redis"),
             thread: ThreadId::new(),
             window,
         }
@@ -739,7 +739,7 @@ async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
 #[tokio::test]
 async fn a_takeover_reads_the_step_results_shown_and_fences_older_attempts() {
     let keys = StreamKeys::new(spool_tests::redis_prefix());
-    let conn = stream::connect(&spool_tests::redis_url()).expect("redis");
+    let conn = spool_shared::redis_conn::connect(&spool_tests::redis_url()).expect("redis");
     let origin = Origin {
         thread_id: ThreadId::new(),
         workflow_id: WorkflowId::new(),

@@ -150,7 +150,7 @@ pub(crate) async fn xadd_per_second(
     pipeline: usize,
     requests: usize,
 ) -> anyhow::Result<f64> {
-    let node = spool_shared::stream::nodes(redis_url)
+    let node = spool_shared::redis_conn::nodes(redis_url)
         .into_iter()
         .next()
         .unwrap_or_else(|| redis_url.to_owned());
@@ -194,7 +194,7 @@ pub(crate) async fn hop_chain(
     let pool = sqlx::PgPool::connect(db_url).await?;
     let mut listener = sqlx::postgres::PgListener::connect(db_url).await?;
     listener.listen("spool_bench_hops").await?;
-    let node = spool_shared::stream::nodes(redis_url)
+    let node = spool_shared::redis_conn::nodes(redis_url)
         .into_iter()
         .next()
         .unwrap_or_else(|| redis_url.to_owned());
