@@ -6,6 +6,7 @@ mod agent;
 mod ai_sdk;
 mod cli;
 mod crash;
+mod docs;
 mod openai;
 mod orchestration;
 mod page;
