@@ -93,14 +93,14 @@ CREATE UNIQUE INDEX messages_thread_seq_idx ON messages (thread_id, seq);
 -- approval (awaiting_approval) or its child runs (waiting) holds no worker and no lease; what
 -- it waits for is stored on the row (`pending_action`).
 --
--- Agents as tools (DESIGN §9): a tool call of an agent tool starts a child run of that agent on
--- the parent's thread, and the parent waits for it without a worker (status `waiting`). A child
+-- Agents as tools (docs/agents.md): a tool call of an agent tool starts a child run of that agent
+-- on the parent's thread, and the parent waits for it without a worker (status `waiting`). A child
 -- run is a run like any other (claimed, leased, fenced, checkpointed, resumed after a crash);
--- `parent_workflow_id` and `parent_tool_call_id` say which call started it, `depth` how deep
--- it is (a thread's own runs are at 0). When a child ends, the transaction that ends it
--- re-queues its parent if no other child of the parent is still active (`runs_child_ended`,
--- below), and wakes idle workers. The parent's next attempt reads each child's answer from the
--- child's run and message: the child writes nothing of the parent's.
+-- `parent_workflow_id` and `parent_tool_call_id` say which call started it, `depth` how deep it is
+-- (a thread's own runs are at 0). When a child ends, the transaction that ends it re-queues its
+-- parent if no other child of the parent is still active (`runs_child_ended`, below), and wakes
+-- idle workers. The parent's next attempt reads each child's answer from the child's run and
+-- message: the child writes nothing of the parent's.
 CREATE TABLE runs (
     id                     uuid PRIMARY KEY,
     thread_id              uuid NOT NULL REFERENCES threads (id) ON DELETE CASCADE,
@@ -197,9 +197,9 @@ CREATE INDEX runs_thread_idx ON runs (thread_id, created_at);
 CREATE INDEX runs_owner_list_idx ON runs (tenant_id, owner_id, created_at DESC, id DESC);
 CREATE INDEX runs_tenant_list_idx ON runs (tenant_id, created_at DESC, id DESC);
 
--- Fair claiming (DESIGN §8): the claim walks the tenants that have queued runs (a loose index
--- scan over `runs_queued_tenant_idx`), takes each one's oldest, and prefers the tenant with the
--- fewest running runs (counted on `runs_running_tenant_idx`, at most the workers' concurrency
+-- Fair claiming (docs/operations.md): the claim walks the tenants that have queued runs (a loose
+-- index scan over `runs_queued_tenant_idx`), takes each one's oldest, and prefers the tenant with
+-- the fewest running runs (counted on `runs_running_tenant_idx`, at most the workers' concurrency
 -- rows per tenant). One tenant's backlog of 10,000 runs does not starve another's single run.
 CREATE INDEX runs_queued_tenant_idx ON runs (tenant_id, queued_at) WHERE status = 'queued';
 CREATE INDEX runs_running_tenant_idx ON runs (tenant_id) WHERE status = 'running';
@@ -219,9 +219,9 @@ CREATE INDEX runs_pause_expiry_idx ON runs (pause_expires_at)
 -- claim writes that re-check so that no partial index matches it (shared/src/db/runs.rs) and
 -- probes the primary key. Without the index, the run lifecycle's SQL (tests/bench/
 -- lifecycle.sql, pgbench, 16 clients) ran 1,069-1,364 lifecycles/s against 841-1,017 with it
--- (BENCHMARKS.md).
+-- (docs/benchmarks-history.md).
 
--- Usage (GET /v1/usage, DESIGN §8): tokens and runs of the runs that ended in a window, by
+-- Usage (GET /v1/usage, docs/operations.md): tokens and runs of the runs that ended in a window, by
 -- user, agent or model, read from the runs (and, by model, from their steps: `step_usage`).
 CREATE INDEX runs_tenant_finished_idx ON runs (tenant_id, finished_at)
     WHERE finished_at IS NOT NULL;
@@ -355,15 +355,15 @@ CREATE TABLE webhook_attempts (
 -- quota_counters
 -- =============================================================================================
 
--- Quotas (DESIGN §8): runs per hour, concurrent runs and daily tokens, per user and per tenant
--- (from configuration), and per user and tenant for one agent's runs (its `governance`).
--- Admission counts in Redis (shared/src/quota/admission.rs), not here: in Postgres every
--- enqueue under a quota updated counter rows that all of a tenant's enqueues share (and every
--- run's end updated them again), and whatever the layout (one row per counter, 8 or 32 shards,
--- a trigger deferred to COMMIT) those updates cost the enqueue about a quarter of its
--- throughput with every quota set (BENCHMARKS.md). Postgres stays the truth Redis's counters
--- are made from: `runs.quota` names the counters each run was admitted under, and this table
--- keeps the day's tokens.
+-- Quotas (docs/operations.md): runs per hour, concurrent runs and daily tokens, per user and per
+-- tenant (from configuration), and per user and tenant for one agent's runs (its `governance`).
+-- Admission counts in Redis (shared/src/quota/admission.rs), not here: in Postgres every enqueue
+-- under a quota updated counter rows that all of a tenant's enqueues share (and every run's end
+-- updated them again), and whatever the layout (one row per counter, 8 or 32 shards, a trigger
+-- deferred to COMMIT) those updates cost the enqueue about a quarter of its throughput with every
+-- quota set (docs/benchmarks-history.md). Postgres stays the truth Redis's counters are made from:
+-- `runs.quota` names the counters each run was admitted under, and this table keeps the day's
+-- tokens.
 --
 -- Daily token budgets: the tokens (prompt + generated) of the UTC day `day` per counter,
 -- charged by the workers after each model call of a run under a budget and read by the run

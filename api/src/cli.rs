@@ -106,7 +106,7 @@ pub struct ServeArgs {
     pub worker: spool_worker::WorkerArgs,
 }
 
-/// The server's quotas (DESIGN §8), checked at enqueue for every run; unset is unlimited.
+/// The server's quotas (docs/operations.md), checked at enqueue for every run; unset is unlimited.
 /// A value that does not parse, or is out of range, stops the process with the variable named.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct QuotaArgs {

@@ -1,4 +1,4 @@
-//! The OpenAI-compatible surface (DESIGN §11), so the official OpenAI SDKs work against Spool
+//! The OpenAI-compatible surface (docs/clients.md), so the official OpenAI SDKs work against Spool
 //! unchanged: the Responses API with background mode and `starting_after` resume
 //! ([`responses`]), Chat Completions and the model list ([`chat`]). Spool's own API stays the
 //! primary one: these routes map onto it (a response is a run, its `id` the `workflow_id`; a

@@ -1,4 +1,4 @@
-//! The chat page at `/` (DESIGN §10): three static files compiled into the binary (no build
+//! The chat page at `/` (docs/clients.md): three static files compiled into the binary (no build
 //! step, no CDN, no framework). It signs in with `/#token=T` (kept in the tab's
 //! `sessionStorage`), opens `/?thread=ID`, lists threads, sends (the page's only `textarea`;
 //! Enter sends), streams each reply into an element with `data-role="assistant"` (dropping a

@@ -119,8 +119,9 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
 /// claim's lookup of the runs it picked, a sequential scan is then the cheapest plan, and it
 /// stays the plan while the table grows, until autovacuum next analyzes it (its launcher
 /// wakes once a minute): every claim meanwhile reads the whole table (spool-bench P2 on one
-/// thread: Postgres 2.76 → 5.00 ms of CPU per run over 6,000 runs, BENCHMARKS.md). Every part
-/// of the claim has an index made for it, so the setting only takes the sequential scan away.
+/// thread: Postgres 2.76 → 5.00 ms of CPU per run over 6,000 runs,
+/// docs/benchmarks-history.md). Every part of the claim has an index made for it, so the
+/// setting only takes the sequential scan away.
 /// The setting is the session's, so the claim has a connection of its own; the worker's other
 /// statements keep the defaults. Like the main pool (at its default), the connection is
 /// checked with a round trip only when it has been idle for a second or more: a worker claims

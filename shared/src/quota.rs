@@ -1,4 +1,4 @@
-//! Quotas (DESIGN §8): what one user and one tenant may start and spend.
+//! Quotas (docs/operations.md): what one user and one tenant may start and spend.
 //!
 //! Three limits, each optional: `runs_per_hour`, `max_concurrent_runs` (queued, running or
 //! paused runs) and `daily_token_budget` (prompt + generated tokens of the UTC day). They

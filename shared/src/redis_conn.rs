@@ -90,10 +90,10 @@ pub fn nodes(url: &str) -> Vec<String> {
 }
 
 /// TCP as every Redis connection of ours uses it: `TCP_NODELAY` on. redis-rs leaves Nagle's
-/// algorithm on by default, and on a multiplexed connection a command written while an earlier
-/// one is unanswered is then held until that one is ACKed (up to a delayed ACK's 40 ms on a
-/// network). On loopback it made no difference we could measure (BENCHMARKS.md, "A slow
-/// machine, and Nagle on the Redis connections").
+/// algorithm on by default, and on a multiplexed connection a command written while an earlier one
+/// is unanswered is then held until that one is ACKed (up to a delayed ACK's 40 ms on a network).
+/// On loopback it made no difference we could measure (docs/benchmarks-history.md, "A slow machine,
+/// and Nagle on the Redis connections").
 fn tcp() -> redis::io::tcp::TcpSettings {
     redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }

@@ -1,5 +1,5 @@
 // The official OpenAI Node SDK against Spool's OpenAI-compatible routes, unchanged: the
-// README's three lines, a background stream dropped mid-answer and resumed with
+// docs/clients.md's three lines, a background stream dropped mid-answer and resumed with
 // `starting_after`, a streamed chat completion, a typed 404.
 // Usage: SPOOL_URL=... TOKEN=... REPLY=... node openai_sdk.mjs; exits 0 when every check passed.
 import OpenAI from "openai";
@@ -10,7 +10,7 @@ const check = (name, ok, detail = "") => {
 };
 const client = new OpenAI({ baseURL: `${process.env.SPOOL_URL}/v1`, apiKey: process.env.TOKEN, maxRetries: 0 });
 
-// The README's example.
+// docs/clients.md's example.
 const hello = await client.responses.create({ model: "spool-default", input: "Hello!" });
 check("a blocking create", hello.status === "completed" && hello.output_text.startsWith("[demo]"), hello.status);
 

@@ -1,5 +1,5 @@
-//! `spool`: a terminal client of a Spool server (DESIGN §10), configured by `SPOOL_URL` (default
-//! `http://127.0.0.1:8080`) and `SPOOL_TOKEN`.
+//! `spool`: a terminal client of a Spool server (docs/clients.md), configured by `SPOOL_URL`
+//! (default `http://127.0.0.1:8080`) and `SPOOL_TOKEN`.
 //!
 //! - `spool chat [THREAD]`: sends each line you type (or each line of stdin, when it is not a
 //!   terminal) as a message and streams the reply to stdout; progress (queued, tool steps,

@@ -1,5 +1,5 @@
 //! `GET /v1/threads/{thread_id}/stream?format=ai-sdk`: the Vercel AI SDK's UI message stream
-//! (DESIGN §10): SSE `data:` JSON chunks and a last `data: [DONE]`, with the header
+//! (docs/streaming.md): SSE `data:` JSON chunks and a last `data: [DONE]`, with the header
 //! `x-vercel-ai-ui-message-stream: v1`.
 //!
 //! | run event | chunks |

@@ -1,5 +1,5 @@
 // Spool's chat page: sign in with a token, list threads, send, follow the reply's stream.
-// The stream's contract (README "Streaming"): text since the last tool result is tentative, and
+// The stream's contract (docs/streaming.md): text since the last tool result is tentative, and
 // `attempt_restarted` drops it (a new attempt writes it again); EventSource reconnects by itself
 // with Last-Event-ID after a dropped network, and the gateway resumes after that event.
 "use strict";

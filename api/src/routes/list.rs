@@ -1,4 +1,4 @@
-//! The query of a list route (DESIGN §7): `?limit=` (1 to 100, default 20), `?cursor=` (the
+//! The query of a list route (docs/api.md): `?limit=` (1 to 100, default 20), `?cursor=` (the
 //! previous page's `next_cursor`), and the route's filters, some repeatable. Parsed by hand
 //! rather than into a struct: filters such as `metadata[key]=value` have keys chosen by the
 //! caller, and `status` may repeat. Anything else is a 400 with a code, never ignored.

@@ -1,5 +1,5 @@
-//! `GET /v1/usage` (admin, DESIGN §8): the tenant's tokens and runs in a window, by user, agent
-//! or model, from Postgres.
+//! `GET /v1/usage` (admin, docs/operations.md): the tenant's tokens and runs in a window, by user,
+//! agent or model, from Postgres.
 
 use axum::Json;
 use axum::extract::State;

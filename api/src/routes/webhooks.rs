@@ -1,4 +1,4 @@
-//! Webhooks (DESIGN §7, admin only): endpoints that receive a tenant's run events, and what
+//! Webhooks (docs/api.md, admin only): endpoints that receive a tenant's run events, and what
 //! was delivered to them.
 //!
 //! An endpoint's URL passes the tools' network policy at creation (`SPOOL_TOOLS_ALLOW_NETWORKS`;

@@ -1,4 +1,4 @@
-//! The control plane (DESIGN §7): thread lists, renames and erasure; run lists; `?wait=`; the
+//! The control plane (docs/api.md): thread lists, renames and erasure; run lists; `?wait=`; the
 //! durable timeline. Every route is scoped like the rest: another user's or tenant's ids are
 //! 404, an admin sees the tenant's.
 

@@ -1,4 +1,4 @@
-//! Lists, newest first, with cursor pagination (DESIGN §7): `?limit=` (default 20, at most 100)
+//! Lists, newest first, with cursor pagination (docs/api.md): `?limit=` (default 20, at most 100)
 //! and `?cursor=` (the previous page's `next_cursor`).
 //!
 //! Pages are keyed on `(created_at, id)`, which never change, so a row never moves between

@@ -1,4 +1,4 @@
-//! Webhooks: a tenant's endpoints and the outbox of their deliveries (DESIGN §7).
+//! Webhooks: a tenant's endpoints and the outbox of their deliveries (docs/api.md).
 //!
 //! The outbox rows are written by the `runs_status_changed` trigger (migration
 //! `20261124000001_control_plane.sql`) in the transaction that changes a run's status, so an

@@ -1,10 +1,10 @@
-//! Admission (DESIGN §8): the quota counters a run is admitted against live in Redis, where one
-//! script checks every counter of the run and takes room in each, or in none; Postgres's
+//! Admission (docs/operations.md): the quota counters a run is admitted against live in Redis,
+//! where one script checks every counter of the run and takes room in each, or in none; Postgres's
 //! `runs` and `quota_counters` tables stay the truth they are rebuilt from.
 //!
-//! Why Redis: in Postgres each enqueue updated a few rows that every enqueue of the tenant
-//! shares, and those updates cost the enqueue about a quarter of its throughput whatever the
-//! layout (BENCHMARKS.md, "Quotas' cost on the enqueue"). A script in Redis costs one round
+//! Why Redis: in Postgres each enqueue updated a few rows that every enqueue of the tenant shares,
+//! and those updates cost the enqueue about a quarter of its throughput whatever the layout
+//! (docs/benchmarks-history.md, "Quotas' cost on the enqueue"). A script in Redis costs one round
 //! trip, outside the enqueue's transaction, and holds no lock there.
 //!
 //! Keys, per counter (one hash tag per tenant, so a run's counters share a Cluster slot):
@@ -45,11 +45,10 @@
 //! as the streams need too): a set evicted without its hash would count no active runs until
 //! the counter is made again.
 //!
-//! Written here (three short scripts) because no crate does this job: `governor` counts in
-//! process memory, which DESIGN §8 rules out, and Redis rate limiters (the `redis-cell` module,
-//! or scripts like these) count one window per key, without sets of active runs that can be
-//! checked against Postgres, all-or-nothing across a run's counters, or a rebuild from
-//! Postgres.
+//! Written here (three short scripts) because no crate does this job: `governor` counts in process
+//! memory, which several API processes cannot share, and Redis rate limiters (the `redis-cell`
+//! module, or scripts like these) count one window per key, without sets of active runs that can be
+//! checked against Postgres, all-or-nothing across a run's counters, or a rebuild from Postgres.
 
 use std::sync::LazyLock;
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Spool's release binaries against hyper 1.12.0 with `idle-buffers-1.12.0.patch` (beside
 # this script), to measure what an idle HTTP/1.1 event stream costs when hyper gives its head
-# and read buffers back while a response body streams (BENCHMARKS.md, "Idle HTTP/1.1 streams
+# and read buffers back while a response body streams (docs/benchmarks-history.md, "Idle HTTP/1.1 streams
 # with hyper patched"). The patch is not part of Spool's build: this script builds a copy.
 #
 # Usage: tests/bench/hyper/build-patched.sh [dir [target dir]]   (default

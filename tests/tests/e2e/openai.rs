@@ -1,5 +1,5 @@
-//! The OpenAI-compatible routes (DESIGN §11): the official Python and Node SDKs as clients, unchanged;
-//! and a worker killed mid-response while a client resumes with `starting_after`.
+//! The OpenAI-compatible routes (docs/clients.md): the official Python and Node SDKs as clients,
+//! unchanged; and a worker killed mid-response while a client resumes with `starting_after`.
 
 use serde_json::{Value, json};
 use spool_tests::sse::SseReader;

@@ -1,5 +1,5 @@
-//! Quotas at enqueue (DESIGN §8), configured as an operator does (`SPOOL_QUOTA_*`), across two
-//! API processes on one database: racing requests never both pass a limit, a refused request
+//! Quotas at enqueue (docs/operations.md), configured as an operator does (`SPOOL_QUOTA_*`), across
+//! two API processes on one database: racing requests never both pass a limit, a refused request
 //! creates nothing, and each refusal is a 429 with its code and `Retry-After`.
 
 use std::time::Duration;

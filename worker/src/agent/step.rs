@@ -9,7 +9,7 @@
 //!   the step: saved with its results, added to the answer and the conversation, and checked
 //!   against the agent's stop conditions.
 //! - Results reach the stream only once the step that holds them is saved. A client keeps what
-//!   it was shown up to the last `step` result across `attempt_restarted` (README "Streaming"),
+//!   it was shown up to the last `step` result across `attempt_restarted` (docs/streaming.md),
 //!   so a result published before its save, followed by a crash, would be shown twice: once
 //!   from the lost attempt and again when the next one repeats the unsaved step. After a crash
 //!   between the save and the publish, the next attempt shows it (see [`super::takeover`]).

@@ -1,7 +1,7 @@
 //! What a restarted attempt (after a crash, a release or a reclaim) shows again.
 //!
 //! On `attempt_restarted` a client that follows the stream keeps everything up to the last
-//! `step` result and drops the rest (README "Streaming"). The attempt learns from Redis which
+//! `step` result and drops the rest (docs/streaming.md). The attempt learns from Redis which
 //! result that is ([`takeover`](spool_shared::stream::takeover), which raises the fence in the
 //! same round trip, so no earlier attempt adds one afterwards) and shows what the client
 //! dropped or never got: every

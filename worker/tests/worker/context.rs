@@ -1,4 +1,4 @@
-//! Context (DESIGN §9): earlier turns replay with their tool calls and results (cut), and a
+//! Context (docs/agents.md): earlier turns replay with their tool calls and results (cut), and a
 //! prompt over the model's context window, or one the provider refuses as too long, has the
 //! thread's oldest turns summarised into a stored summary that later runs reuse; past what
 //! summaries can do, `context_overflow`.

@@ -1,4 +1,4 @@
-//! Per-run limits (DESIGN §8): `max_steps`, `max_tool_calls`, `max_parallel_tools`,
+//! Per-run limits (docs/agents.md): `max_steps`, `max_tool_calls`, `max_parallel_tools`,
 //! `timeout_secs` (by the database clock, from enqueue) and `max_output_tokens`. Reaching one
 //! fails the run with its code, keeps the partial message, and streams `message_end` and `done`.
 

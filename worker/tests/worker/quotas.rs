@@ -1,6 +1,6 @@
-//! Daily token budgets in the loop (DESIGN §8): every model call's tokens are charged to the
-//! run's budgeted counters, and a run whose budget is spent (by itself or by another run)
-//! fails with `budget_exceeded` before its next model call, keeping its partial message.
+//! Daily token budgets in the loop (docs/operations.md): every model call's tokens are charged to
+//! the run's budgeted counters, and a run whose budget is spent (by itself or by another run) fails
+//! with `budget_exceeded` before its next model call, keeping its partial message.
 
 use serde_json::json;
 
