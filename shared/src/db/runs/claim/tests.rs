@@ -1,0 +1,609 @@
+//! The claim's tests beside its SQL: fair claiming across tenants, the claim's plans past ended
+//! runs, leases from the database clock, pauses, and the fence that keeps a reclaimed attempt
+//! out of every write.
+
+use serde_json::json;
+use spool_tests::TestDb;
+
+use super::*;
+use crate::agent::AgentSpec;
+use crate::db::enqueue::{NewMessage, enqueue};
+use crate::db::messages;
+use crate::db::page::Scope;
+use crate::db::runs::{NewChild, children, find, find_in, request_cancel, resume};
+use crate::db::threads::Owner;
+use crate::ids::{AgentId, ThreadId};
+use crate::run::PendingCall;
+
+const WORKER: &str = "worker-a";
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A queued run on a thread of its own, as the enqueue leaves it.
+async fn queued(db: &TestDb) -> (WorkflowId, MessageId) {
+    let owner = Owner {
+        tenant_id: "acme".into(),
+        user_id: "alice".into(),
+    };
+    let message = NewMessage {
+        thread_id: ThreadId::new(),
+        owner: &owner,
+        agent_id: None,
+        input_text: "hi",
+        metadata: &json!({}),
+        idempotency_key: None,
+        trace_context: None,
+        quotas: &crate::quota::Quotas::default(),
+        admission: &crate::db::enqueue::tests::admission(),
+        overrides: None,
+        history: &[],
+    };
+    let mut tx = db.pool.begin().await.expect("begin");
+    let enqueued = enqueue(&mut crate::db::LazyConn::Held(&mut tx), &message)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    (enqueued.workflow_id, enqueued.message_id)
+}
+
+fn completed(content: &str) -> Outcome<'_> {
+    Outcome {
+        status: RunStatus::Completed,
+        content,
+        parts: &[],
+        usage: Usage::default(),
+        error: None,
+        final_step: None,
+        output: None,
+        blocked: false,
+    }
+}
+
+async fn claim(db: &TestDb, lease: Duration) -> Option<Claimed> {
+    super::claim(&db.pool, WORKER, lease, 1)
+        .await
+        .expect("claim")
+        .pop()
+}
+
+/// `count` queued runs of `tenant` (one thread each), queued an hour ago, oldest first:
+/// a backlog, written in three statements.
+async fn backlog(db: &TestDb, tenant: &str, count: i32) {
+    for sql in [
+        "INSERT INTO threads (id, tenant_id, owner_id)
+         SELECT md5($1 || 't' || n)::uuid, $1, 'u' FROM generate_series(1, $2) n",
+        "INSERT INTO messages (id, thread_id, role, status)
+         SELECT md5($1 || 'm' || n)::uuid, md5($1 || 't' || n)::uuid, 'user', 'completed'
+           FROM generate_series(1, $2) n",
+        "INSERT INTO runs (id, thread_id, tenant_id, owner_id, user_message_id,
+                           assistant_message_id, queued_at)
+         SELECT md5($1 || 'r' || n)::uuid, md5($1 || 't' || n)::uuid, $1, 'u',
+                md5($1 || 'm' || n)::uuid, md5($1 || 'm' || n)::uuid,
+                now() - interval '1 hour' + n * interval '1 ms'
+           FROM generate_series(1, $2) n",
+    ] {
+        sqlx::query(sql)
+            .bind(tenant)
+            .bind(count)
+            .execute(&db.pool)
+            .await
+            .expect("backlog");
+    }
+}
+
+#[tokio::test]
+async fn one_tenants_backlog_does_not_starve_another_tenants_run() {
+    let db = TestDb::new().await.expect("db");
+    backlog(&db, "big", 10_000).await;
+    // acme's run is the newest of all: a global FIFO would take it after 10,000 others.
+    let (small, _) = queued(&db).await;
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let claimed = claim(&db, HOUR).await.expect("a claim");
+        order.push(claimed.run().tenant_id.clone());
+    }
+    assert_eq!(order, ["big", "acme", "big"], "acme's run goes second");
+    let run = find_in(&db.pool, small, Scope::Tenant("acme"))
+        .await
+        .expect("find")
+        .expect("run");
+    assert_eq!(run.status, RunStatus::Running);
+    // Within a tenant, the oldest first.
+    let (first_of_big,): (WorkflowId,) = sqlx::query_as(
+        "SELECT id FROM runs WHERE tenant_id = 'big' AND status = 'running' ORDER BY queued_at LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("big's");
+    let (oldest,): (WorkflowId,) = sqlx::query_as("SELECT md5('big' || 'r' || 1)::uuid")
+        .fetch_one(&db.pool)
+        .await
+        .expect("id");
+    assert_eq!(first_of_big, oldest);
+}
+
+/// The index entries a plan's index scans returned, loops included (a bitmap index scan
+/// returns dead entries too: it cannot tell them apart).
+fn index_entries_read(plan: &Value) -> f64 {
+    let own = if plan["Node Type"].as_str().unwrap_or("").contains("Index") {
+        plan["Actual Rows"].as_f64().unwrap_or(0.0) * plan["Actual Loops"].as_f64().unwrap_or(1.0)
+    } else {
+        0.0
+    };
+    let children = plan["Plans"]
+        .as_array()
+        .map_or(0.0, |plans| plans.iter().map(index_entries_read).sum());
+    own + children
+}
+
+/// Runs that ended since the last vacuum leave dead entries in the indexes their queued and
+/// running versions were in; a claim must not read them (it did, through a bitmap scan of
+/// an index no query needed, reading every one of them on every claim).
+#[tokio::test]
+async fn a_claim_reads_the_runs_it_may_take_not_those_that_ended() {
+    let db = without_autovacuum().await;
+    let plan = plan_of_a_claim_past_ended_runs(&db, async || {
+        let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM}"
+        )))
+        .bind(WORKER)
+        .bind(interval(HOUR))
+        .bind(1_i64)
+        .fetch_one(&db.pool)
+        .await
+        .expect("explain the claim");
+        plan
+    })
+    .await;
+    let read = index_entries_read(&plan[0]["Plan"]);
+    assert!(
+        read <= 100.0,
+        "the claim read {read} index entries to take one of one queued runs: {plan:#}"
+    );
+}
+
+/// The plan `explain` returns for a claim of one queued run, made once 5,000 runs have
+/// ended; checks that the claim took the run.
+async fn plan_of_a_claim_past_ended_runs(
+    db: &TestDb,
+    explain: impl AsyncFnOnce() -> Value,
+) -> Value {
+    ended(db, 5_000).await;
+    let (run, _) = queued(db).await;
+    let plan = explain().await;
+    assert_eq!(
+        status_of(db, run).await,
+        RunStatus::Running,
+        "the claim took it"
+    );
+    plan
+}
+
+/// `count` runs of tenant `big` that were claimed and have ended, more than a lease ago.
+async fn ended(db: &TestDb, count: i32) {
+    backlog(db, "big", count).await;
+    for sql in [
+        "UPDATE runs SET status = 'running', attempt = 1,
+                lease_expires_at = now() - interval '1 minute' WHERE tenant_id = 'big'",
+        "UPDATE runs SET status = 'completed', lease_expires_at = NULL, finished_at = now()
+          WHERE tenant_id = 'big'",
+    ] {
+        sqlx::query(sql)
+            .execute(&db.pool)
+            .await
+            .expect("claimed and ended");
+    }
+}
+
+/// The status of acme's run.
+async fn status_of(db: &TestDb, run: WorkflowId) -> RunStatus {
+    find_in(&db.pool, run, Scope::Tenant("acme"))
+        .await
+        .expect("find")
+        .expect("run")
+        .status
+}
+
+/// A database whose `runs` and `messages` autovacuum leaves alone (their dead entries and
+/// statistics stay as the test leaves them).
+async fn without_autovacuum() -> TestDb {
+    let db = TestDb::new().await.expect("db");
+    for sql in [
+        "ALTER TABLE runs SET (autovacuum_enabled = false)",
+        "ALTER TABLE messages SET (autovacuum_enabled = false)",
+    ] {
+        sqlx::query(sql).execute(&db.pool).await.expect("no vacuum");
+    }
+    db
+}
+
+/// How many sequential scans of `relation` the plan holds.
+fn seq_scans(plan: &Value, relation: &str) -> usize {
+    let own = plan["Node Type"] == "Seq Scan" && plan["Relation Name"] == relation;
+    usize::from(own)
+        + plan["Plans"].as_array().map_or(0, |plans| {
+            plans.iter().map(|plan| seq_scans(plan, relation)).sum()
+        })
+}
+
+/// Postgres keeps a prepared statement's generic plan while the tables it reads grow: the
+/// claim, planned on a `runs` table of a few rows, looked its picks up with a sequential
+/// scan, and went on reading the whole table at every claim until autovacuum's next
+/// analyze. The claim's own connection plans without sequential scans.
+#[tokio::test]
+async fn a_claim_planned_while_the_table_was_small_does_not_read_all_of_it_once_it_grew() {
+    let db = without_autovacuum().await;
+    let claims = crate::db::claim_pool(&db.url, "claims").expect("claim pool");
+    let mut conn = claims.acquire().await.expect("connection");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "PREPARE claim (text, interval, bigint) AS {CLAIM}"
+    )))
+    .execute(&mut *conn)
+    .await
+    .expect("prepare");
+    let execute = format!("claim ('{WORKER}', interval '1 hour', 1)");
+    // Postgres plans the first five executions for their parameters, then keeps one
+    // generic plan: made here, on a table of a few runs.
+    for _ in 0..8 {
+        queued(&db).await;
+        sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE {execute}")))
+            .execute(&mut *conn)
+            .await
+            .expect("a claim");
+    }
+    let plan = plan_of_a_claim_past_ended_runs(&db, async || {
+        let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {execute}"
+        )))
+        .fetch_one(&mut *conn)
+        .await
+        .expect("explain the claim");
+        plan
+    })
+    .await;
+    assert_eq!(
+        seq_scans(&plan[0]["Plan"], "runs"),
+        0,
+        "the claim read the whole table to take one run: {plan:#}"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_takes_turns_between_tenants_and_marks_each_message_streaming() {
+    let db = TestDb::new().await.expect("db");
+    backlog(&db, "big", 1_000).await;
+    let (small, message) = queued(&db).await;
+    let batch = super::claim(&db.pool, WORKER, HOUR, 3)
+        .await
+        .expect("claim");
+    let mut tenants: Vec<&str> = batch.iter().map(|c| c.run().tenant_id.as_str()).collect();
+    tenants.sort_unstable();
+    // Turns: big's oldest and acme's run first, then big's second; not big's three oldest.
+    assert_eq!(tenants, ["acme", "big", "big"]);
+    let mine = batch
+        .iter()
+        .find(|c| c.run().id == small)
+        .expect("acme's run");
+    assert_eq!(
+        (mine.run().attempt, mine.run().status),
+        (1, RunStatus::Running)
+    );
+    let (status,): (String,) = sqlx::query_as("SELECT status FROM messages WHERE id = $1")
+        .bind(message)
+        .fetch_one(&db.pool)
+        .await
+        .expect("message");
+    assert_eq!(status, "streaming", "the claim marks the answer streaming");
+    // Room for more than is claimable: what there is, each run once.
+    let rest = super::claim(&db.pool, WORKER, HOUR, 2_000)
+        .await
+        .expect("claim");
+    assert_eq!(rest.len(), 998);
+    assert!(rest.iter().all(|c| c.run().attempt == 1));
+    assert!(claim(&db, HOUR).await.is_none());
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_reclaimed_before_any_queued_run() {
+    let db = TestDb::new().await.expect("db");
+    let (crashed, _) = queued(&db).await;
+    let first = claim(&db, HOUR).await.expect("a claim");
+    assert_eq!(first.run().id, crashed);
+    backlog(&db, "big", 100).await;
+    expire(&db, crashed).await;
+    let next = claim(&db, HOUR).await.expect("a claim");
+    assert_eq!(next.run().id, crashed, "the crashed run first");
+    assert_eq!(next.previous_status(), RunStatus::Running);
+}
+
+/// Ends the lease now, as time passing would.
+async fn expire(db: &TestDb, id: WorkflowId) {
+    sqlx::query("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .expect("expire");
+}
+
+#[tokio::test]
+async fn a_claim_bumps_the_attempt_and_takes_a_lease_of_the_database_s_now_plus_the_lease() {
+    let db = TestDb::new().await.expect("db");
+    let (id, _) = queued(&db).await;
+    let lease = Duration::from_millis(2_500);
+    let a = claim(&db, lease).await.expect("a run");
+    assert_eq!(
+        (a.run().id, a.run().attempt, a.previous_status()),
+        (id, 1, RunStatus::Queued)
+    );
+    assert_eq!(a.run().lease_owner.as_deref(), Some(WORKER));
+    // Set by the claim statement itself: expiry minus heartbeat is exactly the lease.
+    let (lease_us,): (i64,) = sqlx::query_as(
+        "SELECT (extract(epoch FROM lease_expires_at - heartbeat_at) * 1e6)::bigint
+           FROM runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .expect("lease");
+    assert_eq!(lease_us, 2_500_000);
+    assert!(
+        claim(&db, lease).await.is_none(),
+        "a leased run is not claimable"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
+    let db = TestDb::new().await.expect("db");
+    let (id, message) = queued(&db).await;
+    let pool = &db.pool;
+    let lease = Duration::from_secs(60);
+    let a = claim(&db, lease).await.expect("a run");
+    expire(&db, id).await;
+    let b = claim(&db, lease).await.expect("a reclaim");
+    assert_eq!(
+        (b.run().attempt, b.run().reclaims, b.previous_status()),
+        (2, 1, RunStatus::Running)
+    );
+
+    assert!(
+        heartbeat(pool, &[(id, 1)], lease)
+            .await
+            .expect("hb")
+            .is_empty()
+    );
+    assert_eq!(
+        a.save_step(pool, 1, &SavedStep::default())
+            .await
+            .expect("save"),
+        Fence::Lost
+    );
+    let action = PendingAction::SubmitToolOutputs {
+        tool_calls: vec![PendingCall {
+            tool_call_id: "c1".into(),
+            tool_name: "t".into(),
+            arguments: json!({}),
+        }],
+        expires_at: None,
+    };
+    let paused = a.pause(pool, RunStatus::RequiresAction, &action, HOUR);
+    assert_eq!(paused.await.expect("pause"), Pause::Lost);
+    assert_eq!(a.release(pool).await.expect("release"), Fence::Lost);
+    assert_eq!(
+        a.finish(pool, &completed("stale")).await.expect("finish"),
+        Fence::Lost
+    );
+    // Asked to cancel meanwhile: the stale attempt's wait still hears only that its lease is
+    // lost, and starts no child. (A wait that locked the row whatever its attempt would find
+    // the request instead; the step's save, which comes next, has a fence of its own.)
+    let owner = Owner {
+        tenant_id: "acme".into(),
+        user_id: "alice".into(),
+    };
+    let requested = request_cancel(pool, id, &owner, None)
+        .await
+        .expect("cancel");
+    assert_eq!(requested, Some(RunStatus::Running));
+    let spec = AgentSpec::default_agent("m", "");
+    let child = NewChild {
+        id: WorkflowId::new(),
+        tool_call_id: "c2",
+        agent_id: AgentId::new(),
+        agent_spec: &spec,
+        input: "hi",
+        trace_context: None,
+    };
+    let (step, waits) = (
+        SavedStep::default(),
+        PendingAction::AgentRuns { runs: vec![] },
+    );
+    let waited = a.wait_for_children(pool, 1, &step, &[child], &waits).await;
+    assert_eq!(waited.expect("wait"), Wait::Lost);
+    assert!(children(pool, id).await.expect("children").is_empty());
+    assert_eq!(steps::load(pool, id).await.expect("steps").len(), 0);
+
+    let renewed = heartbeat(pool, &[(id, 2)], Duration::from_secs(30))
+        .await
+        .expect("hb");
+    assert_eq!(renewed.len(), 1);
+    assert_eq!(
+        b.finish(pool, &completed("fresh")).await.expect("finish"),
+        Fence::Held
+    );
+    // Terminal: nothing changes it again, not even the attempt that finished it.
+    assert_eq!(
+        b.finish(pool, &completed("again")).await.expect("finish"),
+        Fence::Lost
+    );
+    assert_eq!(b.release(pool).await.expect("release"), Fence::Lost);
+    assert!(claim(&db, lease).await.is_none());
+    let stored = messages::find_in_thread(pool, message, b.run().thread_id)
+        .await
+        .expect("message")
+        .expect("exists");
+    assert_eq!(
+        (stored.status, stored.content.as_str()),
+        (crate::status::MessageStatus::Completed, "fresh")
+    );
+}
+
+#[tokio::test]
+async fn an_approval_is_claimable_once_it_expires_and_a_release_is_not_a_crash() {
+    let db = TestDb::new().await.expect("db");
+    let (id, _) = queued(&db).await;
+    let pool = &db.pool;
+    let lease = Duration::from_secs(60);
+    let a = claim(&db, lease).await.expect("a run");
+    let action = PendingAction::Approval {
+        tool_call_id: "c1".into(),
+        tool_name: "t".into(),
+        arguments: json!({}),
+        expires_at: None,
+    };
+    let paused = a.pause(pool, RunStatus::AwaitingApproval, &action, HOUR);
+    assert!(matches!(paused.await.expect("pause"), Pause::Paused(_)));
+    assert!(
+        claim(&db, lease).await.is_none(),
+        "the approval has not expired"
+    );
+    sqlx::query("UPDATE runs SET pause_expires_at = now() - interval '1 second'")
+        .execute(pool)
+        .await
+        .expect("expire");
+    let b = claim(&db, lease).await.expect("the expired approval");
+    assert_eq!(
+        (b.run().attempt, b.run().reclaims, b.previous_status()),
+        (2, 0, RunStatus::AwaitingApproval)
+    );
+    assert!(b.run().pending_action.is_none());
+    assert_eq!(b.release(pool).await.expect("release"), Fence::Held);
+    let c = claim(&db, lease).await.expect("the released run");
+    assert_eq!(
+        (c.run().id, c.run().attempt, c.run().reclaims),
+        (id, 3, 0),
+        "a release is not counted as a crash"
+    );
+}
+
+#[tokio::test]
+async fn only_the_attempt_right_after_a_pause_continues_cleanly() {
+    let db = TestDb::new().await.expect("db");
+    let (id, _) = queued(&db).await;
+    let pool = &db.pool;
+    let lease = Duration::from_secs(60);
+    let a = claim(&db, lease).await.expect("a run");
+    assert!(!a.run().resumed, "a first attempt starts");
+    let action = PendingAction::SubmitToolOutputs {
+        tool_calls: vec![],
+        expires_at: None,
+    };
+    let paused = a.pause(pool, RunStatus::RequiresAction, &action, HOUR);
+    assert!(matches!(paused.await.expect("pause"), Pause::Paused(_)));
+    assert!(
+        resume(pool, id, RunStatus::RequiresAction, None)
+            .await
+            .expect("resume")
+    );
+    let b = claim(&db, lease).await.expect("the answered run");
+    assert!(
+        b.run().resumed,
+        "the attempt after an answered pause continues"
+    );
+    // It crashes: the next attempt restarts, although a pause came before.
+    expire(&db, id).await;
+    let c = claim(&db, lease).await.expect("a reclaim");
+    assert!(!c.run().resumed, "an attempt after a crash restarts");
+    // A release after a resume: the next attempt restarts too.
+    let paused = c.pause(pool, RunStatus::RequiresAction, &action, HOUR);
+    assert!(matches!(paused.await.expect("pause"), Pause::Paused(_)));
+    assert!(
+        resume(pool, id, RunStatus::RequiresAction, None)
+            .await
+            .expect("resume")
+    );
+    let d = claim(&db, lease).await.expect("the answered run");
+    assert!(d.run().resumed);
+    assert_eq!(d.release(pool).await.expect("release"), Fence::Held);
+    let e = claim(&db, lease).await.expect("the released run");
+    assert!(!e.run().resumed, "an attempt after a release restarts");
+}
+
+#[tokio::test]
+async fn a_run_whose_cancel_was_requested_is_not_paused() {
+    let db = TestDb::new().await.expect("db");
+    let (id, _) = queued(&db).await;
+    let pool = &db.pool;
+    let a = claim(&db, Duration::from_secs(60)).await.expect("a run");
+    let owner = Owner {
+        tenant_id: "acme".into(),
+        user_id: "alice".into(),
+    };
+    let requested = request_cancel(pool, id, &owner, Some("stop"))
+        .await
+        .expect("cancel");
+    assert_eq!(
+        requested,
+        Some(RunStatus::Running),
+        "the API only signals a running run"
+    );
+    let action = PendingAction::SubmitToolOutputs {
+        tool_calls: vec![],
+        expires_at: None,
+    };
+    let paused = a.pause(pool, RunStatus::RequiresAction, &action, HOUR);
+    assert_eq!(paused.await.expect("pause"), Pause::CancelRequested);
+    let run = find(pool, id, &owner).await.expect("find").expect("run");
+    assert_eq!(run.status, RunStatus::Running, "still the worker's to end");
+    assert!(run.pending_action.is_none());
+}
+
+#[tokio::test]
+async fn a_pause_s_deadline_is_the_database_s_now_plus_its_timeout_and_it_expires_by_itself() {
+    let db = TestDb::new().await.expect("db");
+    let (id, _) = queued(&db).await;
+    let pool = &db.pool;
+    let a = claim(&db, HOUR).await.expect("a run");
+    let action = PendingAction::SubmitToolOutputs {
+        tool_calls: vec![],
+        expires_at: None,
+    };
+    let timeout = Duration::from_millis(86_400_250);
+    let Pause::Paused(deadline) = a
+        .pause(pool, RunStatus::RequiresAction, &action, timeout)
+        .await
+        .expect("pause")
+    else {
+        panic!("not paused");
+    };
+    // Set in the pause's own statement: the deadline minus the pause's time is exactly the
+    // timeout, and clients see the same deadline in the pending action.
+    let (timeout_us, shown): (i64, String) = sqlx::query_as(
+        "SELECT (extract(epoch FROM pause_expires_at - updated_at) * 1e6)::bigint,
+                pending_action->>'expires_at'
+           FROM runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .expect("deadline");
+    assert_eq!(timeout_us, 86_400_250_000);
+    assert_eq!(shown.parse::<DateTime<Utc>>().ok(), Some(deadline));
+    assert!(!pause_expired(pool, id).await.expect("expired?"));
+    assert!(
+        claim(&db, HOUR).await.is_none(),
+        "a pause in time is not claimable"
+    );
+    sqlx::query("UPDATE runs SET pause_expires_at = now() - interval '1 second'")
+        .execute(pool)
+        .await
+        .expect("expire");
+    assert!(pause_expired(pool, id).await.expect("expired?"));
+    let b = claim(&db, HOUR).await.expect("the expired pause");
+    assert_eq!(
+        (
+            b.previous_status(),
+            b.run().resumed,
+            b.run().pause_expires_at
+        ),
+        (RunStatus::RequiresAction, true, None)
+    );
+}
