@@ -1,8 +1,10 @@
 //! Spool's domain and the infrastructure every process shares: ids ([`ids`]), statuses
 //! ([`status`]), what a run records ([`run`]), agent specs and their validation ([`agent`]),
-//! the Postgres queries ([`db`], with the saved step in [`db::steps`] and the enqueue in
-//! [`db::enqueue`]), the event envelope ([`event`]), the Redis stream layout ([`stream`]),
-//! configuration pieces, metrics and telemetry set-up.
+//! the Postgres queries ([`db`], with the run queue in [`db::runs`], the saved step in
+//! [`db::steps`] and the enqueue in [`db::enqueue`]), the event envelope ([`event`]), the
+//! Redis stream layout ([`stream`]), quotas and their counters in Redis ([`quota`]), named
+//! model providers ([`provider`]), configuration pieces ([`config`]), metrics ([`metrics`]),
+//! telemetry set-up ([`telemetry`]) and process signals ([`shutdown`]).
 //!
 //! No HTTP and no agent loop lives here: the API and the worker both depend on this crate. The
 //! API depends on the worker to run workers in its own process (`spool-api serve

@@ -11,12 +11,16 @@
 //! | the attempt's context (database, engine, claimed run, stop signal, events) | [`context`] |
 //! | what the run produced, how the loop ended | [`answer`] |
 //! | resuming from saved steps (invariant 6) | [`checkpoint`] |
-//! | a step's tool calls: classify, execute, pause, commit; doom loops | [`step`] |
-//! | the model call: streaming, retries, continuations | [`model_call`] |
-//! | the prompt and the context budget | [`prompt`] |
+//! | a step's tool calls: classify, execute, pause, commit | [`step`] |
+//! | agents as tools: child runs, and the wait for them | [`children`] |
+//! | the model call: streaming, retries, continuations, fallbacks | [`model_call`] |
+//! | the prompt and the context budget; compaction (summaries of older turns) | [`prompt`] |
+//! | the final answer: `response_format` validation and repair, `pre_response` screening | [`output`] |
+//! | limits: doom loops, `max_tool_calls`, token budgets (`charge`) | [`limits`] |
 //! | the tools: offer, execute, timeouts, truncation, idempotency keys | [`tools`] |
 //! | hooks | `hooks` |
 //! | models, clients and the default agent of a worker | [`engine`] |
+//! | a restarted attempt showing again what its client dropped | [`takeover`] |
 //!
 //! Pauses: a call of a client tool, or of a tool that needs approval, is held; the step is
 //! saved with the held calls, the run pauses (`requires_action` / `awaiting_approval`) and
@@ -26,11 +30,14 @@
 
 pub mod answer;
 pub mod checkpoint;
+mod children;
 pub mod context;
 pub mod engine;
 mod hooks;
+mod limits;
 pub mod llm;
 pub mod model_call;
+mod output;
 pub mod prompt;
 pub mod step;
 pub mod takeover;
@@ -38,8 +45,8 @@ pub mod tools;
 
 use sqlx::PgPool;
 
-use spool_shared::agent::{AgentSpec, HookEvent, ResponseFormat};
-use spool_shared::db::quota::{self, Spent};
+use spool_shared::agent::{AgentSpec, HookEvent};
+use spool_shared::db::quota::Spent;
 use spool_shared::db::runs::Run;
 use spool_shared::db::{agents, messages};
 use spool_shared::event::MessageStart;
@@ -49,11 +56,11 @@ use spool_shared::status::RunStatus;
 use answer::{Answer, Exit, LoopEnd};
 use checkpoint::{Checkpoint, Unsettled};
 use context::Attempt;
-use engine::Engine;
+use engine::{Candidate, Engine};
 pub(crate) use hooks::Hooks;
-use llm::{ChatMessage, ChatRequest, Choice};
-use model_call::{Candidate, LlmEnd, call_model};
-use step::Recent;
+use limits::Recent;
+use llm::{ChatMessage, ChatRequest};
+use model_call::{LlmEnd, call_model};
 use tools::ToolSet;
 
 use crate::stop::Halt;
@@ -87,22 +94,6 @@ pub(crate) async fn run(a: &Attempt<'_>, spec: &AgentSpec) -> anyhow::Result<Loo
     }
 }
 
-/// Charges a model call's tokens to the run's budgeted quota counters (with no tokens, only
-/// reads them); a budget found spent, if any. Runs under no budget make no query.
-async fn charge(a: &Attempt<'_>, usage: Usage) -> sqlx::Result<Option<Spent>> {
-    let run = a.claimed.run();
-    let Some(quota) = &run.quota else {
-        return Ok(None);
-    };
-    let tokens = usage.input_tokens.saturating_add(usage.output_tokens);
-    let (spent, counted) = quota::charge(a.db, &run.tenant_id, &quota.0, tokens).await?;
-    if tokens > 0 {
-        // New runs are admitted against Redis's copy of the day's tokens.
-        a.admission.record_tokens(&run.tenant_id, &counted).await;
-    }
-    Ok(spent)
-}
-
 /// What the loop carries from step to step.
 pub(crate) struct Loop<'a> {
     /// The agent as this run executes it (the run's overrides applied).
@@ -130,12 +121,9 @@ pub(crate) struct Loop<'a> {
     /// The thread's messages the start replays, and the summary it starts after.
     history: Vec<messages::HistoryMessage>,
     summary: Option<messages::Summary>,
-    /// Summaries written by this attempt (at most [`MAX_COMPACTIONS`]).
+    /// Summaries written by this attempt (at most [`prompt::MAX_COMPACTIONS`]).
     compactions: u32,
 }
-
-/// Summaries one attempt may write to fit its prompt before it fails with `context_overflow`.
-const MAX_COMPACTIONS: u32 = 3;
 
 impl<'a> Loop<'a> {
     async fn run(a: &Attempt<'a>, spec: &AgentSpec) -> Result<LoopEnd, Exit> {
@@ -212,7 +200,7 @@ impl<'a> Loop<'a> {
             return Err(LoopEnd::Failed(Box::new(failure), answer).into());
         }
         let tools = ToolSet::build(a.engine, &spec, a.engine.identity(a.claimed.run())).await;
-        let spent = charge(a, Usage::default()).await?;
+        let spent = limits::charge(a, Usage::default()).await?;
         let screened = hooks.has(HookEvent::PreResponse);
         let state = Self {
             buffer: screened || spec.response_format.is_some(),
@@ -260,9 +248,7 @@ impl<'a> Loop<'a> {
         if let Some(halt) = a.stop.now() {
             return Err(self.halted(halt));
         }
-        if let Some(spent) = self.spent.take() {
-            return Err(self.failed(FailureCode::BudgetExceeded, spent.message()));
-        }
+        self.within_budget()?;
         let (mut output, offered) = loop {
             let request = self.request(step);
             let window = self.spec.context_window_tokens.map(|w| w as usize);
@@ -280,8 +266,7 @@ impl<'a> Loop<'a> {
                 Err(end) => return Err(self.model_failed(end)),
             }
         };
-        self.answer.usage.add(output.usage);
-        self.spent = charge(a, output.usage).await?;
+        self.spend(a, output.usage).await?;
         if output.tool_calls.is_empty() {
             self.answer.final_step = Some(Box::new(output.saved(Vec::new(), Vec::new())));
             return Err(self.final_answer(a, step, output.text).await);
@@ -289,25 +274,7 @@ impl<'a> Loop<'a> {
         if self.buffer {
             a.emit_text(step, &output.text);
         }
-        if let Some(call) = self.recent.doom(&output.tool_calls) {
-            let message = format!(
-                "the model called `{}` with the same arguments {} times in a row",
-                call.name,
-                step::DOOM_LOOP
-            );
-            return Err(self.failed(FailureCode::DoomLoop, message));
-        }
-        if let Some(max) = self.spec.limits.max_tool_calls
-            && self.recent.len() > max as usize
-        {
-            // Shown with its calls (held-back text too, at line `emit_text` above).
-            self.answer.add_text(&output.text);
-            let message = format!(
-                "the model asked for tool call {} of the run; limits.max_tool_calls is {max}",
-                self.recent.len()
-            );
-            return Err(self.failed(FailureCode::MaxToolCallsExceeded, message));
-        }
+        self.within_call_limits(&output)?;
         let results = self.classify(step, &offered, &mut output).await;
         a.save_step(step, &output.saved(results.clone(), Vec::new()))
             .await?;
@@ -339,48 +306,6 @@ impl<'a> Loop<'a> {
         }
     }
 
-    /// Makes the prompt smaller: the oldest half of the replayed history (with the summary it
-    /// started after) is summarised into a stored summary, and the conversation's start is
-    /// rebuilt from it. Fails the run with `context_overflow` past [`MAX_COMPACTIONS`] or when
-    /// no earlier turn is left to summarise.
-    async fn compact(&mut self, a: &Attempt<'_>) -> Result<(), Exit> {
-        let older = prompt::older(&self.history).filter(|_| self.compactions < MAX_COMPACTIONS);
-        let Some(older) = older.map(<[_]>::to_vec) else {
-            let message = format!(
-                "the prompt does not fit the model's context window (context_window_tokens: \
-                 {:?}) after {} summaries of the thread's earlier turns",
-                self.spec.context_window_tokens, self.compactions
-            );
-            return Err(self.failed(FailureCode::ContextOverflow, message));
-        };
-        self.compactions += 1;
-        let summarizer = match a.engine.summarizer(&self.spec) {
-            Ok(summarizer) => summarizer,
-            Err(err) => return Err(self.failed(FailureCode::ModelUnavailable, err.to_string())),
-        };
-        let through = older.last().map_or(0, |m| m.seq);
-        let summary = prompt::summarise(&summarizer, self.summary.as_ref(), &older).await;
-        let (text, usage) = match summary {
-            Ok(summary) => summary,
-            Err(err) => return Err(self.model_failed(LlmEnd::Error(err))),
-        };
-        self.answer.usage.add(usage);
-        self.spent = charge(a, usage).await?;
-        let run = a.claimed.run();
-        messages::save_summary(a.db, run.thread_id, through, &text, &summarizer.name).await?;
-        tracing::info!(
-            through_seq = through,
-            "summarised the thread's oldest turns"
-        );
-        let steps = self.conversation.split_off(self.prefix);
-        let start = prompt::start(a.db, run, &self.spec).await?;
-        self.prefix = start.conversation.len();
-        self.conversation = start.conversation;
-        self.conversation.extend(steps);
-        (self.history, self.summary) = (start.history, start.summary);
-        Ok(())
-    }
-
     /// The end a model call that did not answer makes: a halt, or a failure (after the retries
     /// of a retryable error).
     fn model_failed(&mut self, end: LlmEnd) -> Exit {
@@ -398,94 +323,6 @@ impl<'a> Loop<'a> {
                 self.failed(code, err.to_string())
             }
         }
-    }
-
-    /// The final answer. Held back (not streamed) while it is decided: validated against the
-    /// agent's `response_format` (one repair round), then screened by `pre_response` hooks (a
-    /// rewrite must validate too; a denial answers with the hook's text, `blocked`).
-    async fn final_answer(&mut self, a: &Attempt<'_>, step: u32, text: String) -> Exit {
-        let (mut text, mut output) = (text, None);
-        if let Some(format) = self.spec.response_format.clone() {
-            match self.validated(a, step, &format, text).await {
-                Ok((valid, value)) => (text, output) = (valid, Some(value)),
-                Err(exit) => return exit,
-            }
-        }
-        if self.screened {
-            match self.hooks.pre_response(step, &text).await {
-                Ok(rewritten) if rewritten == text => {}
-                Ok(rewritten) => {
-                    if let Some(format) = &self.spec.response_format {
-                        match format.check(&rewritten) {
-                            Ok(value) => output = Some(value),
-                            Err(problems) => {
-                                let message = format!(
-                                    "a pre_response hook's rewrite of the answer does not \
-                                     validate against response_format: {problems}"
-                                );
-                                return self.failed(FailureCode::InvalidOutput, message);
-                            }
-                        }
-                    }
-                    text = rewritten;
-                }
-                Err(instead) => {
-                    (text, output) = (instead, None);
-                    self.answer.blocked = true;
-                }
-            }
-        }
-        if self.buffer {
-            a.emit_text(step, &text);
-        }
-        self.answer.add_text(&text);
-        self.answer.output = output.map(Box::new);
-        LoopEnd::Completed(std::mem::take(&mut self.answer)).into()
-    }
-
-    /// `text` as JSON valid against `format`; else one repair round: the model sees its answer
-    /// and what is wrong with it, with no tools, and answers again (that call's text stands).
-    /// An answer that still does not validate fails the run with `invalid_output`.
-    async fn validated(
-        &mut self,
-        a: &Attempt<'_>,
-        step: u32,
-        format: &ResponseFormat,
-        text: String,
-    ) -> Result<(String, serde_json::Value), Exit> {
-        let problems = match format.check(&text) {
-            Ok(value) => return Ok((text, value)),
-            Err(problems) => problems,
-        };
-        tracing::info!(%problems, "the answer does not validate against response_format; repairing");
-        let mut request = self.request(step);
-        request.tools.clear();
-        request.tool_choice = Choice::None;
-        request.messages.push(ChatMessage::Assistant {
-            content: Some(text),
-            tool_calls: Vec::new(),
-        });
-        request.messages.push(ChatMessage::User {
-            content: format!(
-                "Your answer does not match the required JSON Schema: {problems}. Answer again \
-                 with only the JSON value, nothing else."
-            ),
-        });
-        let repaired = match call_model(a, &self.models, request, step, true).await {
-            Ok(output) => output,
-            Err(end) => return Err(self.model_failed(end)),
-        };
-        self.answer.usage.add(repaired.usage);
-        self.spent = charge(a, repaired.usage).await?;
-        let value = format.check(&repaired.text).map_err(|problems| {
-            let message = format!(
-                "the answer does not validate against response_format, even after a repair \
-                 round: {problems}"
-            );
-            self.failed(FailureCode::InvalidOutput, message)
-        })?;
-        self.answer.final_step = Some(Box::new(repaired.saved(Vec::new(), Vec::new())));
-        Ok((repaired.text, value))
     }
 
     /// The end a halt makes, with what was produced so far.

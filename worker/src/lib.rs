@@ -5,8 +5,9 @@
 //! and every attempt share), [`claim`] (the claim loop and graceful shutdown), [`lease`] (the
 //! lease keeper on its own thread), [`attempt`] (one attempt of one run, from the claim to its
 //! fenced end), [`stop`] (an attempt's stop signal), [`agent`] (the ReAct loop, its models and
-//! tools), [`publish`] (the attempt's events to the thread's Redis Stream), [`housekeeping`]
-//! (expired rows no run owns) and [`ops`] (the metrics and health port).
+//! tools), [`publish`] (the attempt's events to the thread's Redis Stream), [`webhooks`]
+//! (delivering the webhook outbox, off every run's path), [`housekeeping`] (expired rows no
+//! run owns) and [`ops`] (the metrics and health port).
 //!
 //! Dependencies run one way: the claim loop starts attempts, an attempt runs the agent, and the
 //! agent sees only its [`agent::context::Attempt`] (the database, the engine, the claimed run,

@@ -13,9 +13,9 @@ use spool_shared::db::runs::Run;
 use spool_shared::db::steps::{self, CallResult, SavedStep};
 
 use super::answer::Answer;
+use super::limits::Recent;
 use super::llm::ChatMessage;
 use super::model_call::ModelOutput;
-use super::step::Recent;
 
 /// What earlier attempts of the run left.
 #[derive(Debug, Default)]

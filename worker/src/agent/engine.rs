@@ -15,7 +15,6 @@ use super::llm::anthropic::AnthropicClient;
 use super::llm::demo::DemoModel;
 use super::llm::openai::OpenAiClient;
 use super::llm::{ChatModel, LlmError};
-use super::model_call::Candidate;
 use super::tools::identity::{Identity, IdentitySigner};
 use crate::config::WorkerArgs;
 use spool_shared::egress::{GuardedClients, NetworkPolicy};
@@ -182,4 +181,12 @@ fn named_client(spec: &ProviderSpec, idle: Duration) -> anyhow::Result<Arc<dyn C
         ProviderKind::Openai => Arc::new(OpenAiClient::new(&spec.base_url, key, idle)?),
         ProviderKind::Anthropic => Arc::new(AnthropicClient::new(&spec.base_url, key, idle)?),
     })
+}
+
+/// A model the call may use: the agent's, then its fallbacks in order.
+pub(crate) struct Candidate {
+    /// The model's name (sent as the request's `model`).
+    pub(crate) name: String,
+    /// The client that serves it.
+    pub(crate) model: Arc<dyn ChatModel>,
 }

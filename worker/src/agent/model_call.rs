@@ -13,7 +13,6 @@
 //!   shows it once the hooks have decided.
 //! - A stop (cancel, lost lease, shutdown) ends the call at once with the text streamed so far.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder as _, ExponentialBuilder};
@@ -26,6 +25,7 @@ use spool_shared::event::{BlockId, TextDelta, TextEnd, TextStart};
 use spool_shared::run::{Citation, Usage};
 
 use super::context::Attempt;
+use super::engine::Candidate;
 use super::llm::{
     ChatChunk, ChatMessage, ChatModel, ChatRequest, ChatResponse, FinishReason, LlmError, ToolCall,
 };
@@ -181,14 +181,6 @@ async fn continued(
             }),
         });
     }
-}
-
-/// A model the call may use: the agent's, then its fallbacks in order.
-pub(crate) struct Candidate {
-    /// The model's name (sent as the request's `model`).
-    pub(crate) name: String,
-    /// The client that serves it.
-    pub(crate) model: Arc<dyn ChatModel>,
 }
 
 /// One request, retried while it fails retryably before any of its text was shown; when the

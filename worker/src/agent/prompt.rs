@@ -5,10 +5,11 @@
 //! older turns, and the last `history_depth` completed messages after it (earlier answers with
 //! their tool calls and results), ending with the run's user message; the loop appends each
 //! step's model output and tool results. When a prompt would not fit the model's context
-//! window, the loop has the oldest turns summarised ([`summarise`]) into a stored summary that
-//! every later run reuses. Before each model call, [`prune`] keeps the estimated prompt
-//! (4 characters a token) within `context_budget_tokens`: old tool results become placeholders
-//! first, then messages before the last 3 user turns.
+//! window, the loop compacts it ([`Loop::compact`]): the oldest turns are summarised
+//! ([`summarise`]) into a stored summary that every later run reuses, at most
+//! [`MAX_COMPACTIONS`] times an attempt. Before each model call, [`prune`] keeps the estimated
+//! prompt (4 characters a token) within `context_budget_tokens`: old tool results become
+//! placeholders first, then messages before the last 3 user turns.
 
 use futures::StreamExt as _;
 use sqlx::PgPool;
@@ -16,11 +17,15 @@ use sqlx::PgPool;
 use spool_shared::agent::AgentSpec;
 use spool_shared::db::messages::{self, HistoryMessage, Summary};
 use spool_shared::db::runs::Run;
-use spool_shared::run::{MessagePart, Usage};
+use spool_shared::run::{FailureCode, MessagePart, Usage};
 use spool_shared::status::Role;
 
+use super::Loop;
+use super::answer::Exit;
+use super::context::Attempt;
+use super::engine::Candidate;
 use super::llm::{ChatChunk, ChatMessage, ChatRequest, Choice, LlmError, ToolCall};
-use super::model_call::Candidate;
+use super::model_call::LlmEnd;
 
 /// What replaces a tool result pruned to fit the context window.
 pub(crate) const PRUNED: &str = "[earlier tool result omitted to fit the context window]";
@@ -246,6 +251,52 @@ pub(crate) async fn summarise(
         }
     }
     Err(LlmError::Incomplete)
+}
+
+/// Summaries one attempt may write to fit its prompt before it fails with `context_overflow`.
+pub(crate) const MAX_COMPACTIONS: u32 = 3;
+
+impl Loop<'_> {
+    /// Makes the prompt smaller: the oldest half of the replayed history (with the summary it
+    /// started after) is summarised into a stored summary, and the conversation's start is
+    /// rebuilt from it. Fails the run with `context_overflow` past [`MAX_COMPACTIONS`] or when
+    /// no earlier turn is left to summarise.
+    pub(super) async fn compact(&mut self, a: &Attempt<'_>) -> Result<(), Exit> {
+        let older = older(&self.history).filter(|_| self.compactions < MAX_COMPACTIONS);
+        let Some(older) = older.map(<[_]>::to_vec) else {
+            let message = format!(
+                "the prompt does not fit the model's context window (context_window_tokens: \
+                 {:?}) after {} summaries of the thread's earlier turns",
+                self.spec.context_window_tokens, self.compactions
+            );
+            return Err(self.failed(FailureCode::ContextOverflow, message));
+        };
+        self.compactions += 1;
+        let summarizer = match a.engine.summarizer(&self.spec) {
+            Ok(summarizer) => summarizer,
+            Err(err) => return Err(self.failed(FailureCode::ModelUnavailable, err.to_string())),
+        };
+        let through = older.last().map_or(0, |m| m.seq);
+        let summary = summarise(&summarizer, self.summary.as_ref(), &older).await;
+        let (text, usage) = match summary {
+            Ok(summary) => summary,
+            Err(err) => return Err(self.model_failed(LlmEnd::Error(err))),
+        };
+        self.spend(a, usage).await?;
+        let run = a.claimed.run();
+        messages::save_summary(a.db, run.thread_id, through, &text, &summarizer.name).await?;
+        tracing::info!(
+            through_seq = through,
+            "summarised the thread's oldest turns"
+        );
+        let steps = self.conversation.split_off(self.prefix);
+        let start = start(a.db, run, &self.spec).await?;
+        self.prefix = start.conversation.len();
+        self.conversation = start.conversation;
+        self.conversation.extend(steps);
+        (self.history, self.summary) = (start.history, start.summary);
+        Ok(())
+    }
 }
 
 /// Estimated tokens of the conversation (4 characters a token).

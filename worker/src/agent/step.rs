@@ -3,28 +3,26 @@
 //! - [`Loop::classify`]: what happens to each call of a new step: run it, hold it for the
 //!   client or for a person's approval, or refuse it (a `pre_tool_use` hook, which may also
 //!   rewrite the arguments).
-//! - [`Loop::settle`]: applies decisions and expiries, executes what may run (read-only calls
-//!   concurrently; results through `post_tool_use` hooks), then either pauses the run
-//!   (approvals first, one call at a time; client tools once no approval is pending) or commits
-//!   the step: saved with its results, added to the answer and the conversation, and checked
+//! - [`Loop::settle`]: applies decisions and expiries, settles the agent calls it can and
+//!   executes what may run (read-only calls concurrently; results through `post_tool_use`
+//!   hooks), then either pauses the run (for approvals first, one call at a time; then for the
+//!   child runs of agent calls, see [`super::children`]; then for client tools) or commits the
+//!   step: saved with its results, added to the answer and the conversation, and checked
 //!   against the agent's stop conditions.
 //! - Results reach the stream only once the step that holds them is saved. A client keeps what
 //!   it was shown up to the last `step` result across `attempt_restarted` (docs/streaming.md),
 //!   so a result published before its save, followed by a crash, would be shown twice: once
 //!   from the lost attempt and again when the next one repeats the unsaved step. After a crash
 //!   between the save and the publish, the next attempt shows it (see [`super::takeover`]).
-//! - [`Recent`]: the same call three times in a row is a doom loop and fails the run.
 
 use serde_json::Value;
 
-use spool_shared::agent::{AgentSpec, StopCondition};
-use spool_shared::db::agents;
-use spool_shared::db::runs::{self, ChildEnd, NewChild, Pause, Wait};
+use spool_shared::agent::StopCondition;
+use spool_shared::db::runs::Pause;
 use spool_shared::db::steps::{CallResult, CallState, DecidedBy, Decision};
 use spool_shared::event::{StepCall, StepResult};
-use spool_shared::run::{AgentCall, Citation, PendingAction, PendingCall};
+use spool_shared::run::{Citation, PendingAction, PendingCall};
 use spool_shared::status::RunStatus;
-use spool_shared::{AgentId, WorkflowId};
 
 use super::Loop;
 use super::answer::{Exit, LoopEnd};
@@ -34,36 +32,6 @@ use super::llm::{ChatMessage, ToolCall};
 use super::model_call::ModelOutput;
 use super::tools::Kind;
 use crate::stop::Halt;
-
-/// The same call this many times in a row is a doom loop.
-pub(crate) const DOOM_LOOP: usize = 3;
-
-/// The run's recent tool calls (name and arguments), for doom-loop detection.
-#[derive(Debug, Default)]
-pub(crate) struct Recent(Vec<(String, String)>);
-
-impl Recent {
-    /// How many tool calls the run has asked for so far.
-    pub(crate) fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Records calls that were already made (a replayed or resumed step).
-    pub(crate) fn extend(&mut self, calls: &[ToolCall]) {
-        self.0
-            .extend(calls.iter().map(|c| (c.name.clone(), c.arguments.clone())));
-    }
-
-    /// Records a step's calls in order; the first that makes [`DOOM_LOOP`] identical calls in a
-    /// row, if any.
-    pub(crate) fn doom<'c>(&mut self, calls: &'c [ToolCall]) -> Option<&'c ToolCall> {
-        calls.iter().find(|call| {
-            self.0.push((call.name.clone(), call.arguments.clone()));
-            let tail = &self.0[self.0.len().saturating_sub(DOOM_LOOP)..];
-            tail.len() == DOOM_LOOP && tail.iter().all(|c| *c == tail[DOOM_LOOP - 1])
-        })
-    }
-}
 
 impl Loop<'_> {
     /// Decides, for each call of a new step, what happens to it. Hooks may rewrite the
@@ -159,132 +127,6 @@ impl Loop<'_> {
             return Err(self.pause(a, step, &output, results, shown).await);
         }
         self.commit(a, step, output, results, shown).await
-    }
-
-    /// Settles the step's agent calls that can be settled now, and says which need a child
-    /// run: a call whose child has ended gets the child's final text (or its failure) as its
-    /// result; a call that would nest deeper than `limits.max_call_depth`, names an agent that
-    /// is gone or disabled, or has no `input`, gets a tool error. The others are returned, with
-    /// their agent's spec as it is now, to be started.
-    async fn agent_calls(
-        &self,
-        a: &Attempt<'_>,
-        output: &ModelOutput,
-        results: &mut [CallResult],
-    ) -> Result<Vec<AgentStart>, Exit> {
-        let run = a.claimed.run();
-        let mut starts = Vec::new();
-        let mut ended = None;
-        for (index, result) in results.iter_mut().enumerate() {
-            if result.state != CallState::PendingAgent {
-                continue;
-            }
-            if let Some(child) = result.workflow_id {
-                if ended.is_none() {
-                    ended = Some(runs::children(a.db, run.id).await?);
-                }
-                let end = ended.iter().flatten().find(|end| end.id == child);
-                let (text, is_error) = child_result(end);
-                result.settle(text, is_error);
-                continue;
-            }
-            let Some(Kind::Agent(tool)) = self.tools.find(&result.name).map(|t| &t.kind) else {
-                result.settle(format!("unknown tool `{}`", result.name), true);
-                continue;
-            };
-            let depth = u32::try_from(run.depth).unwrap_or(0);
-            let limit = self.spec.limits.call_depth();
-            if depth >= limit {
-                let error = format!(
-                    "agents may call agents {limit} levels deep at most (max_call_depth); this \
-                     call was not made"
-                );
-                result.settle(error, true);
-                continue;
-            }
-            let arguments = output
-                .tool_calls
-                .iter()
-                .find(|c| c.id == result.tool_call_id)
-                .map_or(Value::Null, ToolCall::parsed_arguments);
-            let Some(input) = arguments["input"].as_str().filter(|i| !i.trim().is_empty()) else {
-                result.settle("the call needs an `input` string".to_owned(), true);
-                continue;
-            };
-            let agent = agents::find(a.db, tool.agent_id, &run.tenant_id).await?;
-            match agent {
-                Some(agent) if agent.spec.0.status.is_active() => starts.push(AgentStart {
-                    index,
-                    agent_id: tool.agent_id,
-                    spec: agent.spec.0,
-                    input: input.to_owned(),
-                }),
-                Some(_) => result.settle(format!("the agent {} is disabled", tool.agent_id), true),
-                None => result.settle(format!("the agent {} does not exist", tool.agent_id), true),
-            }
-        }
-        Ok(starts)
-    }
-
-    /// Starts a child run for each of `starts` and pauses the run (`waiting`) until they have
-    /// ended, with the step saved in the same transaction; a cancel requested meanwhile ends
-    /// the run instead, starting nothing.
-    async fn wait_for_agents(
-        &mut self,
-        a: &Attempt<'_>,
-        step: u32,
-        output: &ModelOutput,
-        mut results: Vec<CallResult>,
-        starts: Vec<AgentStart>,
-        shown: Vec<StepResult>,
-    ) -> Exit {
-        let mut calls = Vec::with_capacity(starts.len());
-        for start in &starts {
-            let result = &mut results[start.index];
-            let id = WorkflowId::new();
-            result.workflow_id = Some(id);
-            calls.push(AgentCall {
-                tool_call_id: result.tool_call_id.clone(),
-                tool_name: result.name.clone(),
-                workflow_id: id,
-            });
-        }
-        let traceparent = spool_shared::telemetry::inject_traceparent();
-        let children: Vec<NewChild<'_>> = starts
-            .iter()
-            .zip(&calls)
-            .map(|(start, call)| NewChild {
-                id: call.workflow_id,
-                tool_call_id: &call.tool_call_id,
-                agent_id: start.agent_id,
-                agent_spec: &start.spec,
-                input: &start.input,
-                trace_context: traceparent.as_deref(),
-            })
-            .collect();
-        let saved = output.saved(results.clone(), Vec::new());
-        let action = PendingAction::AgentRuns {
-            runs: calls.clone(),
-        };
-        let waited = a
-            .claimed
-            .wait_for_children(a.db, step, &saved, &children, &action)
-            .await;
-        match waited {
-            Err(err) => Exit::from(err),
-            Ok(Wait::Waiting) => {
-                publish(a, shown);
-                tracing::info!(children = calls.len(), "waiting for agent runs");
-                LoopEnd::Paused.into()
-            }
-            Ok(Wait::CancelRequested) => {
-                // Nothing was saved; the calls that ran still show their results.
-                publish(a, shown);
-                self.answer.add_text(&output.text);
-                self.halted(Halt::Cancelled)
-            }
-            Ok(Wait::Lost) => LoopEnd::LeaseLost.into(),
-        }
     }
 
     /// Settles what people decided, or failed to decide in time: a denial, or the presented
@@ -480,39 +322,6 @@ impl Loop<'_> {
     }
 }
 
-/// An agent call to start: the call's place in the step, the agent and its spec, the input.
-pub(crate) struct AgentStart {
-    index: usize,
-    agent_id: AgentId,
-    spec: AgentSpec,
-    input: String,
-}
-
-/// What an agent call's result is, from how its child run ended.
-fn child_result(end: Option<&ChildEnd>) -> (String, bool) {
-    let Some(end) = end else {
-        return ("the agent run is gone".to_owned(), true);
-    };
-    match end.status {
-        RunStatus::Completed => match &end.output {
-            Some(output) => (output.0.to_string(), false),
-            None => (end.content.clone(), false),
-        },
-        RunStatus::Failed => {
-            let reason = end.error.as_ref().map_or_else(
-                || "unknown".to_owned(),
-                |e| format!("{}: {}", e.0.code.as_str(), e.0.message),
-            );
-            (format!("The agent run failed ({reason})."), true)
-        }
-        RunStatus::Cancelled => ("The agent run was cancelled.".to_owned(), true),
-        status => (
-            format!("The agent run has not ended (it is {}).", status.as_str()),
-            true,
-        ),
-    }
-}
-
 /// Publishes a `step` event (`phase: call`) per call.
 pub(crate) fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
     for call in calls {
@@ -551,7 +360,7 @@ pub(crate) fn result_event(step: u32, result: &CallResult) -> StepResult {
 }
 
 /// Publishes results from [`unpublished_results`], once their step is saved.
-fn publish(a: &Attempt<'_>, shown: Vec<StepResult>) {
+pub(super) fn publish(a: &Attempt<'_>, shown: Vec<StepResult>) {
     for result in shown {
         a.events.send(result);
     }
@@ -595,21 +404,5 @@ mod tests {
             }]
         );
         assert!(citations_in("plain text", false).is_empty());
-    }
-
-    #[test]
-    fn three_identical_calls_in_a_row_are_a_doom_loop_and_two_are_not() {
-        let call = |id: &str, args: &str| ToolCall {
-            id: id.into(),
-            name: "look".into(),
-            arguments: args.into(),
-        };
-        let mut recent = Recent::default();
-        recent.extend(&[call("1", "{}")]);
-        assert!(recent.doom(&[call("2", "{}")]).is_none());
-        assert!(recent.doom(&[call("3", "{\"x\":1}")]).is_none());
-        assert!(recent.doom(&[call("4", "{}"), call("5", "{}")]).is_none());
-        let third = [call("6", "{}")];
-        assert_eq!(recent.doom(&third).map(|c| c.id.as_str()), Some("6"));
     }
 }
