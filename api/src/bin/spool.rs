@@ -150,6 +150,55 @@ impl Client {
     }
 }
 
+/// `text` without what a terminal would act on: escape sequences (CSI, OSC such as the clipboard
+/// write OSC 52 or hyperlinks, and the rest) and every other control character but newline and
+/// tab. Model and tool output reach the terminal through this: a prompt injection in a fetched
+/// page must not rewrite the screen, the window title or the clipboard. (JSON output needs
+/// none of it: serde_json escapes control characters.)
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let keep = |c: char| c == '\n' || c == '\t' || !c.is_control();
+    if text.chars().all(keep) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            // ESC, or the 8-bit CSI and OSC introducers.
+            '\u{1b}' | '\u{9b}' | '\u{9d}' => {
+                let kind = if c == '\u{1b}' { chars.next() } else { Some(c) };
+                match kind {
+                    // CSI: parameters and intermediates, then one final byte.
+                    Some('[' | '\u{9b}') => {
+                        for c in chars.by_ref() {
+                            if ('\u{40}'..='\u{7e}').contains(&c) {
+                                break;
+                            }
+                        }
+                    }
+                    // OSC, DCS, SOS, PM, APC: a string up to BEL or ST (ESC \\).
+                    Some(']' | 'P' | 'X' | '^' | '_' | '\u{9d}') => {
+                        while let Some(c) = chars.next() {
+                            if c == '\u{7}' || c == '\u{9c}' {
+                                break;
+                            }
+                            if c == '\u{1b}' && chars.peek() == Some(&'\\') {
+                                chars.next();
+                                break;
+                            }
+                        }
+                    }
+                    // A two-character sequence (ESC c, ESC 7, ...): both go.
+                    _ => {}
+                }
+            }
+            c if keep(c) => out.push(c),
+            _ => {}
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 fn print(value: &Value) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
@@ -177,11 +226,11 @@ async fn main() -> std::process::ExitCode {
         // Unreachable (exit 2, like a usage error such as a missing token), or answered with
         // an error (exit 1): one line either way.
         Err(err) if err.chain().any(|cause| cause.is::<reqwest::Error>()) => {
-            eprintln!("spool: {err:#}");
+            eprintln!("spool: {}", printable(&format!("{err:#}")));
             std::process::ExitCode::from(2)
         }
         Err(err) => {
-            eprintln!("spool: {err:#}");
+            eprintln!("spool: {}", printable(&format!("{err:#}")));
             std::process::ExitCode::FAILURE
         }
     }
@@ -348,7 +397,7 @@ async fn follow(client: &Client, thread: uuid::Uuid, message: &str) -> anyhow::R
                 if reply.printed {
                     eprintln!("\nspool: the stream was lost; the stored reply:");
                 }
-                print!("{stored}");
+                print!("{}", printable(&stored));
                 break;
             }
             Ok(Followed::Cut) => {
@@ -412,7 +461,7 @@ impl Reply {
                 fresh
             }
         };
-        print!("{fresh}");
+        print!("{}", printable(&fresh));
         self.text.push_str(&fresh);
         self.printed = true;
         let _ = std::io::stdout().flush();
@@ -490,7 +539,9 @@ impl Reply {
             }
         }
         match &event.data {
-            Data::Step(Step::Call(call)) => eprintln!("spool: (tool {})", call.tool_name),
+            Data::Step(Step::Call(call)) => {
+                eprintln!("spool: (tool {})", printable(&call.tool_name));
+            }
             Data::RequiresAction(_) => {
                 eprintln!(
                     "spool: (paused: the run waits for client tool outputs: POST /v1/workflows/{}/tool_outputs)",
@@ -500,14 +551,16 @@ impl Reply {
             Data::ApprovalRequested(approval) => {
                 eprintln!(
                     "spool: (paused: tool {} waits for an approval: POST /v1/workflows/{}/approvals/{})",
-                    approval.tool_name, event.workflow_id, approval.tool_call_id
+                    printable(&approval.tool_name),
+                    event.workflow_id,
+                    printable(&approval.tool_call_id)
                 );
             }
             Data::Error(failure) => {
                 eprintln!(
                     "\nspool: error {}: {}",
                     failure.code.as_str(),
-                    failure.message
+                    printable(&failure.message)
                 );
             }
             Data::Done(_) => return true,
@@ -525,7 +578,9 @@ fn show_nested(event: &Event) {
         Data::MessageStart(_) => {
             eprintln!("spool: {indent}(agent run {} working)", event.workflow_id);
         }
-        Data::Step(Step::Call(call)) => eprintln!("spool: {indent}(tool {})", call.tool_name),
+        Data::Step(Step::Call(call)) => {
+            eprintln!("spool: {indent}(tool {})", printable(&call.tool_name));
+        }
         Data::RequiresAction(_) | Data::ApprovalRequested(_) => {
             eprintln!(
                 "spool: {indent}(paused: agent run {} waits: GET /v1/workflows/{})",
@@ -540,5 +595,19 @@ fn show_nested(event: &Event) {
             );
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn escape_sequences_and_control_characters_never_reach_the_terminal() {
+        let hostile = "Done.\u{1b}]52;c;cm0gLXJmIH4=\u{7} \u{1b}[2J\u{1b}[1;1HApproved\u{1b}]8;;https://evil\u{1b}\\link\u{1b}]8;;\u{1b}\\ \u{9b}31mred\u{7}\u{8}\r!";
+        assert_eq!(printable(hostile), "Done. Approvedlink red!");
+        let plain = "line one\n\tline two, üñí 日本";
+        assert!(matches!(printable(plain), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(printable(plain), plain);
     }
 }

@@ -390,3 +390,28 @@ async fn spool_chat_says_where_to_answer_a_paused_run_and_prints_the_reply_once_
     let reply = reply(chat).await;
     assert_eq!(reply.matches("Your notes say hello.").count(), 1, "{reply}");
 }
+
+/// Review B-M7: a model's text (steered by a prompt injection in a fetched page, say) reaches
+/// the terminal without escape sequences: no clipboard write (OSC 52), no screen rewrite (CSI).
+#[tokio::test]
+async fn spool_chat_prints_no_escape_sequence_a_model_writes() {
+    use spool_tests::fake_llm::{self, FakeLlm};
+
+    let hostile = "Done.\u{1b}]52;c;cm0gLXJmIH4=\u{7} \u{1b}[2J\u{1b}[1;1HAll clear.";
+    let fake = FakeLlm::start(move |_, _| fake_llm::text(hostile, 3)).await;
+    let stack = Stack::start().await;
+    let _worker = stack
+        .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
+        .await;
+    let alice = spool_tests::token("alice", "acme");
+    let (chat, _stderr) = chat_once(&stack, &alice, &[], "summarise that page").await;
+    let reply = reply(chat).await;
+    assert!(reply.contains("Done."), "{reply:?}");
+    assert!(reply.contains("All clear."), "{reply:?}");
+    assert!(
+        !reply
+            .chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t'),
+        "{reply:?}"
+    );
+}
