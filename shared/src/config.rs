@@ -94,20 +94,17 @@ pub struct LeaseArgs {
 impl LeaseArgs {
     /// The lease as a duration.
     pub fn lease(&self) -> Duration {
-        Duration::from_secs_f64(self.lease_secs)
+        bounded_secs(self.lease_secs)
     }
 
     /// The heartbeat interval as a duration.
     pub fn heartbeat(&self) -> Duration {
-        Duration::from_secs_f64(self.heartbeat_secs)
+        bounded_secs(self.heartbeat_secs)
     }
 
     /// Checks that a healthy worker can always renew before its lease runs out.
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.lease_secs.is_finite() && self.lease_secs >= 0.5,
-            "SPOOL_LEASE_SECS must be at least 0.5"
-        );
+        seconds("SPOOL_LEASE_SECS", self.lease_secs, 0.5)?;
         anyhow::ensure!(
             self.heartbeat_secs.is_finite()
                 && self.heartbeat_secs > 0.0
@@ -133,5 +130,71 @@ impl StreamArgs {
     /// The retention window.
     pub fn retention(&self) -> Duration {
         Duration::from_secs(self.stream_retention_secs.max(1))
+    }
+}
+
+// Settings in seconds (f64), made durations only once they are known to be representable:
+// `Duration::from_secs_f64` panics on a value such as 1e30, which passes `is_finite`.
+
+/// The longest duration any setting in seconds may give: a day. Longer ones are typos, and a
+/// deadline `now + d` must stay representable wherever it is computed (reqwest, Tokio, SQL).
+pub const MAX_SETTING_SECS: f64 = 86_400.0;
+
+/// The setting `name` (its variable) of `value` seconds as a duration, if it is a number from
+/// `min` to [`MAX_SETTING_SECS`]; otherwise an error that names the setting (a clear start
+/// error, never a panic).
+pub fn seconds(name: &str, value: f64, min: f64) -> anyhow::Result<Duration> {
+    let max = MAX_SETTING_SECS;
+    anyhow::ensure!(
+        (min..=max).contains(&value),
+        "{name} must be a number of seconds from {min} to {max}, not {value}"
+    );
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| anyhow::anyhow!("{name} must be a number of seconds, not {value}"))
+}
+
+/// `value` seconds as a duration, clamped to 0..=[`MAX_SETTING_SECS`] (0 for NaN): for
+/// accessors of settings that [`seconds`] checked at start, so that even an unchecked value
+/// cannot panic.
+pub fn bounded_secs(value: f64) -> Duration {
+    Duration::try_from_secs_f64(value.clamp(0.0, MAX_SETTING_SECS)).unwrap_or_default()
+}
+
+impl DbArgs {
+    /// `SPOOL_DB_CHECK_IDLE_SECS` as a duration (0 to a day).
+    pub fn check_idle(&self) -> anyhow::Result<Duration> {
+        seconds("SPOOL_DB_CHECK_IDLE_SECS", self.db_check_idle_secs, 0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_settings_out_of_range_are_errors_that_name_them_never_panics() {
+        for bad in [1e30, f64::MAX, f64::INFINITY, f64::NAN, -1.0, 86_401.0] {
+            let err = seconds("SPOOL_X_SECS", bad, 0.0).expect_err("refused");
+            assert!(err.to_string().contains("SPOOL_X_SECS"), "{bad}: {err}");
+            assert!(bounded_secs(bad) <= Duration::from_secs(86_400), "{bad}");
+        }
+        assert_eq!(
+            seconds("SPOOL_X_SECS", 1.5, 0.0).expect("fine"),
+            Duration::from_millis(1500)
+        );
+        let lease = LeaseArgs {
+            lease_secs: 1e30,
+            heartbeat_secs: 1e29,
+        };
+        let err = lease.validate().expect_err("refused").to_string();
+        assert!(err.contains("SPOOL_LEASE_SECS"), "{err}");
+        let db = DbArgs {
+            database_url: String::new(),
+            db_max_connections: 1,
+            db_check_idle_secs: 1e30,
+            skip_migrations: true,
+        };
+        let err = db.check_idle().expect_err("refused").to_string();
+        assert!(err.contains("SPOOL_DB_CHECK_IDLE_SECS"), "{err}");
     }
 }

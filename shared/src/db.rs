@@ -92,11 +92,7 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
             return Err(err).context("creating the database");
         }
     }
-    anyhow::ensure!(
-        args.db_check_idle_secs.is_finite() && args.db_check_idle_secs >= 0.0,
-        "SPOOL_DB_CHECK_IDLE_SECS must be zero or more"
-    );
-    let check_idle = Duration::from_secs_f64(args.db_check_idle_secs);
+    let check_idle = args.check_idle()?;
     let options = connect_options(&args.database_url, application)?;
     let pool = checked_when_idle(PgPoolOptions::new(), check_idle)
         .max_connections(args.db_max_connections)

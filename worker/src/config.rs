@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use spool_shared::config::{EgressArgs, LeaseArgs, ProviderArgs};
+use spool_shared::config::{EgressArgs, LeaseArgs, ProviderArgs, bounded_secs, seconds};
 
 /// Settings of `spool-worker run` (and of `spool-api serve --embedded-worker`).
 #[derive(clap::Args, Clone, Debug)]
@@ -96,14 +96,9 @@ impl WorkerArgs {
             self.poll_interval_ms >= 1,
             "SPOOL_POLL_INTERVAL_MS must be at least 1"
         );
-        anyhow::ensure!(
-            self.shutdown_grace_secs.is_finite() && self.shutdown_grace_secs >= 0.0,
-            "SPOOL_SHUTDOWN_GRACE_SECS must be zero or more"
-        );
-        anyhow::ensure!(
-            self.tool_timeout_secs.is_finite() && self.tool_timeout_secs > 0.0,
-            "SPOOL_TOOL_TIMEOUT_SECS must be a number of seconds above zero"
-        );
+        seconds("SPOOL_SHUTDOWN_GRACE_SECS", self.shutdown_grace_secs, 0.0)?;
+        // Above zero: a tool timeout of 0 would fail every call.
+        seconds("SPOOL_TOOL_TIMEOUT_SECS", self.tool_timeout_secs, 0.001)?;
         anyhow::ensure!(
             self.max_reclaims >= 0,
             "SPOOL_MAX_RECLAIMS must be zero or more"
@@ -122,12 +117,12 @@ impl WorkerArgs {
 
     /// The tool call timeout.
     pub fn tool_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.tool_timeout_secs)
+        bounded_secs(self.tool_timeout_secs)
     }
 
     /// The SIGTERM grace period.
     pub fn shutdown_grace(&self) -> Duration {
-        Duration::from_secs_f64(self.shutdown_grace_secs)
+        bounded_secs(self.shutdown_grace_secs)
     }
 }
 
@@ -148,10 +143,29 @@ mod tests {
     #[test]
     fn a_tool_timeout_that_is_not_a_positive_number_is_refused_at_start() {
         assert!(parsed(&[]).validate().is_ok());
-        for bad in ["0", "-1", "NaN", "inf"] {
+        for bad in ["0", "-1", "NaN", "inf", "1e30"] {
             let flag = format!("--tool-timeout-secs={bad}");
             let err = parsed(&[&flag]).validate().expect_err(bad).to_string();
             assert!(err.contains("SPOOL_TOOL_TIMEOUT_SECS"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn huge_seconds_settings_are_start_errors_not_panics() {
+        for (flag, name) in [
+            ("--tool-timeout-secs=1e30", "SPOOL_TOOL_TIMEOUT_SECS"),
+            ("--shutdown-grace-secs=1e30", "SPOOL_SHUTDOWN_GRACE_SECS"),
+            ("--lease-secs=1e30", "SPOOL_LEASE_SECS"),
+        ] {
+            let args = parsed(&[flag]);
+            let err = args.validate().expect_err(flag).to_string();
+            assert!(err.contains(name), "{flag}: {err}");
+            // Even unchecked, the accessors give a duration rather than panic.
+            let _ = (
+                args.tool_timeout(),
+                args.shutdown_grace(),
+                args.lease.lease(),
+            );
         }
     }
 }
