@@ -59,9 +59,15 @@ pub struct WorkerArgs {
     #[arg(long, env = "SPOOL_LLM_MODEL", default_value = "gpt-4o-mini")]
     pub llm_model: String,
 
-    /// Seconds to wait for each piece of a model's streamed response.
+    /// Seconds to wait for each piece of a model's streamed response: a byte before its
+    /// headers, a data event during its stream (SSE comments do not count).
     #[arg(long, env = "SPOOL_LLM_TIMEOUT_SECS", default_value_t = 120)]
     pub llm_timeout_secs: u64,
+
+    /// Seconds one model call may take in all, from the request to the end of its stream
+    /// (1 to 86400); past it the run fails with `model_error`.
+    #[arg(long, env = "SPOOL_LLM_CALL_TIMEOUT_SECS", default_value_t = 600)]
+    pub llm_call_timeout_secs: u64,
 
     /// The default agent's instructions.
     #[arg(
@@ -99,6 +105,11 @@ impl WorkerArgs {
         seconds("SPOOL_SHUTDOWN_GRACE_SECS", self.shutdown_grace_secs, 0.0)?;
         // Above zero: a tool timeout of 0 would fail every call.
         seconds("SPOOL_TOOL_TIMEOUT_SECS", self.tool_timeout_secs, 0.001)?;
+        anyhow::ensure!(
+            (1..=86_400).contains(&self.llm_call_timeout_secs),
+            "SPOOL_LLM_CALL_TIMEOUT_SECS must be between 1 and 86400, not {}",
+            self.llm_call_timeout_secs
+        );
         anyhow::ensure!(
             self.max_reclaims >= 0,
             "SPOOL_MAX_RECLAIMS must be zero or more"

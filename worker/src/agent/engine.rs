@@ -14,7 +14,7 @@ use spool_shared::provider::{ProviderKind, ProviderSpec};
 use super::llm::anthropic::AnthropicClient;
 use super::llm::demo::DemoModel;
 use super::llm::openai::OpenAiClient;
-use super::llm::{ChatModel, LlmError};
+use super::llm::{ChatModel, LlmError, Timeouts};
 use super::tools::identity::{Identity, IdentitySigner};
 use crate::config::WorkerArgs;
 use spool_shared::egress::{GuardedClients, NetworkPolicy};
@@ -47,21 +47,22 @@ impl Engine {
             .map(str::trim)
             .filter(|u| !u.is_empty());
         let api_key = args.llm_api_key.clone().filter(|k| !k.trim().is_empty());
+        let timeouts = Timeouts {
+            idle: Duration::from_secs(args.llm_timeout_secs.max(1)),
+            call: Duration::from_secs(args.llm_call_timeout_secs.max(1)),
+        };
         let provider = match base_url {
-            Some(url) => Some(Arc::new(OpenAiClient::new(
-                url,
-                api_key,
-                Duration::from_secs(args.llm_timeout_secs.max(1)),
+            Some(url) => Some(Arc::new(OpenAiClient::with_timeouts(
+                url, api_key, timeouts,
             )?)),
             None => None,
         };
-        let idle = Duration::from_secs(args.llm_timeout_secs.max(1));
         let providers = args
             .providers
             .providers
             .iter()
             .flat_map(|p| p.0.iter())
-            .map(|spec| Ok((spec.clone(), named_client(spec, idle)?)))
+            .map(|spec| Ok((spec.clone(), named_client(spec, timeouts)?)))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let model = if provider.is_some() {
             args.llm_model.as_str()
@@ -165,7 +166,7 @@ impl Engine {
 }
 
 /// The client of a named provider, its key read from the variable it names.
-fn named_client(spec: &ProviderSpec, idle: Duration) -> anyhow::Result<Arc<dyn ChatModel>> {
+fn named_client(spec: &ProviderSpec, timeouts: Timeouts) -> anyhow::Result<Arc<dyn ChatModel>> {
     let key = match &spec.api_key_env {
         Some(var) => Some(std::env::var(var).ok().filter(|k| !k.trim().is_empty()).with_context(
             || {
@@ -178,8 +179,14 @@ fn named_client(spec: &ProviderSpec, idle: Duration) -> anyhow::Result<Arc<dyn C
         None => None,
     };
     Ok(match spec.kind {
-        ProviderKind::Openai => Arc::new(OpenAiClient::new(&spec.base_url, key, idle)?),
-        ProviderKind::Anthropic => Arc::new(AnthropicClient::new(&spec.base_url, key, idle)?),
+        ProviderKind::Openai => {
+            Arc::new(OpenAiClient::with_timeouts(&spec.base_url, key, timeouts)?)
+        }
+        ProviderKind::Anthropic => Arc::new(AnthropicClient::with_timeouts(
+            &spec.base_url,
+            key,
+            timeouts,
+        )?),
     })
 }
 

@@ -8,6 +8,7 @@ mod anthropic;
 mod context;
 mod harness;
 mod hooks;
+mod hostile_provider;
 mod identity;
 mod limits;
 mod mcp;

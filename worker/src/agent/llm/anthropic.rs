@@ -43,13 +43,26 @@ pub struct AnthropicClient(super::Endpoint);
 
 impl AnthropicClient {
     /// A client for `base_url` (e.g. `https://api.anthropic.com/v1`); `idle_timeout` bounds the wait
-    /// for each piece of a response.
+    /// for each piece of a response, [`super::DEFAULT_CALL_TIMEOUT`] the whole call.
     pub fn new(
         base_url: &str,
         api_key: Option<String>,
         idle_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        super::Endpoint::new(base_url, "messages", api_key, idle_timeout).map(Self)
+        let timeouts = super::Timeouts {
+            idle: idle_timeout,
+            call: super::DEFAULT_CALL_TIMEOUT,
+        };
+        Self::with_timeouts(base_url, api_key, timeouts)
+    }
+
+    /// A client for `base_url` whose calls are bounded by `timeouts`.
+    pub fn with_timeouts(
+        base_url: &str,
+        api_key: Option<String>,
+        timeouts: super::Timeouts,
+    ) -> anyhow::Result<Self> {
+        super::Endpoint::new(base_url, "messages", api_key, timeouts).map(Self)
     }
 }
 
@@ -65,8 +78,9 @@ impl ChatModel for AnthropicClient {
             if let Some(key) = &self.0.api_key {
                 call = call.header("x-api-key", key);
             }
-            let response = super::send(call).await?;
-            Ok(super::sse_chunks(response, Assembler::default()))
+            let bounds = self.0.timeouts.start();
+            let response = super::send(call, &bounds).await?;
+            Ok(super::sse_chunks(response, Assembler::default(), bounds))
         }
         .boxed()
     }
@@ -181,6 +195,15 @@ impl Assemble for Assembler {
     fn fail(&mut self) {
         self.done = true;
     }
+
+    fn assembled_bytes(&self) -> usize {
+        self.text.len()
+            + self
+                .calls
+                .values()
+                .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                .sum::<usize>()
+    }
 }
 
 impl Assembler {
@@ -191,8 +214,11 @@ impl Assembler {
         if data.is_empty() {
             return Ok(Vec::new());
         }
-        let event: Value =
-            serde_json::from_str(data).map_err(|e| LlmError::Protocol(format!("{e}: {data}")))?;
+        let event: Value = serde_json::from_str(data).map_err(|e| {
+            // The data itself stays out of the error, which end users read.
+            super::log_unreadable(data);
+            LlmError::Protocol(format!("an event that is not JSON ({e})"))
+        })?;
         let index = event["index"].as_u64().unwrap_or(0);
         match event["type"].as_str().unwrap_or_default() {
             "message_start" => self.count(&event["message"]["usage"]),
@@ -207,9 +233,8 @@ impl Assembler {
                             arguments: String::new(),
                         };
                         if call.name.is_empty() {
-                            return Err(LlmError::Protocol(format!(
-                                "a tool_use without a name: {data}"
-                            )));
+                            super::log_unreadable(data);
+                            return Err(LlmError::Protocol("a tool_use without a name".into()));
                         }
                         self.calls.insert(index, call);
                     }
@@ -222,7 +247,8 @@ impl Assembler {
                     Some("text_delta") => return Ok(self.text(delta["text"].as_str())),
                     Some("input_json_delta") => {
                         let call = self.calls.get_mut(&index).ok_or_else(|| {
-                            LlmError::Protocol(format!("arguments for no tool_use block: {data}"))
+                            super::log_unreadable(data);
+                            LlmError::Protocol("arguments for no tool_use block".into())
                         })?;
                         call.arguments
                             .push_str(delta["partial_json"].as_str().unwrap_or_default());
@@ -318,10 +344,7 @@ fn stream_error(error: &Value) -> LlmError {
     };
     LlmError::Status {
         status,
-        message: error["message"]
-            .as_str()
-            .unwrap_or("error in stream")
-            .to_owned(),
+        message: super::provider_text(error["message"].as_str().unwrap_or("error in stream")),
         retry_after: None,
     }
 }
@@ -449,5 +472,29 @@ mod tests {
             Assembler::default().feed("{not json"),
             Err(LlmError::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn provider_text_in_errors_is_cut_and_raw_data_never_shown() {
+        let long = "x".repeat(5_000);
+        let events = [json!({"type": "error", "error": {"type": "api_error", "message": long}})];
+        let err = feed_all(&events).expect_err("an error event").to_string();
+        assert!(err.chars().count() < 600, "{} chars", err.chars().count());
+        let secret = "sk-live-SECRET";
+        for data in [
+            format!("{{not json {secret}"),
+            json!({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "tool_use", "id": secret, "name": ""}})
+            .to_string(),
+            json!({"type": "content_block_delta", "index": 7,
+                   "delta": {"type": "input_json_delta", "partial_json": secret}})
+            .to_string(),
+        ] {
+            let err = Assembler::default()
+                .feed(&data)
+                .expect_err("refused")
+                .to_string();
+            assert!(!err.contains(secret), "{err}");
+        }
     }
 }

@@ -28,13 +28,26 @@ pub struct OpenAiClient(super::Endpoint);
 
 impl OpenAiClient {
     /// A client for `base_url` (e.g. `https://api.openai.com/v1`); `idle_timeout` bounds the wait
-    /// for each piece of a response.
+    /// for each piece of a response, [`super::DEFAULT_CALL_TIMEOUT`] the whole call.
     pub fn new(
         base_url: &str,
         api_key: Option<String>,
         idle_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        super::Endpoint::new(base_url, "chat/completions", api_key, idle_timeout).map(Self)
+        let timeouts = super::Timeouts {
+            idle: idle_timeout,
+            call: super::DEFAULT_CALL_TIMEOUT,
+        };
+        Self::with_timeouts(base_url, api_key, timeouts)
+    }
+
+    /// A client for `base_url` whose calls are bounded by `timeouts`.
+    pub fn with_timeouts(
+        base_url: &str,
+        api_key: Option<String>,
+        timeouts: super::Timeouts,
+    ) -> anyhow::Result<Self> {
+        super::Endpoint::new(base_url, "chat/completions", api_key, timeouts).map(Self)
     }
 }
 
@@ -45,8 +58,9 @@ impl ChatModel for OpenAiClient {
             if let Some(key) = &self.0.api_key {
                 call = call.bearer_auth(key);
             }
-            let response = super::send(call).await?;
-            Ok(super::sse_chunks(response, Assembler::default()))
+            let bounds = self.0.timeouts.start();
+            let response = super::send(call, &bounds).await?;
+            Ok(super::sse_chunks(response, Assembler::default(), bounds))
         }
         .boxed()
     }
@@ -144,6 +158,15 @@ impl super::Assemble for Assembler {
     fn feed(&mut self, data: &str) -> Result<Vec<ChatChunk>, LlmError> {
         Assembler::feed(self, data)
     }
+
+    fn assembled_bytes(&self) -> usize {
+        self.text.len()
+            + self
+                .calls
+                .values()
+                .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                .sum::<usize>()
+    }
 }
 
 impl Assembler {
@@ -177,13 +200,14 @@ impl Assembler {
         if data.is_empty() {
             return Ok(Vec::new());
         }
-        let chunk: Value =
-            serde_json::from_str(data).map_err(|e| LlmError::Protocol(format!("{e}: {data}")))?;
+        let chunk: Value = serde_json::from_str(data).map_err(|e| {
+            // The data itself stays out of the error, which end users read.
+            super::log_unreadable(data);
+            LlmError::Protocol(format!("a chunk that is not JSON ({e})"))
+        })?;
         if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
-            let message = error["message"]
-                .as_str()
-                .unwrap_or("error in stream")
-                .to_owned();
+            let message =
+                super::provider_text(error["message"].as_str().unwrap_or("error in stream"));
             return Err(LlmError::Status {
                 status: 500,
                 message,
@@ -399,5 +423,29 @@ data: [DONE]"#;
         assert!(ids.iter().all(|id| !id.is_empty()), "{ids:?}");
         let unique: std::collections::HashSet<&&str> = ids.iter().collect();
         assert_eq!(unique.len(), 4, "{ids:?}");
+    }
+
+    #[test]
+    fn provider_text_in_errors_is_cut_and_raw_data_never_shown() {
+        let long = "y".repeat(5_000);
+        let mut asm = Assembler::default();
+        let err = asm
+            .feed(&json!({"error": {"message": long}}).to_string())
+            .expect_err("an error chunk")
+            .to_string();
+        assert!(err.chars().count() < 600, "{} chars", err.chars().count());
+        let secret = "sk-live-SECRET";
+        let err = Assembler::default()
+            .feed(&format!("{{\"choices\": [{secret}"))
+            .expect_err("not JSON")
+            .to_string();
+        assert!(!err.contains(secret), "{err}");
+        let body = json!({"error": {"message": long}}).to_string();
+        let message = crate::agent::llm::provider_message(&body);
+        assert!(
+            message.chars().count() <= 501,
+            "{}",
+            message.chars().count()
+        );
     }
 }
