@@ -593,6 +593,20 @@ pub(crate) fn log_unreadable(data: &str) {
     tracing::warn!(data = %provider_text(data), "the model provider sent data that does not parse");
 }
 
+/// Gives every call without an id, or with the id of an earlier call, an id of its own
+/// (`{prefix}` and a random suffix). Some "compatible" servers omit or repeat ids; results are
+/// matched to calls, clients answer them and idempotency keys are made from ids, so two calls
+/// must never share one.
+pub(crate) fn give_unique_ids(calls: &mut [ToolCall], prefix: &str) {
+    let mut seen = std::collections::HashSet::new();
+    for call in calls {
+        if call.id.is_empty() || !seen.insert(call.id.clone()) {
+            call.id = format!("{prefix}{}", uuid::Uuid::new_v4().simple());
+            seen.insert(call.id.clone());
+        }
+    }
+}
+
 /// The longest wait a provider's `Retry-After` may ask for: the attempt holds its lease and a
 /// worker slot meanwhile.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);

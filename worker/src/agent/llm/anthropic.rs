@@ -307,10 +307,10 @@ impl Assembler {
             if call.arguments.trim().is_empty() {
                 call.arguments = "{}".into();
             }
-            if call.id.is_empty() {
-                call.id = format!("toolu_{}", uuid::Uuid::new_v4().simple());
-            }
         }
+        // Ids missing or repeated (an "Anthropic-compatible" proxy) get their own, as on the
+        // OpenAI path: a client answers each call by its id.
+        super::give_unique_ids(&mut tool_calls, "toolu_");
         let finish_reason = match self.stop_reason.take().as_deref() {
             Some("end_turn" | "stop_sequence" | "pause_turn") => FinishReason::Stop,
             Some("tool_use") => FinishReason::ToolCalls,
@@ -472,6 +472,27 @@ mod tests {
             Assembler::default().feed("{not json"),
             Err(LlmError::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn tool_use_ids_missing_or_repeated_get_their_own() {
+        let block = |index: u64, id: &str| {
+            json!({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "tool_use", "id": id, "name": "get", "input": {}}})
+        };
+        let events = [
+            block(0, "toolu_same"),
+            block(1, "toolu_same"),
+            block(2, ""),
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}}),
+            json!({"type": "message_stop"}),
+        ];
+        let (_, response) = feed_all(&events).expect("parses");
+        let ids: Vec<&str> = response.tool_calls.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids[0], "toolu_same", "the first holder keeps its id");
+        let unique: std::collections::HashSet<&&str> = ids.iter().collect();
+        assert_eq!(unique.len(), 3, "{ids:?}");
+        assert!(ids.iter().all(|id| id.starts_with("toolu_")), "{ids:?}");
     }
 
     #[test]

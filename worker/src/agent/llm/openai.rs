@@ -181,7 +181,7 @@ impl Assembler {
             self.done = true;
             let mut tool_calls: Vec<ToolCall> =
                 std::mem::take(&mut self.calls).into_values().collect();
-            give_unique_ids(&mut tool_calls);
+            super::give_unique_ids(&mut tool_calls, "call_");
             let finish_reason = self
                 .finish_reason
                 .take()
@@ -263,19 +263,6 @@ impl Assembler {
             }
         }
         Ok(out)
-    }
-}
-
-/// Gives every call without an id, or with the id of an earlier call, an id of its own.
-/// Some "OpenAI-compatible" servers omit or repeat ids; results are matched to calls, clients
-/// answer them and idempotency keys are made from ids, so two calls must never share one.
-fn give_unique_ids(calls: &mut [ToolCall]) {
-    let mut seen = std::collections::HashSet::new();
-    for call in calls {
-        if call.id.is_empty() || !seen.insert(call.id.clone()) {
-            call.id = format!("call_{}", uuid::Uuid::new_v4().simple());
-            seen.insert(call.id.clone());
-        }
     }
 }
 
