@@ -292,16 +292,25 @@ async fn erasing_a_thread_stops_its_run_and_its_stream_leaves_nothing_and_the_id
     )
     .await;
 
-    // A summary of its older turns, as a worker stores one when a prompt outgrows its window.
-    spool_shared::db::messages::save_summary(
+    // A summary of its older turns, as the active run's worker stores one when a prompt
+    // outgrows its window.
+    let active_id: spool_shared::WorkflowId = active.parse().expect("id");
+    let (attempt,): (i32,) = sqlx::query_as("SELECT attempt FROM runs WHERE id = $1")
+        .bind(active_id)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("attempt");
+    let stored = spool_shared::db::messages::save_summary(
         &app.db.pool,
-        spool_shared::ThreadId(thread),
+        active_id,
+        attempt,
         1,
         "what was said",
         "gpt-4o-mini",
     )
     .await
     .expect("a summary");
+    assert!(stored, "the active run's attempt holds it");
     // A client following the stream while the thread is erased.
     let mut follower = app.stream(&alice, thread, "", None).await;
     let path = format!("/v1/threads/{thread}");

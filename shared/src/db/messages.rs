@@ -200,25 +200,37 @@ pub struct Summary {
     pub content: String,
 }
 
-/// Stores a summary of the thread's messages through `through_seq` (a concurrent writer of the
-/// same one wins; either is a summary of the same messages).
+/// Stores a summary of the thread's messages through `through_seq`, written by attempt
+/// `attempt` of run `run` (on the run's thread), fenced like the run's own writes: only while
+/// that attempt still holds the run. Erasing the thread deletes its runs, so a summary
+/// computed while the thread was being erased is not stored after it (the run's row is locked
+/// `FOR SHARE` here: an erasure that deletes it waits for this statement's commit and then
+/// deletes the summary with the thread's others). A concurrent writer of the same summary wins;
+/// either is a summary of the same messages. Returns whether the attempt held the run.
 pub async fn save_summary(
     executor: impl PgExecutor<'_>,
-    thread_id: ThreadId,
+    run: WorkflowId,
+    attempt: i32,
     through_seq: i64,
     content: &str,
     model: &str,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO thread_summaries (thread_id, through_seq, content, model)
-         VALUES ($1, $2, $3, $4)
-         ON CONFLICT (thread_id, through_seq) DO NOTHING",
+) -> sqlx::Result<bool> {
+    let (held,): (bool,) = sqlx::query_as(
+        "WITH held AS (
+             SELECT thread_id FROM runs
+              WHERE id = $1 AND attempt = $2 AND status = 'running' FOR SHARE),
+         saved AS (
+             INSERT INTO thread_summaries (thread_id, through_seq, content, model)
+             SELECT thread_id, $3, $4, $5 FROM held
+             ON CONFLICT (thread_id, through_seq) DO NOTHING)
+         SELECT EXISTS (SELECT 1 FROM held)",
     )
-    .bind(thread_id)
+    .bind(run)
+    .bind(attempt)
     .bind(through_seq)
     .bind(content)
     .bind(model)
-    .execute(executor)
+    .fetch_one(executor)
     .await?;
-    Ok(())
+    Ok(held)
 }

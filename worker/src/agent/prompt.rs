@@ -21,7 +21,7 @@ use spool_shared::run::{FailureCode, MessagePart, Usage};
 use spool_shared::status::Role;
 
 use super::Loop;
-use super::answer::Exit;
+use super::answer::{Exit, LoopEnd};
 use super::context::Attempt;
 use super::engine::Candidate;
 use super::llm::{ChatChunk, ChatMessage, ChatRequest, Choice, LlmError, ToolCall};
@@ -284,7 +284,12 @@ impl Loop<'_> {
         };
         self.spend(a, usage).await?;
         let run = a.claimed.run();
-        messages::save_summary(a.db, run.thread_id, through, &text, &summarizer.name).await?;
+        let model = &summarizer.name;
+        let held = messages::save_summary(a.db, run.id, run.attempt, through, &text, model).await?;
+        if !held {
+            // Reclaimed, or the thread was erased meanwhile: nothing was stored.
+            return Err(LoopEnd::LeaseLost.into());
+        }
         tracing::info!(
             through_seq = through,
             "summarised the thread's oldest turns"

@@ -392,6 +392,12 @@ async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
         a.finish(pool, &completed("stale")).await.expect("finish"),
         Fence::Lost
     );
+    // A summary of the thread (a write outside the run's row) is fenced on the attempt too.
+    let summary = messages::save_summary(pool, id, 1, 1, "stale summary", "m").await;
+    assert!(
+        !summary.expect("summary"),
+        "a stale attempt stores no summary"
+    );
     // Asked to cancel meanwhile: the stale attempt's wait still hears only that its lease is
     // lost, and starts no child. (A wait that locked the row whatever its attempt would find
     // the request instead; the step's save, which comes next, has a fence of its own.)
@@ -606,4 +612,72 @@ async fn a_pause_s_deadline_is_the_database_s_now_plus_its_timeout_and_it_expire
         ),
         (RunStatus::RequiresAction, true, None)
     );
+}
+
+/// Waits until a statement whose text mentions `text` waits for a lock.
+async fn waits_for_a_lock(pool: &sqlx::PgPool, text: &str) {
+    spool_tests::poll_until(
+        "a statement to wait for a lock",
+        Duration::from_secs(10),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND strpos(query, $1) > 0",
+            )
+            .bind(text)
+            .fetch_one(pool)
+            .await
+            .expect("activity");
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The summaries stored for a thread.
+async fn summaries(db: &TestDb, thread: ThreadId) -> Vec<String> {
+    sqlx::query_scalar("SELECT content FROM thread_summaries WHERE thread_id = $1")
+        .bind(thread)
+        .fetch_all(&db.pool)
+        .await
+        .expect("summaries")
+}
+
+#[tokio::test]
+async fn a_summary_is_not_stored_once_its_thread_is_erased_even_while_the_erasure_runs() {
+    let db = TestDb::new().await.expect("db");
+    let pool = &db.pool;
+    let (id, _) = queued(&db).await;
+    let a = claim(&db, HOUR).await.expect("a run");
+    let thread = a.run().thread_id;
+    // Held: stored.
+    let stored = messages::save_summary(pool, id, 1, 1, "before", "m").await;
+    assert!(stored.expect("summary"));
+    assert_eq!(summaries(&db, thread).await, ["before"]);
+
+    // A summary written while an erasure of the thread is in flight: the erasure deletes the
+    // run first, so the write waits for it and then finds no run to write for.
+    let mut erasure = pool.begin().await.expect("begin");
+    crate::db::threads::erase(&mut erasure, thread)
+        .await
+        .expect("erase");
+    let late = tokio::spawn({
+        let pool = pool.clone();
+        async move { messages::save_summary(&pool, id, 1, 2, "after", "m").await }
+    });
+    // The write is blocked on the erased run's row until the erasure commits.
+    waits_for_a_lock(pool, "thread_summaries").await;
+    erasure.commit().await.expect("commit");
+    let stored = late.await.expect("task").expect("summary");
+    assert!(!stored, "the run is gone: nothing stored");
+    assert!(
+        summaries(&db, thread).await.is_empty(),
+        "erasure left nothing"
+    );
+
+    // After the erasure: nothing either.
+    let stored = messages::save_summary(pool, id, 1, 3, "later", "m").await;
+    assert!(!stored.expect("summary"));
+    assert!(summaries(&db, thread).await.is_empty());
 }
