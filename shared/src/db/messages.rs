@@ -228,7 +228,7 @@ pub async fn save_summary(
     .bind(run)
     .bind(attempt)
     .bind(through_seq)
-    .bind(content)
+    .bind(super::storable_text(content))
     .bind(model)
     .fetch_one(executor)
     .await?;

@@ -488,7 +488,7 @@ async fn finish(
     .bind(Json(outcome.usage))
     .bind(outcome.error.map(db::storable).transpose()?)
     .bind(outcome.final_step.map(db::storable).transpose()?)
-    .bind(outcome.output.map(Json))
+    .bind(outcome.output.map(db::storable).transpose()?)
     .bind(outcome.blocked)
     .fetch_optional(executor)
     .await?;

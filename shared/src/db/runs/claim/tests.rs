@@ -681,3 +681,29 @@ async fn a_summary_is_not_stored_once_its_thread_is_erased_even_while_the_erasur
     assert!(!stored.expect("summary"));
     assert!(summaries(&db, thread).await.is_empty());
 }
+
+#[tokio::test]
+async fn a_nul_in_a_structured_answer_or_a_summary_is_stored_not_refused() {
+    let db = TestDb::new().await.expect("db");
+    let pool = &db.pool;
+    let (id, message) = queued(&db).await;
+    let a = claim(&db, HOUR).await.expect("a run");
+    let thread = a.run().thread_id;
+    let stored = messages::save_summary(pool, id, 1, 1, "a\0b", "m").await;
+    assert!(stored.expect("a summary with a NUL is stored"));
+    assert_eq!(summaries(&db, thread).await, ["a\u{fffd}b"]);
+    let output = json!({"answer": "x\u{0}y"});
+    let outcome = Outcome {
+        output: Some(&output),
+        ..completed("done")
+    };
+    assert_eq!(a.finish(pool, &outcome).await.expect("finish"), Fence::Held);
+    let stored = messages::find_in_thread(pool, message, thread)
+        .await
+        .expect("message")
+        .expect("exists");
+    assert_eq!(
+        stored.output.map(|o| o.0),
+        Some(json!({"answer": "x\u{fffd}y"}))
+    );
+}
