@@ -123,6 +123,10 @@ pub(crate) struct Loop<'a> {
     summary: Option<messages::Summary>,
     /// Summaries written by this attempt (at most [`prompt::MAX_COMPACTIONS`]).
     compactions: u32,
+    /// Why a summary of this attempt failed (none is tried again).
+    summary_failed: Option<String>,
+    /// Whether the results of the run's own steps were cut to fit the window (once).
+    cut_own: bool,
 }
 
 impl<'a> Loop<'a> {
@@ -218,6 +222,8 @@ impl<'a> Loop<'a> {
             history,
             summary,
             compactions: 0,
+            summary_failed: None,
+            cut_own: false,
         };
         Ok((state, checkpoint))
     }
@@ -253,7 +259,7 @@ impl<'a> Loop<'a> {
             let request = self.request(step);
             let window = self.spec.context_window_tokens.map(|w| w as usize);
             if window.is_some_and(|w| prompt::estimate_tokens(&request.messages) > w) {
-                self.compact(a).await?;
+                self.make_room(a).await?;
                 continue;
             }
             let offered = request.callable();
@@ -261,7 +267,7 @@ impl<'a> Loop<'a> {
                 Ok(output) => break (output, offered),
                 Err(LlmEnd::Error(err)) if err.is_context_overflow() => {
                     tracing::info!(error = %err, "the provider found the prompt too long");
-                    self.compact(a).await?;
+                    self.make_room(a).await?;
                 }
                 Err(end) => return Err(self.model_failed(end)),
             }

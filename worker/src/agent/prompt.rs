@@ -5,9 +5,12 @@
 //! older turns, and the last `history_depth` completed messages after it (earlier answers with
 //! their tool calls and results), ending with the run's user message; the loop appends each
 //! step's model output and tool results. When a prompt would not fit the model's context
-//! window, the loop compacts it ([`Loop::compact`]): the oldest turns are summarised
-//! ([`summarise`]) into a stored summary that every later run reuses, at most
-//! [`MAX_COMPACTIONS`] times an attempt. Before each model call, [`prune`] keeps the estimated
+//! window, the loop makes room ([`Loop::make_room`]): when the thread's history is what
+//! overflows, its oldest turns are summarised ([`summarise`]: their text, tool calls and
+//! results, a piece at a time so each call fits) into a stored summary that every later run
+//! reuses, at most [`MAX_COMPACTIONS`] times an attempt; when the run's own steps are, their
+//! results are cut. A summary that failed, or stopped short, or said nothing, is never stored:
+//! it would be the thread's memory of those turns for good. Before each model call, [`prune`] keeps the estimated
 //! prompt (4 characters a token) within `context_budget_tokens`: old tool results become
 //! placeholders first, then messages before the last 3 user turns.
 
@@ -24,8 +27,7 @@ use super::Loop;
 use super::answer::{Exit, LoopEnd};
 use super::context::Attempt;
 use super::engine::Candidate;
-use super::llm::{ChatChunk, ChatMessage, ChatRequest, Choice, LlmError, ToolCall};
-use super::model_call::LlmEnd;
+use super::llm::{ChatChunk, ChatMessage, ChatRequest, Choice, FinishReason, LlmError, ToolCall};
 
 /// What replaces a tool result pruned to fit the context window.
 pub(crate) const PRUNED: &str = "[earlier tool result omitted to fit the context window]";
@@ -203,6 +205,13 @@ const SUMMARY_INSTRUCTIONS: &str = "Summarise the conversation below for an assi
 continue it without seeing it: keep every fact, name, number, decision, tool result that \
 matters and open question; drop pleasantries. At most 300 words, plain text.";
 
+/// Tokens a summary may take (the instructions ask for far fewer: a summary cut at this length
+/// is not stored).
+const SUMMARY_OUTPUT_TOKENS: u32 = 1024;
+
+/// The fewest characters of transcript one summary call takes, however small the window.
+const MIN_CHUNK_CHARS: usize = 1_000;
+
 /// The older messages a new summary covers: the first half of the history before the run's
 /// own message (at least one); `None` when there is none.
 pub(crate) fn older(history: &[HistoryMessage]) -> Option<&[HistoryMessage]> {
@@ -210,24 +219,104 @@ pub(crate) fn older(history: &[HistoryMessage]) -> Option<&[HistoryMessage]> {
     Some(&history[..earlier.div_ceil(2)])
 }
 
+/// A message as the summary's transcript shows it: its text, and an assistant's tool calls
+/// and their results (arguments and results cut to [`HISTORY_RESULT_CHARS`], as a replay
+/// cuts them), which often hold the facts that matter ("order #123 created").
+fn transcript_of(message: &HistoryMessage) -> String {
+    let who = match message.role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    };
+    if message.parts.0.is_empty() {
+        return format!("{who}: {}\n\n", message.content);
+    }
+    let mut text = String::new();
+    for part in &message.parts.0 {
+        match part {
+            MessagePart::Text { text: said } => text.push_str(&format!("{who}: {said}\n\n")),
+            MessagePart::ToolCall {
+                name, arguments, ..
+            } => text.push_str(&format!("{who} called {name} with {}\n\n", cut(arguments))),
+            MessagePart::ToolResult {
+                name,
+                output,
+                is_error,
+                ..
+            } => {
+                let what = if *is_error { "error" } else { "result" };
+                text.push_str(&format!("{what} of {name}: {}\n\n", cut(output)));
+            }
+            MessagePart::Citations { .. } => {}
+        }
+    }
+    text
+}
+
+/// The transcript of `older` in pieces of at most `chunk_chars` characters each: whole
+/// messages together while they fit, a message that does not fit the space left starting a new
+/// piece, and one longer than a piece split across pieces (nothing is left out).
+fn chunks(older: &[HistoryMessage], chunk_chars: usize) -> Vec<String> {
+    let chunk_chars = chunk_chars.max(1);
+    let mut chunks: Vec<String> = Vec::new();
+    let mut room = 0;
+    for message in older {
+        let mut text: &str = &transcript_of(message);
+        let mut chars = text.chars().count();
+        while chars > 0 {
+            if room == 0 || (chars > room && chars <= chunk_chars) {
+                chunks.push(String::new());
+                room = chunk_chars;
+            }
+            let take = chars.min(room);
+            let at = text
+                .char_indices()
+                .nth(take)
+                .map_or(text.len(), |(at, _)| at);
+            if let Some(last) = chunks.last_mut() {
+                last.push_str(&text[..at]);
+            }
+            text = &text[at..];
+            chars -= take;
+            room -= take;
+        }
+    }
+    chunks
+}
+
 /// A summary of `older` (continuing `summary`), written by `model` without streaming it to
-/// anyone; its text and the tokens it took.
+/// anyone, a piece of the transcript at a time so each call fits the model (`chunk_chars`
+/// characters, each call continuing the summary so far): the summary, or why there is none
+/// (the model failed, stopped before the end, or said nothing), and the tokens it took either
+/// way. Only a summary every call of which ended with `stop` and said something is one.
 pub(crate) async fn summarise(
     model: &Candidate,
     summary: Option<&Summary>,
     older: &[HistoryMessage],
-) -> Result<(String, Usage), LlmError> {
-    let mut transcript = String::new();
-    if let Some(summary) = summary {
-        transcript.push_str(&format!("Summary so far:\n{}\n\n", summary.content));
+    chunk_chars: usize,
+) -> (Result<String, String>, Usage) {
+    let mut usage = Usage::default();
+    let mut so_far = summary.map(|s| s.content.clone());
+    for chunk in chunks(older, chunk_chars) {
+        let mut transcript = String::new();
+        if let Some(so_far) = &so_far {
+            transcript.push_str(&format!("Summary so far:\n{so_far}\n\n"));
+        }
+        transcript.push_str(&chunk);
+        let (text, used) = summarise_once(model, transcript).await;
+        usage.add(used);
+        match text {
+            Ok(text) => so_far = Some(text),
+            Err(why) => return (Err(why), usage),
+        }
     }
-    for message in older {
-        let who = match message.role {
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        };
-        transcript.push_str(&format!("{who}: {}\n\n", message.content));
-    }
+    (
+        so_far.ok_or_else(|| "nothing to summarise".to_owned()),
+        usage,
+    )
+}
+
+/// One summary call over `transcript`.
+async fn summarise_once(model: &Candidate, transcript: String) -> (Result<String, String>, Usage) {
     let request = ChatRequest {
         model: model.name.clone(),
         messages: vec![
@@ -241,48 +330,119 @@ pub(crate) async fn summarise(
         tools: Vec::new(),
         tool_choice: Choice::Auto,
         temperature: None,
-        max_output_tokens: Some(1024),
+        max_output_tokens: Some(SUMMARY_OUTPUT_TOKENS),
         response_format: None,
     };
-    let mut stream = model.model.stream(request).await?;
-    while let Some(chunk) = stream.next().await {
-        if let ChatChunk::Done(response) = chunk? {
-            return Ok((response.text, response.usage));
+    let response = async {
+        let mut stream = model.model.stream(request).await?;
+        while let Some(chunk) = stream.next().await {
+            if let ChatChunk::Done(response) = chunk? {
+                return Ok(response);
+            }
         }
+        Err(LlmError::Incomplete)
+    };
+    match response.await {
+        Err(err) => (
+            Err(format!("the summary model failed: {err}")),
+            Usage::default(),
+        ),
+        Ok(response) if response.finish_reason != FinishReason::Stop => {
+            let why = format!(
+                "the summary stopped with `{}` before its end",
+                response.finish_reason.as_str()
+            );
+            (Err(why), response.usage)
+        }
+        Ok(response) if response.text.trim().is_empty() => (
+            Err("the summary model said nothing".to_owned()),
+            response.usage,
+        ),
+        Ok(response) => (Ok(response.text), response.usage),
     }
-    Err(LlmError::Incomplete)
 }
 
 /// Summaries one attempt may write to fit its prompt before it fails with `context_overflow`.
 pub(crate) const MAX_COMPACTIONS: u32 = 3;
 
 impl Loop<'_> {
-    /// Makes the prompt smaller: the oldest half of the replayed history (with the summary it
-    /// started after) is summarised into a stored summary, and the conversation's start is
-    /// rebuilt from it. Fails the run with `context_overflow` past [`MAX_COMPACTIONS`] or when
-    /// no earlier turn is left to summarise.
-    pub(super) async fn compact(&mut self, a: &Attempt<'_>) -> Result<(), Exit> {
-        let older = older(&self.history).filter(|_| self.compactions < MAX_COMPACTIONS);
-        let Some(older) = older.map(<[_]>::to_vec) else {
-            let message = format!(
-                "the prompt does not fit the model's context window (context_window_tokens: \
-                 {:?}) after {} summaries of the thread's earlier turns",
-                self.spec.context_window_tokens, self.compactions
-            );
-            return Err(self.failed(FailureCode::ContextOverflow, message));
+    /// Makes the prompt smaller, or fails the run with `context_overflow` when nothing more
+    /// can: the thread's history is summarised only when it is what overflows (the run's own
+    /// part, its message and steps with the instructions, fits the window alone; without a
+    /// window, when the provider refused, the history is the larger part); otherwise, or once
+    /// summaries cannot help (failed, or [`MAX_COMPACTIONS`] written), the results of the run's
+    /// own steps are cut to [`HISTORY_RESULT_CHARS`], once. A summary that failed stores
+    /// nothing, and the run goes on if the prompt fits without it.
+    pub(super) async fn make_room(&mut self, a: &Attempt<'_>) -> Result<(), Exit> {
+        let window = self.spec.context_window_tokens.map(|w| w as usize);
+        // The start is the instructions, the summary, the history and the run's message.
+        let instructions = self.spec.instructions.len() / 4;
+        let own_start = self.prefix.saturating_sub(1);
+        let own = instructions + estimate_tokens(&self.conversation[own_start..]);
+        let history = estimate_tokens(&self.conversation[..own_start]).saturating_sub(instructions);
+        let history_overflows = match window {
+            Some(window) => own <= window,
+            None => history >= own,
+        };
+        let can_summarise = self.summary_failed.is_none()
+            && self.compactions < MAX_COMPACTIONS
+            && older(&self.history).is_some();
+        if history_overflows && can_summarise {
+            match self.compact(a).await? {
+                Ok(()) => return Ok(()),
+                Err(why) => {
+                    tracing::warn!(
+                        why,
+                        "the thread's earlier turns could not be summarised; nothing stored"
+                    );
+                    self.summary_failed = Some(why);
+                }
+            }
+        }
+        if !self.cut_own && cut_results(&mut self.conversation[self.prefix..]) {
+            self.cut_own = true;
+            tracing::info!("the run's own tool results were cut to fit the context window");
+            return Ok(());
+        }
+        self.cut_own = true;
+        let mut message = format!(
+            "the prompt does not fit the model's context window (context_window_tokens: {:?}) \
+             after {} summaries of the thread's earlier turns",
+            self.spec.context_window_tokens, self.compactions
+        );
+        if let Some(why) = &self.summary_failed {
+            message.push_str(&format!(" (a summary was not stored: {why})"));
+        }
+        Err(self.failed(FailureCode::ContextOverflow, message))
+    }
+
+    /// Summarises the oldest half of the replayed history (with the summary it started after)
+    /// into a stored summary, and rebuilds the conversation's start from it; `Ok(Err(why))`,
+    /// storing nothing, when the summary failed.
+    async fn compact(&mut self, a: &Attempt<'_>) -> Result<Result<(), String>, Exit> {
+        let Some(older) = older(&self.history).map(<[_]>::to_vec) else {
+            return Ok(Err("no earlier turn to summarise".to_owned()));
         };
         self.compactions += 1;
         let summarizer = match a.engine.summarizer(&self.spec) {
             Ok(summarizer) => summarizer,
-            Err(err) => return Err(self.failed(FailureCode::ModelUnavailable, err.to_string())),
+            Err(err) => return Ok(Err(err.to_string())),
         };
         let through = older.last().map_or(0, |m| m.seq);
-        let summary = summarise(&summarizer, self.summary.as_ref(), &older).await;
-        let (text, usage) = match summary {
-            Ok(summary) => summary,
-            Err(err) => return Err(self.model_failed(LlmEnd::Error(err))),
-        };
+        // Half the window (4 characters a token) per call: room for the instructions, the
+        // summary so far and the answer. Without a window, half the context budget.
+        let budget = self
+            .spec
+            .context_window_tokens
+            .unwrap_or(self.spec.context_budget_tokens) as usize;
+        let chunk_chars = (budget * 2).max(MIN_CHUNK_CHARS);
+        let (text, usage) =
+            summarise(&summarizer, self.summary.as_ref(), &older, chunk_chars).await;
         self.spend(a, usage).await?;
+        let text = match text {
+            Ok(text) => text,
+            Err(why) => return Ok(Err(why)),
+        };
         let run = a.claimed.run();
         let model = &summarizer.name;
         let held = messages::save_summary(a.db, run.id, run.attempt, through, &text, model).await?;
@@ -300,8 +460,23 @@ impl Loop<'_> {
         self.conversation = start.conversation;
         self.conversation.extend(steps);
         (self.history, self.summary) = (start.history, start.summary);
-        Ok(())
+        Ok(Ok(()))
     }
+}
+
+/// Cuts each tool result of `steps` longer than [`HISTORY_RESULT_CHARS`] to it (with a
+/// marker); whether any was.
+fn cut_results(steps: &mut [ChatMessage]) -> bool {
+    let mut cut_any = false;
+    for message in steps {
+        if let ChatMessage::Tool { content, .. } = message
+            && content.chars().nth(HISTORY_RESULT_CHARS).is_some()
+        {
+            *content = cut(content);
+            cut_any = true;
+        }
+    }
+    cut_any
 }
 
 /// Estimated tokens of the conversation (4 characters a token).

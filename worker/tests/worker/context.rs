@@ -227,3 +227,183 @@ async fn the_run_s_own_old_tool_results_make_room_within_the_window_before_any_s
     assert!(results[0] < 100 && results[1] > 40_000, "{results:?}");
     assert!(summaries(&app).await.is_empty());
 }
+
+#[tokio::test]
+async fn a_summary_cut_short_or_empty_is_never_stored_and_the_run_fails_only_if_it_cannot_fit() {
+    // The summary model stops at its token limit, then says nothing.
+    for (case, summary) in [
+        (
+            "cut",
+            fake_llm::text_with_finish("SUMMARY that stops mid-", 1, "length"),
+        ),
+        ("empty", fake_llm::text(" ", 1)),
+    ] {
+        let fake = FakeLlm::start(move |request, _| {
+            if summary_request(request) {
+                summary.clone()
+            } else {
+                fake_llm::text(&"r".repeat(100), 2)
+            }
+        })
+        .await;
+        let app = Harness::start(&fake).await;
+        let agent = app
+            .create_agent(&json!({"name": "window", "model": "gpt-4o-mini",
+                "context_window_tokens": 256}))
+            .await;
+        let (thread, first) = app.ask(&agent, &"a".repeat(500)).await;
+        assert_eq!(app.finished(&first).await["status"], "completed");
+        // The history is what overflows: a summary is asked for, and fails.
+        let second = app.send(thread, None, &"b".repeat(500)).await;
+        let run = app.finished(&second).await;
+        assert_eq!(run["status"], "failed", "{case}: {run}");
+        assert_eq!(run["error"]["code"], "context_overflow", "{case}: {run}");
+        let message = run["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("a summary was not stored"),
+            "{case}: {message}"
+        );
+        assert!(
+            fake.requests().iter().any(summary_request),
+            "{case}: a summary was asked for"
+        );
+        assert!(summaries(&app).await.is_empty(), "{case}: nothing stored");
+    }
+}
+
+#[tokio::test]
+async fn the_run_s_own_step_over_the_window_is_cut_not_the_thread_s_history_summarised() {
+    // A first turn to summarise, then a run whose one tool result (60,000 characters, cut to
+    // 50,000) alone outgrows a 4,000-token window.
+    let fake = FakeLlm::start(|request, _| {
+        if summary_request(request) {
+            return fake_llm::text("SUMMARY", 1);
+        }
+        let last = request["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or_default();
+        if last["role"] == "user" && last["content"] == "Read the page." {
+            fake_llm::tool_calls(&[("call_big", "big", "{}")])
+        } else if last["role"] == "tool" {
+            fake_llm::text("Read it.", 1)
+        } else {
+            fake_llm::text(&"x".repeat(3_000), 1)
+        }
+    })
+    .await;
+    let (_tools, base) = Tools::start().await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "reader", "model": "gpt-4o-mini",
+            "context_window_tokens": 4_000, "tools": [http_tool("big", format!("{base}/big"))]}))
+        .await;
+    let (thread, first) = app.ask(&agent, "Tell me a long story.").await;
+    assert_eq!(app.finished(&first).await["status"], "completed");
+    let second = app.send(thread, None, "Read the page.").await;
+    let run = app.finished(&second).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert!(
+        !fake.requests().iter().any(summary_request),
+        "no summary: the history was not what overflowed"
+    );
+    assert!(summaries(&app).await.is_empty());
+    let last = answers(&fake).last().cloned().expect("the last call");
+    let result = last["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["role"] == "tool")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        result.starts_with(&"z".repeat(2_000))
+            && result.ends_with("[result cut to 2000 characters]"),
+        "{} characters",
+        result.len()
+    );
+    // The stored step keeps the whole (cut at 50,000) result: only the prompt was cut.
+    let page = app.messages(thread).await;
+    let stored = page["messages"][3]["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["type"] == "tool_result")
+        .and_then(|p| p["output"].as_str())
+        .map_or(0, str::len);
+    assert!(stored > 40_000, "{stored}");
+}
+
+#[tokio::test]
+async fn a_summary_sees_the_turns_tool_calls_and_results_and_is_written_in_pieces_that_fit() {
+    let fake = FakeLlm::start(|request, n| {
+        if summary_request(request) {
+            return fake_llm::text(&format!("SUMMARY {n}"), 1);
+        }
+        let last = request["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or_default();
+        if last["role"] == "user" && last["content"] == "Create the order." {
+            fake_llm::tool_calls(&[("call_o", "create", r#"{"order": 123}"#)])
+        } else if last["role"] == "tool" {
+            fake_llm::text(&"k".repeat(1_100), 1)
+        } else {
+            fake_llm::text("Noted.", 1)
+        }
+    })
+    .await;
+    let (_tools, base) = Tools::start().await;
+    let app = Harness::start(&fake).await;
+    // 500 tokens: about 2,000 characters; each summary call takes 1,000 characters of turns.
+    let agent = app
+        .create_agent(&json!({"name": "orders", "model": "gpt-4o-mini",
+            "context_window_tokens": 500, "tools": [http_tool("create", format!("{base}/create"))]}))
+        .await;
+    let (thread, first) = app.ask(&agent, "Create the order.").await;
+    assert_eq!(app.finished(&first).await["status"], "completed");
+    let second = app.send(thread, None, "Thanks.").await;
+    assert_eq!(app.finished(&second).await["status"], "completed");
+    assert!(
+        !fake.requests().iter().any(summary_request),
+        "two turns fit"
+    );
+    // The first turn (its call, its result and an answer of 1,100 characters) is summarised
+    // to make room, in two calls.
+    let third = app.send(thread, None, &"q".repeat(1_200)).await;
+    let run = app.finished(&third).await;
+    assert_eq!(run["status"], "completed", "{run}");
+
+    let asked: Vec<String> = fake
+        .requests()
+        .iter()
+        .filter(|r| summary_request(r))
+        .map(|r| {
+            r["messages"][1]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(asked.len(), 2, "the turns do not fit one call: {asked:?}");
+    assert!(
+        asked.iter().all(|t| t.chars().count() <= 1_000 + 100),
+        "each piece fits: {:?}",
+        asked.iter().map(String::len).collect::<Vec<_>>()
+    );
+    let all = asked.concat();
+    assert!(all.contains("called create with {\"order\": 123}"), "{all}");
+    assert!(all.contains("result of create:"), "{all}");
+    // Each piece after the first continues the summary so far; the last one is stored.
+    assert!(
+        asked[1].starts_with("Summary so far:\nSUMMARY"),
+        "{}",
+        asked[1]
+    );
+    let stored = summaries(&app).await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert!(stored[0].1.starts_with("SUMMARY"));
+}
