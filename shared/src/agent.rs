@@ -18,7 +18,7 @@ pub mod validate;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use hooks::{HookEvent, HookKind, HookSpec};
+pub use hooks::{HookEvent, HookFailure, HookKind, HookSpec};
 pub use overrides::{RunDefaults, RunOverrides};
 pub use secrets::REDACTED;
 pub use tools::{

@@ -35,9 +35,43 @@ pub struct HookSpec {
     /// Which tools it applies to (tool events only; default all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matcher: Option<String>,
+    /// What the failure of an HTTP guard hook (`on_run_start`, `pre_tool_use`,
+    /// `pre_response`) means: an error, a timeout, an answer that is not JSON. `open` (the
+    /// default) allows; `closed` denies, so a guard cannot be passed by making it slow.
+    #[serde(default, skip_serializing_if = "HookFailure::is_open")]
+    pub fail: HookFailure,
     /// What it does.
     #[serde(flatten)]
     pub kind: HookKind,
+}
+
+/// What a guard hook's failure means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HookFailure {
+    /// The guarded action goes ahead (the run is not held hostage by a dead hook).
+    #[default]
+    Open,
+    /// The guarded action is denied: the run is blocked, the call refused, the answer replaced.
+    Closed,
+}
+
+impl HookFailure {
+    /// Whether a failure allows (the default).
+    pub fn is_open(&self) -> bool {
+        *self == Self::Open
+    }
+}
+
+impl HookEvent {
+    /// Whether a hook of this event guards something (may deny it): the run's start, a tool
+    /// call, the final answer.
+    pub fn guards(self) -> bool {
+        matches!(
+            self,
+            Self::OnRunStart | Self::PreToolUse | Self::PreResponse
+        )
+    }
 }
 
 /// What a hook does.
@@ -45,7 +79,8 @@ pub struct HookSpec {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum HookKind {
     /// POSTs the event to a URL; the JSON answer `{decision: allow|deny|modify, reason?,
-    /// arguments?, output?, text?}` decides. Errors and timeouts allow (fail-open).
+    /// arguments?, output?, text?}` decides. Errors and timeouts allow (fail-open), unless the
+    /// hook says `fail: closed`.
     Http {
         /// Where to POST.
         url: String,

@@ -305,6 +305,19 @@ fn validate_hook(i: usize, hook: &HookSpec, problems: &mut Problems) {
             );
         }
     };
+    if !hook.fail.is_open() {
+        if !matches!(hook.kind, HookKind::Http { .. }) {
+            problems.add(
+                format!("hooks[{i}].fail"),
+                "only http hooks can fail (rule and approval hooks always decide)",
+            );
+        } else if !hook.event.guards() {
+            problems.add(
+                format!("hooks[{i}].fail"),
+                "`closed` applies to guard hooks: on_run_start, pre_tool_use, pre_response",
+            );
+        }
+    }
     match &hook.kind {
         HookKind::Http {
             url, timeout_secs, ..
@@ -518,6 +531,24 @@ mod tests {
         let not_object = spec(json!({"name": "m", "model": "demo", "response_format":
             {"type": "json_schema", "schema": true}}));
         assert_eq!(not_object.validate()[0].field, "response_format.schema");
+    }
+
+    #[test]
+    fn only_http_guard_hooks_may_fail_closed() {
+        let agent = spec(json!({"name": "m", "model": "demo", "hooks": [
+            {"event": "pre_tool_use", "type": "http", "url": "https://h.example", "fail": "closed"},
+            {"event": "pre_response", "type": "http", "url": "https://h.example", "fail": "open"},
+            {"event": "post_tool_use", "type": "http", "url": "https://h.example", "fail": "closed"},
+            {"event": "pre_tool_use", "type": "approval", "fail": "closed"}]}));
+        let fields: Vec<String> = agent.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["hooks[2].fail", "hooks[3].fail"]);
+        assert_eq!(agent.hooks[0].fail, super::super::HookFailure::Closed);
+        assert!(
+            serde_json::from_value::<AgentSpec>(json!({"name": "m", "model": "demo", "hooks": [
+                {"event": "pre_tool_use", "type": "http", "url": "https://h.example", "fail": "shut"}]}))
+            .is_err(),
+            "an unknown value is refused"
+        );
     }
 
     #[test]

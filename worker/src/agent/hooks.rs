@@ -2,9 +2,10 @@
 //!
 //! Events: `on_run_start` (may block the run), `pre_tool_use` (may block a call, hold it for
 //! approval, or rewrite its arguments), `post_tool_use` (may rewrite a result), `pre_response`
-//! (may rewrite the final answer, or deny it: its `text` then answers instead), `on_run_complete` (fire and forget). Kinds: `http`
-//! (POST the event; the JSON answer decides; an error, a timeout or an unreadable answer allows:
-//! fail-open, logged), `rule` (deny a call whose arguments meet every condition; the first
+//! (may rewrite the final answer, or deny it: its `text` then answers instead), `on_run_complete`
+//! (fire and forget). Kinds: `http` (POST the event; the JSON answer decides; an error, a
+//! timeout or an unreadable answer allows: fail-open, logged; a guard hook with `fail: closed`
+//! denies instead), `rule` (deny a call whose arguments meet every condition; the first
 //! matching deny wins), `approval` (hold the call for a person). Hooks run in the order the
 //! agent lists them; an optional `matcher` (a regex over the whole tool name) limits tool hooks.
 //!
@@ -19,7 +20,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use spool_shared::agent::{AgentSpec, HookEvent, HookKind, HookSpec, RuleCondition, RuleOperator};
+use spool_shared::agent::{
+    AgentSpec, HookEvent, HookFailure, HookKind, HookSpec, RuleCondition, RuleOperator,
+};
 use spool_shared::db::runs::Run;
 
 use super::engine::Engine;
@@ -90,10 +93,12 @@ impl<'a> Hooks<'a> {
         let scope = &self.workflow;
         for (i, hook) in self.for_event(HookEvent::OnRunStart, None) {
             let event = json!({"input_text": input});
-            if let Some(answer) = self.call(i, hook, event, scope).await
-                && answer["decision"] == "deny"
-            {
-                return Some(reason(&answer, "the run was blocked by a hook"));
+            match self.call(i, hook, event, scope).await {
+                Answer::Decided(answer) if answer["decision"] == "deny" => {
+                    return Some(reason(&answer, "the run was blocked by a hook"));
+                }
+                Answer::FailedClosed => return Some(FAILED_CLOSED.to_owned()),
+                _ => {}
             }
         }
         None
@@ -124,8 +129,12 @@ impl<'a> Hooks<'a> {
                 }
                 HookKind::Http { .. } => {
                     let event = json!({"tool_name": tool, "arguments": arguments});
-                    let Some(answer) = self.call(i, hook, event, &scope).await else {
-                        continue;
+                    let answer = match self.call(i, hook, event, &scope).await {
+                        Answer::Decided(answer) => answer,
+                        Answer::FailedClosed => {
+                            return ToolDecision::Deny(FAILED_CLOSED.to_owned());
+                        }
+                        Answer::FailedOpen => continue,
                     };
                     match answer["decision"].as_str() {
                         Some("deny") => {
@@ -154,7 +163,7 @@ impl<'a> Hooks<'a> {
         let mut output = output;
         for (i, hook) in self.for_event(HookEvent::PostToolUse, Some(tool)) {
             let event = json!({"tool_name": tool, "arguments": arguments, "output": output});
-            if let Some(answer) = self.call(i, hook, event, &scope).await
+            if let Answer::Decided(answer) = self.call(i, hook, event, &scope).await
                 && answer["decision"] == "modify"
                 && let Some(rewritten) = answer["output"].as_str()
             {
@@ -170,8 +179,16 @@ impl<'a> Hooks<'a> {
         let scope = format!("{}:{step}", self.workflow);
         let mut text = text.to_owned();
         for (i, hook) in self.for_event(HookEvent::PreResponse, None) {
-            let Some(answer) = self.call(i, hook, json!({"text": text}), &scope).await else {
-                continue;
+            let answer = match self.call(i, hook, json!({"text": text}), &scope).await {
+                Answer::Decided(answer) => answer,
+                Answer::FailedClosed => {
+                    tracing::info!(
+                        hook = i,
+                        "a pre_response hook failed closed: the answer is denied"
+                    );
+                    return Err(BLOCKED_TEXT.to_owned());
+                }
+                Answer::FailedOpen => continue,
             };
             match answer["decision"].as_str() {
                 Some("deny") => {
@@ -225,22 +242,16 @@ impl<'a> Hooks<'a> {
         }
     }
 
-    /// POSTs one event to the HTTP hook at place `index`, keyed `{scope}:{event}:{index}`;
-    /// `None` (allow) on any failure.
-    async fn call(
-        &self,
-        index: usize,
-        hook: &HookSpec,
-        event: Value,
-        scope: &str,
-    ) -> Option<Value> {
+    /// POSTs one event to the HTTP hook at place `index`, keyed `{scope}:{event}:{index}`: its
+    /// answer, or its failure as the hook says to take it (open, or closed for a guard).
+    async fn call(&self, index: usize, hook: &HookSpec, event: Value, scope: &str) -> Answer {
         let HookKind::Http {
             url,
             headers,
             timeout_secs,
         } = &hook.kind
         else {
-            return None;
+            return Answer::FailedOpen;
         };
         let mut body = self.context.clone();
         body["event"] = serde_json::to_value(hook.event).unwrap_or(Value::Null);
@@ -258,28 +269,41 @@ impl<'a> Hooks<'a> {
             headers,
         };
         let call = http::call(self.clients, &self.identity, &tool, &body, &key);
-        match tokio::time::timeout(Duration::from_secs(u64::from(*timeout_secs)), call).await {
-            Ok(output) if !output.is_error => {
-                match serde_json::from_str::<Value>(&output.content) {
-                    Ok(answer) => Some(answer),
-                    Err(_) => {
-                        tracing::warn!(hook.index = index, hook.host = %host,
-                            "hook answered something that is not JSON; allowing");
-                        None
+        let failure =
+            match tokio::time::timeout(Duration::from_secs(u64::from(*timeout_secs)), call).await {
+                Ok(output) if !output.is_error => {
+                    match serde_json::from_str::<Value>(&output.content) {
+                        Ok(answer) => return Answer::Decided(answer),
+                        Err(_) => "answered something that is not JSON".to_owned(),
                     }
                 }
-            }
-            Ok(output) => {
-                tracing::warn!(hook.index = index, hook.host = %host, error = %output.content,
-                    "hook failed; allowing");
-                None
-            }
-            Err(_) => {
-                tracing::warn!(hook.index = index, hook.host = %host, "hook timed out; allowing");
-                None
-            }
+                Ok(output) => format!("failed: {}", output.content),
+                Err(_) => "timed out".to_owned(),
+            };
+        // Only a guard can fail closed (validated at save); any other hook's failure allows.
+        let closed = hook.fail == HookFailure::Closed && hook.event.guards();
+        let then = if closed { "denying" } else { "allowing" };
+        tracing::warn!(hook.index = index, hook.host = %host, failure, "hook failed; {then}");
+        if closed {
+            Answer::FailedClosed
+        } else {
+            Answer::FailedOpen
         }
     }
+}
+
+/// What a guard that failed closed says to the model or the run.
+const FAILED_CLOSED: &str =
+    "a guard hook could not decide (it failed or timed out) and fails closed; denied";
+
+/// An HTTP hook's answer, or its failure as the hook takes it.
+enum Answer {
+    /// It answered this JSON.
+    Decided(Value),
+    /// It failed, and its failure allows.
+    FailedOpen,
+    /// It failed, and its failure denies (`fail: closed` on a guard).
+    FailedClosed,
 }
 
 /// A hook with its matcher compiled once for the run.

@@ -215,6 +215,51 @@ async fn failing_or_dead_http_hooks_fail_open() {
 }
 
 #[tokio::test]
+async fn guard_hooks_that_fail_closed_deny_the_call_the_run_and_the_answer() {
+    let fake = weather_model().await;
+    let (tools, base) = Tools::start().await;
+    let (_, broken) = hook_server(|_| (500, json!({"decision": "allow"}))).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let app = Harness::start(&fake).await;
+    // A failing pre_tool_use guard: the call is not made, the model is told, the run goes on;
+    // and the answer's failing pre_response guard replaces it.
+    let agent = app
+        .create_agent(&json!({"name": "closed", "model": "gpt-4o-mini",
+        "tools": [http_tool("get_weather", format!("{base}/weather"))],
+        "hooks": [{"event": "pre_tool_use", "type": "http", "url": broken, "fail": "closed"},
+                  {"event": "pre_response", "type": "http", "url": format!("http://{dead}/hook"),
+                   "timeout_secs": 1, "fail": "closed"}]}))
+        .await;
+    let (thread, accepted) = app.ask(&agent, "weather?").await;
+    assert_eq!(app.finished(&accepted).await["status"], "completed");
+    assert!(
+        tools.calls().is_empty(),
+        "a guard that failed closed denies the call"
+    );
+    let seen = last_tool_message(&fake);
+    assert!(seen.contains("fails closed"), "{seen}");
+    let page = app.messages(thread).await;
+    assert_eq!(
+        page["messages"][1]["content"],
+        "Sorry, I can't help with that."
+    );
+    assert_eq!(page["messages"][1]["blocked"], true);
+    // A failing on_run_start guard blocks the run before any model call.
+    let asked = fake.requests().len();
+    let gate = app
+        .create_agent(&json!({"name": "gate", "model": "gpt-4o-mini",
+        "hooks": [{"event": "on_run_start", "type": "http", "url": broken, "fail": "closed"}]}))
+        .await;
+    let (_, accepted) = app.ask(&gate, "hello").await;
+    let run = app.finished(&accepted).await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["error"]["code"], "blocked_by_hook");
+    assert_eq!(fake.requests().len(), asked, "no model call");
+}
+
+#[tokio::test]
 async fn on_run_start_can_block_the_run_before_any_model_call() {
     let fake = weather_model().await;
     let (_, hook) = hook_server(|event| {
