@@ -86,6 +86,14 @@ impl ToolSpec {
             Self::Agent(t) => &t.name,
         }
     }
+
+    /// The MCP server, if this is one.
+    pub fn as_mcp(&self) -> Option<&McpToolSpec> {
+        match self {
+            Self::Mcp(t) => Some(t),
+            _ => None,
+        }
+    }
 }
 
 /// An HTTP tool.

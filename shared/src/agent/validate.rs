@@ -209,6 +209,23 @@ impl AgentSpec {
                     ),
                 );
             }
+            // Two servers whose names make the same `{name}_{tool}` from different tools
+            // (`gh` + `admin_delete`, `gh_admin` + `delete`): each prefix must not start
+            // with another's followed by `_`.
+            if let ToolSpec::Mcp(_) = tool
+                && let Some(other) = mcp_prefixes
+                    .iter()
+                    .find(|p| **p != name && name.starts_with(&format!("{p}_")))
+            {
+                problems.add(
+                    format!("tools[{i}].name"),
+                    format!(
+                        "the tools of MCP server `{name}` (`{name}_*`) could take the names of \
+                         those of MCP server `{other}` (`{other}_*`): neither name may start \
+                         with the other's followed by `_`"
+                    ),
+                );
+            }
             match tool {
                 ToolSpec::Http(t) => {
                     check_schema(&t.parameters, &format!("tools[{i}].parameters"), problems);
@@ -451,7 +468,9 @@ impl RunOverrides {
     }
 }
 
-fn valid_tool_name(name: &str) -> bool {
+/// Whether `name` is a name providers accept for a tool: 1 to 64 characters of a-z, A-Z, 0-9,
+/// `_` or `-` (the worker checks the names MCP servers give their tools with it too).
+pub fn valid_tool_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()
@@ -531,6 +550,20 @@ mod tests {
         let not_object = spec(json!({"name": "m", "model": "demo", "response_format":
             {"type": "json_schema", "schema": true}}));
         assert_eq!(not_object.validate()[0].field, "response_format.schema");
+    }
+
+    #[test]
+    fn mcp_servers_whose_names_make_the_same_tool_names_are_refused_at_save() {
+        let agent = spec(json!({"name": "m", "model": "demo",
+            "tools": [{"type": "mcp", "name": "gh", "url": "https://a.example/mcp"},
+                      {"type": "mcp", "name": "gh_admin", "url": "https://b.example/mcp"},
+                      {"type": "mcp", "name": "ghx", "url": "https://c.example/mcp"}]}));
+        let fields: Vec<String> = agent.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["tools[1].name"]);
+        let fine = spec(json!({"name": "m", "model": "demo",
+            "tools": [{"type": "mcp", "name": "gh_admin", "url": "https://b.example/mcp"},
+                      {"type": "mcp", "name": "ghx", "url": "https://c.example/mcp"}]}));
+        assert_eq!(fine.validate(), []);
     }
 
     #[test]

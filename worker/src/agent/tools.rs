@@ -9,12 +9,18 @@
 //! tool timeout, each result cut at [`MAX_RESULT_CHARS`] characters with a marker. Every
 //! call carries the idempotency key `{workflow_id}:{step}:{tool_call_id}` ([`idempotency_key`]),
 //! so a call repeated by a new attempt after a crash can be de-duplicated by the tool.
+//!
+//! What must stay true: the names the model sees are unique. The agent's own tools are
+//! validated at save; a discovered tool whose name is not one a provider accepts, or is taken
+//! (by one of the agent's tools or an earlier server's), is dropped and logged. Every lookup
+//! by name ([`ToolSet::find`]: classification, approval, execution) goes through one index,
+//! so a call is approved and executed as the same tool.
 
 pub mod http;
 pub mod identity;
 pub mod mcp;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -22,6 +28,7 @@ use serde_json::{Value, json};
 use tracing::Instrument as _;
 
 use spool_shared::WorkflowId;
+use spool_shared::agent::validate::valid_tool_name;
 use spool_shared::agent::{AgentSpec, McpToolSpec, ToolChoice, ToolSpec};
 use spool_shared::db::steps;
 
@@ -79,6 +86,8 @@ pub fn idempotency_key(workflow: WorkflowId, step: u32, tool_call_id: &str) -> S
 /// The tools of one attempt.
 pub(crate) struct ToolSet {
     tools: Vec<Tool>,
+    /// Each tool's place in `tools`, by its name (unique): the one lookup of a tool by name.
+    index: HashMap<String, usize>,
     /// Who the calls act for.
     identity: Identity,
 }
@@ -104,12 +113,24 @@ pub(crate) enum Kind {
 
 impl ToolSet {
     /// The agent's HTTP tools, and the tools of its MCP servers (a server that cannot be
-    /// reached only removes its own tools).
+    /// reached only removes its own tools); a discovered tool whose name is invalid or taken
+    /// is dropped (and logged), so every name is unique.
     pub(crate) async fn build(engine: &Engine, spec: &AgentSpec, identity: Identity) -> Self {
-        let mut tools = Vec::new();
+        // The agent's own tools keep their names, whatever a server discovers.
+        let own: HashSet<&str> = spec
+            .tools
+            .iter()
+            .filter(|t| t.as_mcp().is_none())
+            .map(ToolSpec::name)
+            .collect();
+        let mut set = Self {
+            tools: Vec::new(),
+            index: HashMap::new(),
+            identity,
+        };
         for tool in &spec.tools {
             match tool {
-                ToolSpec::Http(http) => tools.push(Tool {
+                ToolSpec::Http(http) => set.push(Tool {
                     def: ToolDef {
                         name: http.name.clone(),
                         description: http.description.clone(),
@@ -119,8 +140,25 @@ impl ToolSet {
                     requires_approval: http.requires_approval,
                     kind: Kind::Http(http.clone()),
                 }),
-                ToolSpec::Mcp(mcp) => tools.extend(mcp_tools(engine, mcp, &identity).await),
-                ToolSpec::Client(client) => tools.push(Tool {
+                ToolSpec::Mcp(mcp) => {
+                    for tool in mcp_tools(engine, mcp, &set.identity).await {
+                        let name = &tool.def.name;
+                        let taken = own.contains(name.as_str()) || set.index.contains_key(name);
+                        if !valid_tool_name(name) || taken {
+                            let why = if taken {
+                                "taken"
+                            } else {
+                                "not a valid tool name"
+                            };
+                            let name: String = name.chars().take(100).collect();
+                            tracing::warn!(mcp.server = %mcp.name, tool.name = %name, why,
+                                "an MCP server's tool is dropped: its name is {why}");
+                            continue;
+                        }
+                        set.push(tool);
+                    }
+                }
+                ToolSpec::Client(client) => set.push(Tool {
                     def: ToolDef {
                         name: client.name.clone(),
                         description: client.description.clone(),
@@ -130,7 +168,7 @@ impl ToolSet {
                     requires_approval: client.requires_approval,
                     kind: Kind::Client,
                 }),
-                ToolSpec::Agent(agent) => tools.push(Tool {
+                ToolSpec::Agent(agent) => set.push(Tool {
                     def: ToolDef {
                         name: agent.name.clone(),
                         description: agent.description.clone(),
@@ -142,7 +180,13 @@ impl ToolSet {
                 }),
             }
         }
-        Self { tools, identity }
+        set
+    }
+
+    /// Adds a tool whose name no other tool has.
+    fn push(&mut self, tool: Tool) {
+        self.index.insert(tool.def.name.clone(), self.tools.len());
+        self.tools.push(tool);
     }
 
     /// The tools offered at `step` and the tool choice, as the step's rules resolve
@@ -170,9 +214,10 @@ impl ToolSet {
         (offered, choice)
     }
 
-    /// The tool of this name, if the agent has one.
+    /// The tool of this name, if the run has one: the one lookup by name, for classification,
+    /// approval and execution alike.
     pub(crate) fn find(&self, name: &str) -> Option<&Tool> {
-        self.tools.iter().find(|tool| tool.def.name == name)
+        self.index.get(name).map(|&i| &self.tools[i])
     }
 
     /// Executes calls of one step in the order the model gave them, consecutive read-only
@@ -184,12 +229,7 @@ impl ToolSet {
         calls: &[&ToolCall],
         parallel: usize,
     ) -> Vec<Timed> {
-        let by_name: HashMap<&str, &Tool> = self
-            .tools
-            .iter()
-            .map(|tool| (tool.def.name.as_str(), tool))
-            .collect();
-        let tool_of = |call: &ToolCall| by_name.get(call.name.as_str()).copied();
+        let tool_of = |call: &ToolCall| self.find(&call.name);
         let read_only = |call: &ToolCall| tool_of(call).is_some_and(|tool| tool.read_only);
         // Program order, except that a run of consecutive read-only calls goes at once: a read
         // never overtakes the write the model asked for before it.

@@ -12,6 +12,7 @@ mod hostile_provider;
 mod identity;
 mod limits;
 mod mcp;
+mod mcp_tools;
 mod provider;
 mod providers;
 mod quotas;
