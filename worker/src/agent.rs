@@ -203,7 +203,7 @@ impl<'a> Loop<'a> {
             let failure = RunFailure::new(FailureCode::BlockedByHook, reason);
             return Err(LoopEnd::Failed(Box::new(failure), answer).into());
         }
-        let tools = ToolSet::build(a.engine, &spec, a.engine.identity(a.claimed.run())).await;
+        let tools = ToolSet::for_attempt(a, &spec).await?;
         let spent = limits::charge(a, Usage::default()).await?;
         let screened = hooks.has(HookEvent::PreResponse);
         let state = Self {

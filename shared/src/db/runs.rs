@@ -507,6 +507,20 @@ pub async fn request_cancel(
     Ok(row.map(|(status,)| status))
 }
 
+/// The tools the run's MCP servers offered its first attempt, by server (`None`: not
+/// discovered yet), as [`Claimed::save_mcp_tools`] kept them.
+pub async fn mcp_tools(
+    executor: impl PgExecutor<'_>,
+    id: WorkflowId,
+) -> sqlx::Result<Option<serde_json::Value>> {
+    let tools: Option<Option<Json<serde_json::Value>>> =
+        sqlx::query_scalar("SELECT mcp_tools FROM runs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(executor)
+            .await?;
+    Ok(tools.flatten().map(|tools| tools.0))
+}
+
 /// Cancels a run that no worker holds (queued or paused), with its message (the text of its
 /// saved steps). Returns the attempt whose stream it ends, or `None` if a worker holds it now.
 pub async fn cancel_unclaimed(

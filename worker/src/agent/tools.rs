@@ -10,6 +10,11 @@
 //! call carries the idempotency key `{workflow_id}:{step}:{tool_call_id}` ([`idempotency_key`]),
 //! so a call repeated by a new attempt after a crash can be de-duplicated by the tool.
 //!
+//! MCP servers are discovered by a run's first attempt, all at once within one tool timeout
+//! (a dead server only removes its own tools), and what they offered is kept with the run
+//! ([`McpTools`]): later attempts (after a crash, a pause, a wait for agent runs) offer the same
+//! tools at once and connect to a server only when one of its tools is called.
+//!
 //! What must stay true: the names the model sees are unique. The agent's own tools are
 //! validated at save; a discovered tool whose name is not one a provider accepts, or is taken
 //! (by one of the agent's tools or an earlier server's), is dropped and logged. Every lookup
@@ -20,7 +25,7 @@ pub mod http;
 pub mod identity;
 pub mod mcp;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -30,13 +35,14 @@ use tracing::Instrument as _;
 use spool_shared::WorkflowId;
 use spool_shared::agent::validate::valid_tool_name;
 use spool_shared::agent::{AgentSpec, McpToolSpec, ToolChoice, ToolSpec};
-use spool_shared::db::steps;
+use spool_shared::db::{runs, steps};
 
+use super::answer::{Exit, LoopEnd};
 use super::context::Attempt;
 use super::engine::Engine;
 use super::llm::{Choice, ToolCall, ToolDef};
 use identity::Identity;
-use mcp::{McpServer, McpSession};
+use mcp::{McpServer, McpSession, McpTool};
 
 pub use spool_shared::db::steps::MAX_RESULT_CHARS;
 
@@ -106,17 +112,84 @@ pub(crate) enum Kind {
     Agent(spool_shared::agent::AgentToolSpec),
     Http(spool_shared::agent::HttpToolSpec),
     Mcp {
-        session: Arc<McpSession>,
+        server: Arc<Server>,
         remote: String,
     },
 }
 
+/// What each MCP server of a run offered when its first attempt discovered them, by the
+/// server's name (its tools' prefix); a server that could not be reached offered nothing. Kept
+/// with the run (`runs.mcp_tools`) for its later attempts.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct McpTools(BTreeMap<String, Vec<McpTool>>);
+
+/// One MCP server of a run, and its session once one is open: from the discovery, or, in a
+/// later attempt, from the first call of one of its tools.
+pub(crate) struct Server {
+    spec: McpToolSpec,
+    session: tokio::sync::OnceCell<McpSession>,
+}
+
+impl Server {
+    /// The server's session, connected now if none is open (an error says why it cannot be).
+    async fn session(&self, engine: &Engine, identity: &Identity) -> anyhow::Result<&McpSession> {
+        self.session
+            .get_or_try_init(|| async {
+                let (session, _) = McpSession::connect(
+                    &self.address(),
+                    &engine.http,
+                    identity,
+                    engine.tool_timeout,
+                )
+                .await?;
+                Ok(session)
+            })
+            .await
+    }
+
+    fn address(&self) -> McpServer<'_> {
+        McpServer {
+            prefix: &self.spec.name,
+            url: &self.spec.url,
+            headers: &self.spec.headers,
+        }
+    }
+}
+
 impl ToolSet {
-    /// The agent's HTTP tools, and the tools of its MCP servers (a server that cannot be
-    /// reached only removes its own tools); a discovered tool whose name is invalid or taken
-    /// is dropped (and logged), so every name is unique.
-    pub(crate) async fn build(engine: &Engine, spec: &AgentSpec, identity: Identity) -> Self {
-        // The agent's own tools keep their names, whatever a server discovers.
+    /// The tools of this attempt of the run: the agent's own, and those of its MCP servers,
+    /// as the run's first attempt discovered them (discovered now, and kept with the run, if
+    /// this is that attempt). Ends the loop if the lease is lost.
+    pub(crate) async fn for_attempt(a: &Attempt<'_>, spec: &AgentSpec) -> Result<Self, Exit> {
+        let run = a.claimed.run();
+        let identity = a.engine.identity(run);
+        let servers: Vec<&McpToolSpec> = spec.tools.iter().filter_map(ToolSpec::as_mcp).collect();
+        if servers.is_empty() {
+            return Ok(Self::build(spec, identity, McpTools::default(), Vec::new()));
+        }
+        let kept = runs::mcp_tools(a.db, run.id).await?;
+        let kept = kept.and_then(|tools| serde_json::from_value::<McpTools>(tools).ok());
+        if let Some(kept) = kept {
+            return Ok(Self::build(spec, identity, kept, Vec::new()));
+        }
+        let (found, sessions) = discover(a.engine, &servers, &identity).await;
+        let value = serde_json::to_value(&found).map_err(anyhow::Error::from)?;
+        if a.claimed.save_mcp_tools(a.db, &value).await?.is_lost() {
+            return Err(LoopEnd::LeaseLost.into());
+        }
+        Ok(Self::build(spec, identity, found, sessions))
+    }
+
+    /// The agent's tools in its order, each MCP server's discovered tools in its place (with
+    /// the session `sessions` holds for it, if any); a discovered tool whose name is invalid
+    /// or taken is dropped (and logged), so every name is unique.
+    fn build(
+        spec: &AgentSpec,
+        identity: Identity,
+        mut found: McpTools,
+        mut sessions: Vec<(String, McpSession)>,
+    ) -> Self {
+        // The agent's own tools keep their names, whatever a server discovers later.
         let own: HashSet<&str> = spec
             .tools
             .iter()
@@ -129,8 +202,8 @@ impl ToolSet {
             identity,
         };
         for tool in &spec.tools {
-            match tool {
-                ToolSpec::Http(http) => set.push(Tool {
+            let tool = match tool {
+                ToolSpec::Http(http) => Tool {
                     def: ToolDef {
                         name: http.name.clone(),
                         description: http.description.clone(),
@@ -139,26 +212,48 @@ impl ToolSet {
                     read_only: http.read_only,
                     requires_approval: http.requires_approval,
                     kind: Kind::Http(http.clone()),
-                }),
+                },
                 ToolSpec::Mcp(mcp) => {
-                    for tool in mcp_tools(engine, mcp, &set.identity).await {
-                        let name = &tool.def.name;
-                        let taken = own.contains(name.as_str()) || set.index.contains_key(name);
-                        if !valid_tool_name(name) || taken {
+                    let session = sessions
+                        .iter()
+                        .position(|(name, _)| *name == mcp.name)
+                        .map(|i| sessions.swap_remove(i).1);
+                    let server = Arc::new(Server {
+                        spec: mcp.clone(),
+                        session: tokio::sync::OnceCell::new_with(session),
+                    });
+                    let discovered = found.0.remove(&mcp.name).unwrap_or_default();
+                    for found in discovered {
+                        let taken = own.contains(found.name.as_str())
+                            || set.index.contains_key(&found.name);
+                        if !valid_tool_name(&found.name) || taken {
                             let why = if taken {
                                 "taken"
                             } else {
                                 "not a valid tool name"
                             };
-                            let name: String = name.chars().take(100).collect();
+                            let name: String = found.name.chars().take(100).collect();
                             tracing::warn!(mcp.server = %mcp.name, tool.name = %name, why,
                                 "an MCP server's tool is dropped: its name is {why}");
                             continue;
                         }
-                        set.push(tool);
+                        set.push(Tool {
+                            def: ToolDef {
+                                name: found.name,
+                                description: found.description,
+                                parameters: found.parameters,
+                            },
+                            read_only: found.read_only,
+                            requires_approval: mcp.requires_approval,
+                            kind: Kind::Mcp {
+                                server: server.clone(),
+                                remote: found.remote_name,
+                            },
+                        });
                     }
+                    continue;
                 }
-                ToolSpec::Client(client) => set.push(Tool {
+                ToolSpec::Client(client) => Tool {
                     def: ToolDef {
                         name: client.name.clone(),
                         description: client.description.clone(),
@@ -167,8 +262,8 @@ impl ToolSet {
                     read_only: false,
                     requires_approval: client.requires_approval,
                     kind: Kind::Client,
-                }),
-                ToolSpec::Agent(agent) => set.push(Tool {
+                },
+                ToolSpec::Agent(agent) => Tool {
                     def: ToolDef {
                         name: agent.name.clone(),
                         description: agent.description.clone(),
@@ -177,8 +272,9 @@ impl ToolSet {
                     read_only: false,
                     requires_approval: agent.requires_approval,
                     kind: Kind::Agent(agent.clone()),
-                }),
-            }
+                },
+            };
+            set.push(tool);
         }
         set
     }
@@ -336,10 +432,23 @@ impl ToolSet {
                 }
                 Kind::Client => ToolOutput::error("client tools are executed by the client"),
                 Kind::Agent(_) => ToolOutput::error("agent tools are answered by child runs"),
-                Kind::Mcp { session, remote } => {
-                    session
-                        .call(remote, arguments, &key, engine.tool_timeout)
-                        .await
+                Kind::Mcp { server, remote } => {
+                    match server.session(engine, &self.identity).await {
+                        Ok(session) => {
+                            session
+                                .call(remote, arguments, &key, engine.tool_timeout)
+                                .await
+                        }
+                        Err(err) => {
+                            let error = without_urls(&format!("{err:#}"), &server.spec.url);
+                            tracing::warn!(mcp.server = %server.spec.name, error,
+                                "MCP server unavailable for a call");
+                            ToolOutput::error(format!(
+                                "the MCP server `{}` cannot be reached now",
+                                server.spec.name
+                            ))
+                        }
+                    }
                 }
             }
         };
@@ -353,41 +462,41 @@ impl ToolSet {
     }
 }
 
-/// The tools an MCP server offers, discovered now; none if it cannot be reached, answers
-/// wrongly or is refused by the network policy (logged: a dead server only removes its tools).
-async fn mcp_tools(engine: &Engine, mcp: &McpToolSpec, identity: &Identity) -> Vec<Tool> {
-    let server = McpServer {
-        prefix: &mcp.name,
-        url: &mcp.url,
-        headers: &mcp.headers,
-    };
-    let (session, discovered) =
-        match McpSession::connect(&server, &engine.http, identity, engine.tool_timeout).await {
-            Ok(connected) => connected,
+/// The tools each of `servers` offers, discovered now, all at once within one tool timeout,
+/// with the sessions opened; a server that cannot be reached, answers wrongly or is refused by
+/// the network policy offers nothing (logged: a dead server only removes its tools).
+async fn discover(
+    engine: &Engine,
+    servers: &[&McpToolSpec],
+    identity: &Identity,
+) -> (McpTools, Vec<(String, McpSession)>) {
+    let connects = servers.iter().map(|mcp| async move {
+        let server = McpServer {
+            prefix: &mcp.name,
+            url: &mcp.url,
+            headers: &mcp.headers,
+        };
+        let connected =
+            McpSession::connect(&server, &engine.http, identity, engine.tool_timeout).await;
+        (*mcp, connected)
+    });
+    let mut found = McpTools::default();
+    let mut sessions = Vec::new();
+    for (mcp, connected) in futures::future::join_all(connects).await {
+        match connected {
+            Ok((session, tools)) => {
+                found.0.insert(mcp.name.clone(), tools);
+                sessions.push((mcp.name.clone(), session));
+            }
             Err(err) => {
                 let error = without_urls(&format!("{err:#}"), &mcp.url);
                 tracing::warn!(mcp.server = %mcp.name, error,
                     "MCP server unavailable; running without its tools");
-                return Vec::new();
+                found.0.insert(mcp.name.clone(), Vec::new());
             }
-        };
-    let session = Arc::new(session);
-    discovered
-        .into_iter()
-        .map(|found| Tool {
-            def: ToolDef {
-                name: found.name,
-                description: found.description,
-                parameters: found.parameters,
-            },
-            read_only: found.read_only,
-            requires_approval: mcp.requires_approval,
-            kind: Kind::Mcp {
-                session: session.clone(),
-                remote: found.remote_name,
-            },
-        })
-        .collect()
+        }
+    }
+    (found, sessions)
 }
 
 /// Cuts a result over [`MAX_RESULT_CHARS`] characters, saying how much was cut.

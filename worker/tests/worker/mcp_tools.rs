@@ -1,9 +1,11 @@
 //! An agent's MCP servers in the loop, against real rmcp servers on loopback whose tools a test
 //! names: discovered tools with invalid or taken names are dropped and one lookup decides both
-//! a call's approval and which server runs it.
+//! a call's approval and which server runs it; servers are discovered all at once within one
+//! tool timeout; a later attempt offers what the first discovered without discovering again.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use rmcp::model::{
@@ -16,9 +18,11 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
-use spool_shared::AgentId;
 use spool_shared::agent::AgentSpec;
-use spool_shared::db::agents;
+use spool_shared::db::steps::{self, SavedStep};
+use spool_shared::db::{agents, runs};
+use spool_shared::status::RunStatus;
+use spool_shared::{AgentId, WorkflowId};
 use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
 
 use crate::harness::Harness;
@@ -150,5 +154,122 @@ async fn a_discovered_name_that_is_invalid_or_taken_is_dropped_and_one_tool_is_a
     assert!(
         admin_server.calls().is_empty(),
         "the other server never ran it"
+    );
+}
+
+#[tokio::test]
+async fn mcp_servers_are_discovered_at_once_within_one_tool_timeout() {
+    // Three servers that accept and never answer: each takes the whole tool timeout.
+    let mut urls = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        urls.push(format!(
+            "http://{}/mcp",
+            listener.local_addr().expect("addr")
+        ));
+        held.push(tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        }));
+    }
+    let fake = FakeLlm::start(|_, _| fake_llm::text("fine without them", 1)).await;
+    let app = Harness::start_with(&fake.base_url, &["--tool-timeout-secs", "1"]).await;
+    let tools: Vec<Value> = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| json!({"type": "mcp", "name": format!("s{i}"), "url": url}))
+        .collect();
+    let agent = app
+        .create_agent(&json!({"name": "slow", "model": "gpt-4o-mini", "tools": tools}))
+        .await;
+    let started = Instant::now();
+    let (_, accepted) = app.ask(&agent, "hi").await;
+    let run = app.finished(&accepted).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(2_500),
+        "three servers one after the other would take 3 s: {took:?}"
+    );
+    for task in held {
+        task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_later_attempt_offers_what_the_first_discovered_and_connects_only_to_call() {
+    // Step 1 asks the client; once it answers, step 2 calls the MCP tool.
+    let (url, server) = named(&["add"]).await;
+    // How many times the server had listed its tools when the resumed attempt asked the model.
+    let at_resume = Arc::new(AtomicUsize::new(usize::MAX));
+    let (lists, seen) = (server.lists.clone(), at_resume.clone());
+    let fake = FakeLlm::start(move |request, _| match tool_results_in(request) {
+        0 => fake_llm::tool_calls(&[("call_ask", "ask_user", "{}")]),
+        1 => {
+            seen.store(lists.load(Ordering::SeqCst), Ordering::SeqCst);
+            fake_llm::tool_calls(&[("call_add", "calc_add", "{}")])
+        }
+        _ => fake_llm::text("done", 1),
+    })
+    .await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "paused", "model": "gpt-4o-mini",
+            "tools": [{"type": "mcp", "name": "calc", "url": url},
+                      {"type": "client", "name": "ask_user"}]}))
+        .await;
+    let (_, accepted) = app.ask(&agent, "add").await;
+    let paused = app.run_until(&accepted, |s| s == "requires_action").await;
+    assert_eq!(paused["status"], "requires_action", "{paused}");
+    assert_eq!(server.lists.load(Ordering::SeqCst), 1, "discovered once");
+    let id: WorkflowId = serde_json::from_value(accepted["workflow_id"].clone()).expect("id");
+    let kept = runs::mcp_tools(&app.db.pool, id).await.expect("read");
+    assert_eq!(
+        kept.as_ref().and_then(|k| k["calc"][0]["name"].as_str()),
+        Some("calc_add"),
+        "{kept:?}"
+    );
+
+    // The client answers (as the API would); the next attempt goes on from the kept tools.
+    let mut tx = app.db.pool.begin().await.expect("begin");
+    let step = steps::last_for_update(&mut *tx, id)
+        .await
+        .expect("step")
+        .expect("a saved step");
+    let mut data: SavedStep = step.data.0;
+    data.answer_client(vec![("call_ask".to_owned(), "4".to_owned())])
+        .expect("answer");
+    steps::replace(&mut *tx, id, step.step, &data)
+        .await
+        .expect("replace");
+    let resumed = runs::resume(&mut *tx, id, RunStatus::RequiresAction, None)
+        .await
+        .expect("resume");
+    assert!(resumed);
+    tx.commit().await.expect("commit");
+
+    let run = app.finished(&accepted).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(
+        at_resume.load(Ordering::SeqCst),
+        1,
+        "the resumed attempt offered the kept tools without discovering them again"
+    );
+    assert_eq!(server.calls(), ["add"], "the call reached the server");
+    assert_eq!(
+        server.lists.load(Ordering::SeqCst),
+        2,
+        "one more list only as the session opened for the call"
+    );
+    let requests = fake.requests();
+    assert_eq!(
+        offered(&requests[0]),
+        offered(&requests[1]),
+        "the same tools"
     );
 }

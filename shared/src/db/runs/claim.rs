@@ -9,7 +9,8 @@
 //!   each tenant's oldest, the tenant with the fewest running runs first (a batch takes turns
 //!   between tenants), so one tenant's backlog never starves another tenant's run.
 //! - `attempt` is the fencing token, and [`Claimed`] is the handle of the attempt that holds
-//!   it: its methods (`save_step`, `pause`, `wait_for_children`, `finish`, `release`) are the
+//!   it: its methods (`save_step`, `save_mcp_tools`, `pause`, `wait_for_children`, `finish`,
+//!   `release`) are the
 //!   only writes a worker makes to its run after the claim, and each binds the attempt and
 //!   says `WHERE id = $1 AND attempt = $2 AND status = 'running'`. Once another worker has
 //!   reclaimed the run, the old worker's writes match no row and come back [`Fence::Lost`]
@@ -193,6 +194,25 @@ impl Claimed {
         db::notify_runs(&mut *tx).await?;
         tx.commit().await?;
         Ok(Wait::Waiting)
+    }
+
+    /// Keeps the tools the run's MCP servers offered (`tools`, by server) for the run's later
+    /// attempts, which offer the same ones without discovering them again.
+    pub async fn save_mcp_tools(
+        &self,
+        executor: impl PgExecutor<'_>,
+        tools: &Value,
+    ) -> sqlx::Result<Fence> {
+        let saved = sqlx::query(
+            "UPDATE runs SET mcp_tools = $3
+              WHERE id = $1 AND attempt = $2 AND status = 'running'",
+        )
+        .bind(self.run.id)
+        .bind(self.run.attempt)
+        .bind(db::storable(tools)?)
+        .execute(executor)
+        .await?;
+        Ok(Fence::of(saved.rows_affected() == 1))
     }
 
     /// Ends the run and writes its assistant message, in one statement: the message is

@@ -62,8 +62,9 @@ pub struct McpServer<'a> {
     pub headers: &'a BTreeMap<String, String>,
 }
 
-/// A tool discovered on an MCP server, as the model will see it.
-#[derive(Clone, Debug, PartialEq)]
+/// A tool discovered on an MCP server, as the model will see it (kept with the run, so its
+/// later attempts offer the same tools: see `ToolSet`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct McpTool {
     /// The name shown to the model: `{prefix}_{remote_name}`.
     pub name: String,

@@ -10,7 +10,7 @@ use crate::agent::AgentSpec;
 use crate::db::enqueue::{NewMessage, enqueue};
 use crate::db::messages;
 use crate::db::page::Scope;
-use crate::db::runs::{NewChild, children, find, find_in, request_cancel, resume};
+use crate::db::runs::{NewChild, children, find, find_in, mcp_tools, request_cancel, resume};
 use crate::db::threads::Owner;
 use crate::ids::{AgentId, ThreadId};
 use crate::run::PendingCall;
@@ -398,6 +398,8 @@ async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
         !summary.expect("summary"),
         "a stale attempt stores no summary"
     );
+    let tools = a.save_mcp_tools(pool, &json!({"gh": []})).await;
+    assert_eq!(tools.expect("tools"), Fence::Lost);
     // Asked to cancel meanwhile: the stale attempt's wait still hears only that its lease is
     // lost, and starts no child. (A wait that locked the row whatever its attempt would find
     // the request instead; the step's save, which comes next, has a fence of its own.)
@@ -431,6 +433,11 @@ async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
         .await
         .expect("hb");
     assert_eq!(renewed.len(), 1);
+    // The attempt that holds the run keeps its MCP servers' tools for its later attempts.
+    let kept = b.save_mcp_tools(pool, &json!({"gh": []})).await;
+    assert_eq!(kept.expect("tools"), Fence::Held);
+    let tools = mcp_tools(pool, id).await.expect("tools");
+    assert_eq!(tools, Some(json!({"gh": []})));
     assert_eq!(
         b.finish(pool, &completed("fresh")).await.expect("finish"),
         Fence::Held
