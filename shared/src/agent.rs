@@ -247,12 +247,30 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 1_000_000)]
     pub max_output_tokens: Option<u32>,
-    /// How deep a run of this agent may nest agent calls (0 to 10, default 3): a call of an
-    /// agent tool from a run at this depth is refused with a tool error.
+    /// How many levels of agent calls a run of this agent may start below itself (0 to 10,
+    /// default 3); a child run gets the smaller of its own agent's and what its caller has left.
+    /// A call past it is refused with a tool error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 10, default = 3)]
     pub max_call_depth: Option<u32>,
+    /// Agent tool calls one step may start at once (1 to 64, default 8); the calls past it are
+    /// answered with a tool error and the run goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 64, default = 8)]
+    pub max_agent_calls_per_step: Option<u32>,
+    /// Agent runs one root run's tree may hold in all, at every depth (1 to 1000, default 50);
+    /// a child run gets the smaller of its own agent's and its caller's. The calls past it are
+    /// answered with a tool error and the run goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1000, default = 50)]
+    pub max_tree_runs: Option<u32>,
 }
+
+/// Agent calls one step may start when `limits.max_agent_calls_per_step` is unset.
+pub const DEFAULT_MAX_AGENT_CALLS_PER_STEP: u32 = 8;
+
+/// Agent runs one root run's tree may hold when `limits.max_tree_runs` is unset.
+pub const DEFAULT_MAX_TREE_RUNS: u32 = 50;
 
 /// Read-only tool calls of a step that run at once when `limits.max_parallel_tools` is unset.
 pub const DEFAULT_MAX_PARALLEL_TOOLS: u32 = 8;
@@ -269,9 +287,37 @@ impl Limits {
             .unwrap_or(DEFAULT_HUMAN_TIMEOUT_SECS)
     }
 
-    /// How deep agent calls may nest.
+    /// How many levels of agent calls may nest below a run.
     pub fn call_depth(&self) -> u32 {
         self.max_call_depth.unwrap_or(DEFAULT_MAX_CALL_DEPTH)
+    }
+
+    /// How many agent calls one step may start.
+    pub fn agent_calls_per_step(&self) -> u32 {
+        self.max_agent_calls_per_step
+            .unwrap_or(DEFAULT_MAX_AGENT_CALLS_PER_STEP)
+    }
+
+    /// How many agent runs a root run's tree may hold.
+    pub fn tree_runs(&self) -> u32 {
+        self.max_tree_runs.unwrap_or(DEFAULT_MAX_TREE_RUNS)
+    }
+
+    /// The limits of a child run started by a run with limits `caller` (as that run executes
+    /// them), `caller_left` seconds before the caller's time limit, if it has one: its own
+    /// agent's (these), each narrowed to what the caller allows. It nests at most one level
+    /// less deep than the caller may, its tree is bounded by the caller's bound too, and it
+    /// ends by the caller's time limit at the latest. So no run of a tree goes past what its
+    /// root allows, whatever the agents it calls say.
+    pub fn for_child(&self, caller: &Self, caller_left: Option<u32>) -> Self {
+        let mut limits = self.clone();
+        let depth_left = caller.call_depth().saturating_sub(1);
+        limits.max_call_depth = Some(self.call_depth().min(depth_left));
+        limits.max_tree_runs = Some(self.tree_runs().min(caller.tree_runs()));
+        if let Some(left) = caller_left {
+            limits.timeout_secs = Some(self.timeout_secs.map_or(left, |own| own.min(left)));
+        }
+        limits
     }
 
     /// How many read-only calls of a step run at once.
@@ -444,6 +490,55 @@ mod tests {
     use super::test_support::spec;
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_child_s_limits_are_its_own_narrowed_to_what_its_caller_allows() {
+        let caller = Limits {
+            max_call_depth: Some(2),
+            max_tree_runs: Some(10),
+            ..Limits::default()
+        };
+        let own = Limits {
+            max_call_depth: Some(10),
+            max_tree_runs: Some(500),
+            timeout_secs: Some(600),
+            max_steps: Some(7),
+            ..Limits::default()
+        };
+        let child = own.for_child(&caller, Some(60));
+        assert_eq!(
+            (
+                child.max_call_depth,
+                child.max_tree_runs,
+                child.timeout_secs
+            ),
+            (Some(1), Some(10), Some(60)),
+            "one level less than the caller has, its tree bound, its time left"
+        );
+        assert_eq!(child.max_steps, Some(7), "the rest is its own");
+        let grandchild = Limits::default().for_child(&child, None);
+        assert_eq!(
+            grandchild.max_call_depth,
+            Some(0),
+            "no deeper than the root allows"
+        );
+        // Stricter limits of its own stay.
+        let strict = Limits {
+            max_call_depth: Some(0),
+            max_tree_runs: Some(3),
+            timeout_secs: Some(30),
+            ..Limits::default()
+        };
+        let child = strict.for_child(&Limits::default(), Some(3_000));
+        assert_eq!(
+            (
+                child.max_call_depth,
+                child.max_tree_runs,
+                child.timeout_secs
+            ),
+            (Some(0), Some(3), Some(30))
+        );
+    }
 
     #[test]
     fn each_field_of_a_step_comes_from_the_first_rule_that_sets_it() {

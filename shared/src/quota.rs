@@ -156,19 +156,27 @@ pub struct RunQuota {
 }
 
 impl RunQuota {
-    /// The same counters with only their token budgets: what a child run (an agent called as
-    /// a tool) carries. It is charged to them and stops when one is spent; it takes and gives
-    /// back no room (its parent holds the run's place).
-    pub fn budgets_only(&self) -> Self {
+    /// What a child run (an agent called as a tool) of a run under these counters carries:
+    /// the same counters (its root's) with their concurrency limits and token budgets, not
+    /// their hourly rates. It takes room among the root's active runs (admitted by the worker
+    /// that starts it, given back when it ends), is charged to the budgets and stops when one
+    /// is spent; it is not counted in the hour (its root was, and `limits.max_tree_runs`
+    /// bounds how many runs a root may start).
+    pub fn for_child(&self) -> Self {
         Self {
             counters: self
-                .budgets()
+                .counters
+                .iter()
+                .filter(|c| {
+                    c.limits.max_concurrent_runs.is_some() || c.limits.daily_token_budget.is_some()
+                })
                 .map(|c| Counter {
                     owner_id: c.owner_id.clone(),
                     agent_id: c.agent_id.clone(),
                     limits: QuotaLimits {
+                        max_concurrent_runs: c.limits.max_concurrent_runs,
                         daily_token_budget: c.limits.daily_token_budget,
-                        ..QuotaLimits::default()
+                        runs_per_hour: None,
                     },
                 })
                 .collect(),
@@ -265,6 +273,39 @@ mod tests {
             ]
         );
         assert_eq!(quota.counters[2].limits, limits(2));
+    }
+
+    #[test]
+    fn a_child_carries_its_roots_concurrency_limits_and_budgets_not_its_rates() {
+        let both = QuotaLimits {
+            runs_per_hour: Some(10),
+            max_concurrent_runs: Some(2),
+            daily_token_budget: Some(1_000),
+        };
+        let quota = RunQuota {
+            counters: vec![
+                Counter {
+                    owner_id: String::new(),
+                    agent_id: String::new(),
+                    limits: limits(100),
+                },
+                Counter {
+                    owner_id: "alice".into(),
+                    agent_id: String::new(),
+                    limits: both,
+                },
+            ],
+        };
+        let child = quota.for_child();
+        assert_eq!(child.counters.len(), 1, "a rate-only counter is left out");
+        assert_eq!(child.counters[0].owner_id, "alice");
+        assert_eq!(
+            child.counters[0].limits,
+            QuotaLimits {
+                runs_per_hour: None,
+                ..both
+            }
+        );
     }
 
     #[test]

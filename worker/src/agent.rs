@@ -55,6 +55,7 @@ use spool_shared::status::RunStatus;
 
 use answer::{Answer, Exit, LoopEnd};
 use checkpoint::{Checkpoint, Unsettled};
+pub(crate) use children::cancel_children;
 use context::Attempt;
 use engine::{Candidate, Engine};
 pub(crate) use hooks::Hooks;

@@ -151,6 +151,12 @@ async fn execute_in_span(
             fail(&a, spec.as_ref(), "the worker panicked").await
         }
     };
+    // A run taken back from its wait for agent runs ended without them (its time limit):
+    // its tree is cancelled, before its own end is streamed.
+    if claimed.previous_status() == RunStatus::Waiting && matches!(ended, Some(Ended::Finished(_)))
+    {
+        crate::agent::cancel_children(worker, run).await;
+    }
     wind_up(ended.as_ref(), lease, events).await;
     ended
 }

@@ -156,6 +156,12 @@ impl AgentSpec {
                 limits.max_output_tokens,
             ),
             ("limits.max_call_depth", &(0..=10), limits.max_call_depth),
+            (
+                "limits.max_agent_calls_per_step",
+                &(1..=64),
+                limits.max_agent_calls_per_step,
+            ),
+            ("limits.max_tree_runs", &(1..=1000), limits.max_tree_runs),
         ];
         for (scope, limits) in [
             ("user", &self.governance.user),
@@ -563,6 +569,20 @@ mod tests {
         let fine = spec(json!({"name": "m", "model": "demo",
             "tools": [{"type": "mcp", "name": "gh_admin", "url": "https://b.example/mcp"},
                       {"type": "mcp", "name": "ghx", "url": "https://c.example/mcp"}]}));
+        assert_eq!(fine.validate(), []);
+    }
+
+    #[test]
+    fn the_fan_out_limits_are_checked_at_save() {
+        let agent = spec(json!({"name": "m", "model": "demo",
+            "limits": {"max_agent_calls_per_step": 0, "max_tree_runs": 1001}}));
+        let fields: Vec<String> = agent.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            ["limits.max_agent_calls_per_step", "limits.max_tree_runs"]
+        );
+        let fine = spec(json!({"name": "m", "model": "demo",
+            "limits": {"max_agent_calls_per_step": 64, "max_tree_runs": 1}}));
         assert_eq!(fine.validate(), []);
     }
 

@@ -216,8 +216,9 @@ struct Admitted {
 }
 
 /// The account of `counter` of `tenant`: the runs admitted under it that are active or were
-/// created in the last hour (runs made by agents are their parents' work and hold no room),
-/// and its tokens of today. Read when Redis does not hold the counter (first use, or lost).
+/// created in the last hour (child runs, agents called as tools, take room among the active
+/// runs of their root's counters, but carry no hourly rate: the filters on their limits leave
+/// them out of the hour), and its tokens of today. Read when Redis does not hold the counter (first use, or lost).
 pub async fn account(
     conn: &mut PgConnection,
     tenant: &str,
@@ -234,7 +235,7 @@ pub async fn account(
                          SELECT id FROM runs
                           WHERE tenant_id = $1 AND created_at > now() - interval '1 hour')
             AND ($2 = '' OR r.owner_id = $2)
-            AND r.parent_workflow_id IS NULL AND r.quota IS NOT NULL
+            AND r.quota IS NOT NULL
             AND c.owner_id = $2 AND c.agent_id = $3",
     )
     .bind(tenant)

@@ -37,7 +37,9 @@ use crate::quota::RunQuota;
 use crate::run::{PendingAction, RunFailure, Usage};
 use crate::status::RunStatus;
 
-pub use children::{ChildEnd, NewChild, Wait, active_descendants, children};
+pub use children::{
+    ChildEnd, NewChild, Wait, WaitBounds, active_descendants, children, root_of, tree_size,
+};
 pub use claim::{Claimed, Fence, Outcome, Pause, Renewed, claim, heartbeat, pause_expired};
 
 /// The name of the unique index that allows one active run per thread.

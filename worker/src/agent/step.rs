@@ -109,14 +109,16 @@ impl Loop<'_> {
             self.answer.add_text(&output.text);
             return Err(self.halted(halt));
         }
-        let shown = unpublished_results(step, &mut results);
+        let mut shown = unpublished_results(step, &mut results);
         let approval = results
             .iter()
             .any(|r| r.state == CallState::PendingApproval);
         if !approval && !starts.is_empty() {
-            return Err(self
-                .wait_for_agents(a, step, &output, results, starts, shown)
-                .await);
+            let waited = self.wait_for_agents(a, step, &output, &mut results, starts, &mut shown);
+            if let Some(exit) = waited.await {
+                return Err(exit);
+            }
+            // No agent call could start (each got its bound's tool error): the step goes on.
         }
         if results.iter().any(|r| {
             matches!(
@@ -337,7 +339,7 @@ pub(crate) fn announce_calls(a: &Attempt<'_>, step: u32, calls: &[ToolCall]) {
 /// The `step` events (`phase: result`) of the settled calls not published yet, which are marked
 /// published: the caller saves the step (so a resumed attempt does not show them again), then
 /// [`publish`]es them.
-fn unpublished_results(step: u32, results: &mut [CallResult]) -> Vec<StepResult> {
+pub(super) fn unpublished_results(step: u32, results: &mut [CallResult]) -> Vec<StepResult> {
     results
         .iter_mut()
         .filter(|r| r.state == CallState::Done && !r.published)

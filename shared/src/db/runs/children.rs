@@ -1,16 +1,19 @@
 //! Child runs: agents called as tools.
 //!
 //! An agent tool call starts a child run of the called agent on the parent's thread, one level
-//! deeper, under the parent's trace and token budgets; the parent waits for its children
-//! without a worker (`waiting`). The parent's attempt starts them in the transaction of its
+//! deeper, under the parent's trace and its root's quota counters (concurrency and token
+//! budgets); the parent waits for its children without a worker (`waiting`), until they have
+//! all ended or its own time limit passes. The parent's attempt starts them in the transaction of its
 //! fenced wait ([`Claimed::wait_for_children`](super::Claimed::wait_for_children), with the
 //! claim's other fenced writes), the migration's `runs_child_ended` trigger re-queues the
 //! parent when its last child ends, and its next attempt reads how they ended ([`children`]).
 //! The API's cancel walks the tree below a run ([`active_descendants`]).
 //!
 //! What must stay true: a child is inserted only with its parent's fenced wait, so a crash
-//! leaves either the step unsettled with no child or every child started; a child's messages
-//! carry its depth, so thread listings and later turns' history leave them out.
+//! leaves either the step unsettled with no child or every child started; the wait counts the
+//! root's tree under the root's row lock, so runs of one tree starting children at once never
+//! take it past `limits.max_tree_runs`; a child's messages carry its depth, so thread listings
+//! and later turns' history leave them out.
 
 use serde_json::Value;
 use sqlx::PgExecutor;
@@ -53,6 +56,54 @@ pub enum Wait {
     CancelRequested,
     /// Nothing was written: the lease is lost.
     Lost,
+    /// Nothing was written: the root's tree holds this many runs already (counted under the
+    /// root's lock), too many to add the children within its bound. Another run of the tree
+    /// started children since the attempt counted; it must count again.
+    TreeFull(u32),
+}
+
+/// What a wait for child runs must keep within: the tree the children join, and the waiting
+/// run's own time limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitBounds {
+    /// The tree's root run (the run itself when it is a thread's own run).
+    pub root: WorkflowId,
+    /// The most runs the tree may hold below its root (`limits.max_tree_runs`).
+    pub max_tree_runs: u32,
+    /// The waiting run's time limit, in seconds from its enqueue (`limits.timeout_secs`): its
+    /// wait's deadline. `None`: it waits until its last child ends.
+    pub time_limit_secs: Option<u32>,
+}
+
+/// The root of the tree of agent calls `run` belongs to (the run itself when it has no
+/// parent): at most `max_call_depth` (10) steps up.
+pub async fn root_of(executor: impl PgExecutor<'_>, run: WorkflowId) -> sqlx::Result<WorkflowId> {
+    sqlx::query_scalar(
+        "WITH RECURSIVE up (id, parent) AS (
+             SELECT id, parent_workflow_id FROM runs WHERE id = $1
+             UNION ALL
+             SELECT r.id, r.parent_workflow_id FROM runs r JOIN up ON r.id = up.parent)
+         SELECT id FROM up WHERE parent IS NULL",
+    )
+    .bind(run)
+    .fetch_one(executor)
+    .await
+}
+
+/// How many runs the tree below `root` holds, whatever their status (a bound on what one root
+/// run starts, not on what runs at once).
+pub async fn tree_size(executor: impl PgExecutor<'_>, root: WorkflowId) -> sqlx::Result<u32> {
+    let count: i64 = sqlx::query_scalar(
+        "WITH RECURSIVE tree (id) AS (
+             SELECT id FROM runs WHERE parent_workflow_id = $1
+             UNION ALL
+             SELECT r.id FROM runs r JOIN tree t ON r.parent_workflow_id = t.id)
+         SELECT count(*) FROM tree",
+    )
+    .bind(root)
+    .fetch_one(executor)
+    .await?;
+    Ok(u32::try_from(count).unwrap_or(u32::MAX))
 }
 
 /// Inserts a child run of `parent` with its user message (the input) and its queued assistant

@@ -3,7 +3,7 @@
 //!
 //! - [`claim`] is one statement: it picks up to as many claimable runs as the worker has room
 //!   for with `FOR UPDATE SKIP LOCKED` (queued, or running with an expired lease, or paused
-//!   past its deadline), bumps each one's `attempt`, sets the lease from the database clock and
+//!   or waiting for its children past its deadline), bumps each one's `attempt`, sets the lease from the database clock and
 //!   marks the assistant message streaming. Concurrent workers never claim the same run at
 //!   once. Expired leases and pauses go first; queued runs are taken fairly across tenants:
 //!   each tenant's oldest, the tenant with the fewest running runs first (a batch takes turns
@@ -20,9 +20,9 @@
 //!   (invariant 5).
 //! - A run waits without a worker in two ways: paused for a client or a person
 //!   (`requires_action`, `awaiting_approval`, until a deadline) and waiting for its child runs
-//!   (`waiting`, until the last one ends). Both lock the row fenced and read the cancel request
-//!   under the lock (`held!`), and both give up the same things (`parked!`): the two SQL
-//!   pieces are written once. They are not one function: a pause is one statement on any
+//!   (`waiting`, until the last one ends or its own time limit passes). Both lock the row
+//!   fenced and read the cancel request under the lock (`held!`), and both give up the same
+//!   things (`parked!`): the two SQL pieces are written once. They are not one function: a pause is one statement on any
 //!   executor, while a wait is a transaction that saves the step and starts the children
 //!   between the lock and the status change, and the step's save needs the run still
 //!   `running`.
@@ -42,7 +42,7 @@ use sqlx::PgExecutor;
 use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
 
-use super::children::{NewChild, Wait, insert_child};
+use super::children::{NewChild, Wait, WaitBounds, insert_child, tree_size};
 use super::{Run, columns};
 use crate::db;
 use crate::db::steps::{self, SavedStep};
@@ -143,11 +143,16 @@ impl Claimed {
     }
 
     /// Saves step `step` with its agent calls, starts a child run for each of `children` (on
-    /// the run's thread, one level deeper, under the run's trace and token budgets), and pauses
-    /// the run (`waiting`, `action`) until they have all ended: in one transaction fenced on
-    /// the attempt, so a crash leaves either the step unsettled with no child or every child
-    /// started. Unless a cancel was requested meanwhile or the lease is lost: then nothing is
-    /// written.
+    /// the run's thread, one level deeper, under the run's trace and its root's quota counters:
+    /// concurrency and token budgets), and pauses the run (`waiting`, `action`) until they have
+    /// all ended, or until its own time limit (`bounds.time_limit_secs` from its enqueue)
+    /// passes: the claim then takes it back to fail it. In one transaction fenced on the
+    /// attempt, so a crash leaves either the step unsettled with no child or every child
+    /// started. Nothing is written when a cancel was requested meanwhile, the lease is lost, or
+    /// the children would take the root's tree past `bounds.max_tree_runs`: the tree is counted
+    /// under the root's row lock, so runs of one tree starting children at once never pass it
+    /// together (the locks go from the run up to its root, as a child's end re-queueing its
+    /// parent takes them).
     pub async fn wait_for_children(
         &self,
         pool: &sqlx::PgPool,
@@ -155,6 +160,7 @@ impl Claimed {
         data: &SavedStep,
         children: &[NewChild<'_>],
         action: &PendingAction,
+        bounds: WaitBounds,
     ) -> sqlx::Result<Wait> {
         let run = &self.run;
         let mut tx = pool.begin().await?;
@@ -171,23 +177,36 @@ impl Claimed {
             Some((true,)) => return Ok(Wait::CancelRequested),
             Some((false,)) => {}
         }
+        if bounds.root != run.id {
+            sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+                .bind(bounds.root)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let size = tree_size(&mut *tx, bounds.root).await?;
+        let adding = u32::try_from(children.len()).unwrap_or(u32::MAX);
+        if size.saturating_add(adding) > bounds.max_tree_runs {
+            return Ok(Wait::TreeFull(size));
+        }
         let step = i32::try_from(step).unwrap_or(i32::MAX);
         if !steps::save(&mut *tx, run.id, run.attempt, step, data).await? {
             return Ok(Wait::Lost);
         }
-        let quota = run.quota.as_ref().map(|q| q.0.budgets_only());
+        let quota = run.quota.as_ref().map(|q| q.0.for_child());
         let quota = quota.filter(|q| !q.counters.is_empty());
         for child in children {
             insert_child(&mut tx, run, child, quota.as_ref()).await?;
         }
         sqlx::query(concat!(
-            "UPDATE runs SET status = 'waiting', pending_action = $3, pause_expires_at = NULL, ",
+            "UPDATE runs SET status = 'waiting', pending_action = $3,
+                    pause_expires_at = created_at + make_interval(secs => $4), ",
             parked!(),
             " WHERE id = $1 AND attempt = $2"
         ))
         .bind(run.id)
         .bind(run.attempt)
         .bind(db::storable(action)?)
+        .bind(bounds.time_limit_secs.map(f64::from))
         .execute(&mut *tx)
         .await?;
         // The children are claimable at the commit: wake idle workers then.
@@ -236,8 +255,9 @@ impl Claimed {
 }
 
 /// Claims up to `room` claimable runs for `worker` in one statement: first running runs whose
-/// lease has expired and paused runs whose pause has expired (so an unanswered approval or
-/// client tool is enforced even if no client ever calls again; `previous_status` says which),
+/// lease has expired, paused runs whose pause has expired (so an unanswered approval or
+/// client tool is enforced even if no client ever calls again) and runs waiting for their
+/// children past their own time limit (`previous_status` says which),
 /// earliest deadline first; then queued runs, fairly: tenants with the fewest running runs
 /// first, counting the runs this claim gives each (a batch takes turns between tenants rather
 /// than emptying one tenant's backlog), oldest first within a tenant. Bumps `attempt` (and
@@ -299,6 +319,11 @@ const CLAIM: &str = concat!(
                  UNION ALL
                  (SELECT id, queued_at, pause_expires_at FROM runs
                    WHERE status IN ('awaiting_approval', 'requires_action')
+                   ORDER BY pause_expires_at LIMIT $3 + 8)
+                 UNION ALL
+                 -- Runs waiting for their children past their own time limit.
+                 (SELECT id, queued_at, pause_expires_at FROM runs
+                   WHERE status = 'waiting' AND pause_expires_at IS NOT NULL
                    ORDER BY pause_expires_at LIMIT $3 + 8)) earliest
               WHERE deadline < now()),
          picks AS (
@@ -318,6 +343,7 @@ const CLAIM: &str = concat!(
                         WHEN 'running' THEN r.lease_expires_at < now()
                         WHEN 'awaiting_approval' THEN r.pause_expires_at < now()
                         WHEN 'requires_action' THEN r.pause_expires_at < now()
+                        WHEN 'waiting' THEN r.pause_expires_at < now()
                         ELSE false
                     END
               ORDER BY p.tier, p.turn, p.queued_at
@@ -335,6 +361,7 @@ const CLAIM: &str = concat!(
                                   WHEN 'running' THEN false
                                   WHEN 'awaiting_approval' THEN true
                                   WHEN 'requires_action' THEN true
+                                  WHEN 'waiting' THEN true
                                   ELSE r.resumed END,
                     pending_action = NULL,
                     pause_expires_at = NULL,

@@ -10,7 +10,9 @@ use crate::agent::AgentSpec;
 use crate::db::enqueue::{NewMessage, enqueue};
 use crate::db::messages;
 use crate::db::page::Scope;
-use crate::db::runs::{NewChild, children, find, find_in, mcp_tools, request_cancel, resume};
+use crate::db::runs::{
+    NewChild, WaitBounds, children, find, find_in, mcp_tools, request_cancel, resume,
+};
 use crate::db::threads::Owner;
 use crate::ids::{AgentId, ThreadId};
 use crate::run::PendingCall;
@@ -424,7 +426,14 @@ async fn a_stale_attempt_is_fenced_out_of_every_write_after_a_reclaim() {
         SavedStep::default(),
         PendingAction::AgentRuns { runs: vec![] },
     );
-    let waited = a.wait_for_children(pool, 1, &step, &[child], &waits).await;
+    let bounds = WaitBounds {
+        root: id,
+        max_tree_runs: 50,
+        time_limit_secs: None,
+    };
+    let waited = a
+        .wait_for_children(pool, 1, &step, &[child], &waits, bounds)
+        .await;
     assert_eq!(waited.expect("wait"), Wait::Lost);
     assert!(children(pool, id).await.expect("children").is_empty());
     assert_eq!(steps::load(pool, id).await.expect("steps").len(), 0);
@@ -713,4 +722,135 @@ async fn a_nul_in_a_structured_answer_or_a_summary_is_stored_not_refused() {
         stored.output.map(|o| o.0),
         Some(json!({"answer": "x\u{fffd}y"}))
     );
+}
+
+/// A child for a wait: a run of `spec` started by call `call`.
+fn child<'a>(spec: &'a AgentSpec, call: &'a str) -> NewChild<'a> {
+    NewChild {
+        id: WorkflowId::new(),
+        tool_call_id: call,
+        agent_id: AgentId::new(),
+        agent_spec: spec,
+        input: "go",
+        trace_context: None,
+    }
+}
+
+/// Waits (as attempt `claimed`) for `children`, in a tree rooted at `root` bounded to
+/// `max_tree_runs`, the waiting run's time limit `time_limit_secs`.
+async fn wait(
+    pool: &sqlx::PgPool,
+    claimed: &Claimed,
+    children: &[NewChild<'_>],
+    root: WorkflowId,
+    max_tree_runs: u32,
+    time_limit_secs: Option<u32>,
+) -> Wait {
+    let bounds = WaitBounds {
+        root,
+        max_tree_runs,
+        time_limit_secs,
+    };
+    let action = PendingAction::AgentRuns { runs: vec![] };
+    claimed
+        .wait_for_children(pool, 1, &SavedStep::default(), children, &action, bounds)
+        .await
+        .expect("wait")
+}
+
+#[tokio::test]
+async fn a_waiting_run_is_taken_back_once_its_own_time_limit_passes() {
+    let db = TestDb::new().await.expect("db");
+    let pool = &db.pool;
+    let spec = AgentSpec::default_agent("m", "");
+    let (free, _) = queued(&db).await;
+    let (timed, _) = queued(&db).await;
+    let a = claim(&db, HOUR).await.expect("a run");
+    let b = claim(&db, HOUR).await.expect("a run");
+    assert_eq!((a.run().id, b.run().id), (free, timed));
+    // Without a time limit, a wait has no deadline.
+    let waited = wait(pool, &a, &[child(&spec, "c1")], free, 50, None).await;
+    assert_eq!(waited, Wait::Waiting);
+    // With one, its deadline is the run's own: its enqueue plus the limit.
+    let waited = wait(pool, &b, &[child(&spec, "c1")], timed, 50, Some(60)).await;
+    assert_eq!(waited, Wait::Waiting);
+    let (deadline_us,): (i64,) = sqlx::query_as(
+        "SELECT (extract(epoch FROM pause_expires_at - created_at) * 1e6)::bigint
+           FROM runs WHERE id = $1",
+    )
+    .bind(timed)
+    .fetch_one(pool)
+    .await
+    .expect("deadline");
+    assert_eq!(deadline_us, 60_000_000);
+    // The children are claimable; the waiting runs are not, before the deadline.
+    for _ in 0..2 {
+        let claimed = claim(&db, HOUR).await.expect("a child");
+        assert_eq!(claimed.run().depth, 1);
+    }
+    assert!(claim(&db, HOUR).await.is_none());
+    sqlx::query("UPDATE runs SET pause_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(timed)
+        .execute(pool)
+        .await
+        .expect("expire");
+    let back = claim(&db, HOUR).await.expect("the expired wait");
+    assert_eq!(
+        (back.run().id, back.previous_status(), back.run().resumed),
+        (timed, RunStatus::Waiting, true)
+    );
+    assert_eq!(back.run().pause_expires_at, None);
+    assert!(
+        claim(&db, HOUR).await.is_none(),
+        "the wait without a deadline stays"
+    );
+    assert_eq!(status_of(&db, free).await, RunStatus::Waiting);
+}
+
+#[tokio::test]
+async fn a_tree_never_holds_more_runs_than_its_bound_even_when_its_runs_start_children_at_once() {
+    let db = TestDb::new().await.expect("db");
+    let pool = &db.pool;
+    let spec = AgentSpec::default_agent("m", "");
+    let (root, _) = queued(&db).await;
+    let r = claim(&db, HOUR).await.expect("the root");
+    let two = [child(&spec, "a"), child(&spec, "b")];
+    assert_eq!(wait(pool, &r, &two, root, 1, None).await, Wait::TreeFull(0));
+    assert_eq!(wait(pool, &r, &two, root, 3, None).await, Wait::Waiting);
+    let (a, b) = (
+        claim(&db, HOUR).await.expect("a"),
+        claim(&db, HOUR).await.expect("b"),
+    );
+    // Room for one more run in the tree: the two children each want one. Both are made to
+    // wait on the root's lock, then race; the one that counts second sees the first's child.
+    let mut holder = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(root)
+        .execute(&mut *holder)
+        .await
+        .expect("lock the root");
+    let (one, other) = (child(&spec, "c"), child(&spec, "d"));
+    let racing = futures::future::join(
+        wait(pool, &a, std::slice::from_ref(&one), root, 3, None),
+        async {
+            waits_for_a_lock(pool, "FOR UPDATE").await;
+            holder.commit().await.expect("release");
+            wait(pool, &b, std::slice::from_ref(&other), root, 3, None).await
+        },
+    );
+    let (first, second) = racing.await;
+    let mut outcomes = [first, second];
+    outcomes.sort_by_key(|w| matches!(w, Wait::Waiting));
+    assert_eq!(
+        outcomes,
+        [Wait::TreeFull(3), Wait::Waiting],
+        "exactly one child more"
+    );
+    assert_eq!(
+        crate::db::runs::tree_size(pool, root).await.expect("size"),
+        3
+    );
+    let grandchild = children(pool, a.run().id).await.expect("children").len()
+        + children(pool, b.run().id).await.expect("children").len();
+    assert_eq!(grandchild, 1);
 }
