@@ -93,6 +93,168 @@ impl Drop for OwnRedis {
     }
 }
 
+/// A Redis Cluster of its own on loopback: three masters, each with one replica (six
+/// `redis-server`s, nothing kept on disk, a one-second node timeout), which a test may take a
+/// master of down so that its replica takes over.
+pub struct OwnRedisCluster {
+    /// The nodes' ports on 127.0.0.1, masters first (as `redis-cli --cluster create` pairs
+    /// them: the replica of the master at `i` is one of the last three).
+    pub ports: Vec<u16>,
+    children: Vec<Option<Child>>,
+    dir: PathBuf,
+}
+
+impl OwnRedisCluster {
+    /// Starts six nodes on free ports, joins them as three masters with a replica each, and
+    /// waits until every node says `cluster_state:ok` and every master has its replica.
+    pub async fn start(timeout: Duration) -> anyhow::Result<Self> {
+        let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
+        anyhow::ensure!(!ports.contains(&0), "no free port for the cluster");
+        let dir =
+            std::env::temp_dir().join(format!("spool-cluster-{}-{}", std::process::id(), ports[0]));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let mut children = Vec::new();
+        for port in &ports {
+            let conf = dir.join(format!("nodes-{port}.conf"));
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                .arg("--cluster-config-file")
+                .arg(&conf)
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .spawn()
+                .context("redis-server")?;
+            children.push(Some(child));
+        }
+        let cluster = Self {
+            ports,
+            children,
+            dir,
+        };
+        for port in &cluster.ports {
+            let port = *port;
+            crate::poll_until("a cluster node to answer", timeout, || async move {
+                cluster_cli(port, &["ping"]).filter(|out| out.contains("PONG"))
+            })
+            .await;
+        }
+        let nodes: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&nodes)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .context("redis-cli --cluster create")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let ports = cluster.ports.clone();
+        crate::poll_until(
+            "the cluster to be ok with a replica per master",
+            timeout,
+            || {
+                let ports = ports.clone();
+                async move {
+                    let ok = ports.iter().all(|port| {
+                        cluster_cli(*port, &["cluster", "info"])
+                            .is_some_and(|info| info.contains("cluster_state:ok"))
+                    });
+                    let replicated = ports[..3].iter().all(|port| {
+                        cluster_cli(*port, &["info", "replication"])
+                            .is_some_and(|info| info.contains("connected_slaves:1"))
+                    });
+                    (ok && replicated).then_some(())
+                }
+            },
+        )
+        .await;
+        Ok(cluster)
+    }
+
+    /// The `REDIS_URL` that names it (the nodes, comma-separated).
+    pub fn url(&self) -> String {
+        self.ports
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Kills the first master (SIGKILL: what it had not yet sent its replica is lost) and waits
+    /// until its replica has taken over and the surviving nodes say `cluster_state:ok`;
+    /// returns how long that took.
+    pub async fn fail_over(&mut self, timeout: Duration) -> Duration {
+        if let Some(mut child) = self.children[0].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let started = std::time::Instant::now();
+        let killed = format!("127.0.0.1:{}@", self.ports[0]);
+        let survivors: Vec<u16> = self.ports[1..].to_vec();
+        crate::poll_until("a replica to take over the killed master", timeout, || {
+            let (survivors, killed) = (survivors.clone(), killed.clone());
+            async move {
+                // `cluster nodes`: `<id> <ip:port@bus> <flags> ...`; the killed node's flags
+                // gain `fail` (not just `fail?`) once the majority agrees it is down.
+                let nodes = cluster_cli(survivors[0], &["cluster", "nodes"])?;
+                let flags = |line: &str| line.split(' ').nth(2).unwrap_or("").to_owned();
+                let failed = nodes.lines().any(|line| {
+                    line.contains(&killed) && flags(line).split(',').any(|flag| flag == "fail")
+                });
+                let masters = nodes
+                    .lines()
+                    .filter(|line| !line.contains(&killed))
+                    .filter(|line| flags(line).split(',').any(|flag| flag == "master"))
+                    .count();
+                let ok = survivors.iter().all(|port| {
+                    cluster_cli(*port, &["cluster", "info"])
+                        .is_some_and(|info| info.contains("cluster_state:ok"))
+                });
+                (failed && ok && masters == 3).then_some(())
+            }
+        })
+        .await;
+        started.elapsed()
+    }
+}
+
+/// `redis-cli -p port args...`'s output, if it ran.
+fn cluster_cli(port: u16, args: &[&str]) -> Option<String> {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+impl Drop for OwnRedisCluster {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().filter_map(Option::take) {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A PostgreSQL cluster of its own in a temporary directory (`initdb`, trust authentication,
 /// superuser `root`), which a test may crash (`pg_ctl stop -m immediate`) and start again.
 /// As root, the server runs as the `postgres` user (Postgres refuses to run as root).

@@ -1,6 +1,7 @@
 //! The fault suite: the system under the failures an operator sees, with real processes and
 //! real servers. Redis and Postgres are restarted under load (private servers on other
-//! ports, never the shared ones), a thousand clients reconnect at random to one API process,
+//! ports, never the shared ones), a Redis Cluster master is killed so that its replica takes
+//! over, a thousand clients reconnect at random to one API process,
 //! and a worker is stopped past its lease on a resumed run and then continued.
 //!
 //! The tests take turns ([`SERIAL`]): each loads the machine on purpose, and their figures
@@ -14,6 +15,7 @@
 )]
 mod stack;
 
+mod cluster;
 mod restarts;
 mod stop;
 mod storm;

@@ -16,10 +16,10 @@ use crate::SERIAL;
 use crate::stack::{Stack, TIMEOUT, demo_reply};
 
 /// Clients posting at once.
-const CLIENTS: usize = 6;
+pub(crate) const CLIENTS: usize = 6;
 /// Deltas of a demo reply, and the pause between them: runs of about 200 ms.
-const TOKENS: usize = 20;
-const WORKER: [(&str, &str); 5] = [
+pub(crate) const TOKENS: usize = 20;
+pub(crate) const WORKER: [(&str, &str); 5] = [
     ("SPOOL_DEMO_TOKENS", "20"),
     ("SPOOL_DEMO_DELAY_MS", "10"),
     ("SPOOL_WORKER_CONCURRENCY", "8"),
@@ -33,13 +33,13 @@ const LOAD_FOR: Duration = Duration::from_secs(8);
 
 /// What the clients sent: the acknowledged messages (202 body and input) and the others.
 #[derive(Default)]
-struct Load {
-    acknowledged: Vec<(Value, String)>,
-    refused: usize,
+pub(crate) struct Load {
+    pub(crate) acknowledged: Vec<(Value, String)>,
+    pub(crate) refused: usize,
 }
 
 /// `CLIENTS` clients posting a message to a new thread every 40 ms each, until `until`.
-async fn drive(base: String, until: Instant) -> Load {
+pub(crate) async fn drive(base: String, until: Instant) -> Load {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .build()
@@ -83,7 +83,7 @@ async fn drive(base: String, until: Instant) -> Load {
 
 /// Waits until every acknowledged run has ended, then checks that each completed once with
 /// the exact reply; returns (runs, reclaims, longest attempt count, seconds to settle).
-async fn settled(pool: &PgPool, load: &Load) -> (usize, i64, i32, f64) {
+pub(crate) async fn settled(pool: &PgPool, load: &Load) -> (usize, i64, i32, f64) {
     let ids: Vec<uuid::Uuid> = load
         .acknowledged
         .iter()
