@@ -71,6 +71,14 @@
 //! it has seen is not stored again. A retry after a lost reply (a timeout, a reset connection,
 //! a failover) therefore never duplicates events, as long as the retry sends the same batch.
 //!
+//! # Acknowledged, then lost
+//! Replication to a Cluster replica is asynchronous: a master may acknowledge a batch and die
+//! before its replica has it, and a restarted Redis keeps nothing. The publisher then goes on
+//! after a hole that no cursor check sees (its next entries follow entries that still exist).
+//! So each batch names the attempt's previous acknowledged batch, and where the script does not
+//! find it among those applied it writes a `stream_gap` marker (`t stream_gap`, never sent)
+//! before the batch: a session that reads across it ends with `stream_reset`.
+//!
 //! # Trimming
 //! On `done` the script trims entries older than the retention window counted from now (the
 //! run's completion), never the just-finished message, and sets the thread's keys to expire
@@ -232,6 +240,9 @@ pub struct Batch<'a> {
     pub attempt: i32,
     /// Unique per batch; a retry of the batch sends the same id (and the same events).
     pub id: &'a str,
+    /// The id of the attempt's previous batch that Redis acknowledged, if any: Redis checks it
+    /// is still there, and marks a gap where it is not (lost in a failover or a restart).
+    pub previous: Option<&'a str>,
     /// The events, in order; none only raises the fence.
     pub events: &'a [Event],
 }
@@ -249,6 +260,7 @@ pub async fn publish(
         workflow,
         attempt,
         id,
+        previous,
         events,
     } = *batch;
     let mut invocation = PUBLISH.prepare_invoke();
@@ -265,7 +277,8 @@ pub async fn publish(
         )
         .arg(keys.notify_channel())
         .arg(thread.to_string())
-        .arg(id);
+        .arg(id)
+        .arg(previous.unwrap_or(""));
     for event in events {
         let kind = event.kind().as_str();
         let message = event.message_id.to_string();
@@ -434,6 +447,12 @@ impl StoredEvent {
     /// Whether this is the internal `stream_start` marker.
     pub fn is_marker(&self) -> bool {
         self.kind == "stream_start"
+    }
+
+    /// Whether this is a `stream_gap` marker: batches acknowledged before it were lost (a
+    /// failover, a restart), so what a reader crossing it was following has a hole.
+    pub fn is_gap(&self) -> bool {
+        self.kind == "stream_gap"
     }
 }
 

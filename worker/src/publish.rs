@@ -188,12 +188,13 @@ async fn publish_loop(
         if outbox.idle() {
             continue;
         }
-        let (id, events) = outbox.batch();
+        let (id, previous, events) = outbox.batch();
         let batch = Batch {
             thread: origin.thread_id,
             workflow: origin.workflow_id,
             attempt: origin.attempt,
             id,
+            previous,
             events,
         };
         match stream::publish(&mut conn, &streams.keys, &batch, streams.retention).await {
@@ -223,6 +224,9 @@ async fn publish_loop(
 struct Outbox {
     pending: VecDeque<Event>,
     in_flight: Option<(String, Vec<Event>)>,
+    /// The id of the last batch Redis acknowledged (sent with the next one: see
+    /// `spool_shared::stream`, "Acknowledged, then lost").
+    stored: Option<String>,
     coalesce: usize,
     closed: bool,
     /// Nothing follows `done`, not even a heartbeat from a renewal during the final flush.
@@ -239,6 +243,7 @@ impl Outbox {
         Self {
             pending: VecDeque::new(),
             in_flight: None,
+            stored: None,
             coalesce,
             closed: false,
             done: false,
@@ -259,21 +264,25 @@ impl Outbox {
     }
 
     /// The batch to send: the one in flight, else the next [`MAX_BATCH`] pending events under
-    /// a new id.
-    fn batch(&mut self) -> (&str, &[Event]) {
+    /// a new id; with the id of the last batch stored.
+    fn batch(&mut self) -> (&str, Option<&str>, &[Event]) {
         let pending = &mut self.pending;
         let (id, events) = self.in_flight.get_or_insert_with(|| {
             let n = pending.len().min(MAX_BATCH);
             let id = uuid::Uuid::new_v4().simple().to_string();
             (id, pending.drain(..n).collect())
         });
-        (id, events)
+        (id, self.stored.as_deref(), events)
     }
 
     /// The batch in flight was stored; returns how many events it held.
     fn sent(&mut self) -> usize {
         self.fenced = true;
-        self.in_flight.take().map_or(0, |(_, events)| events.len())
+        let Some((id, events)) = self.in_flight.take() else {
+            return 0;
+        };
+        self.stored = Some(id);
+        events.len()
     }
 }
 
@@ -393,19 +402,25 @@ mod tests {
         let delta = |text: &str| delta(&o, 0, text);
         let mut outbox = Outbox::new(o, CAP);
         outbox.take(delta("Hel"));
-        let (id, events) = outbox.batch();
+        let (id, previous, events) = outbox.batch();
+        assert_eq!(previous, None, "the attempt's first batch follows none");
         let first = (id.to_owned(), events.to_vec());
         // More text arrives while the batch is in flight, and the send fails.
         outbox.take(delta("lo"));
-        let (id, events) = outbox.batch();
+        let (id, _, events) = outbox.batch();
         assert_eq!(
             (id.to_owned(), events.to_vec()),
             first,
             "the retry is the same batch"
         );
         assert_eq!(outbox.sent(), 1);
-        let (id, events) = outbox.batch();
+        let (id, previous, events) = outbox.batch();
         assert_ne!(id, first.0, "the next batch has an id of its own");
+        assert_eq!(
+            previous,
+            Some(first.0.as_str()),
+            "and names the one stored before it"
+        );
         assert_eq!(events.len(), 1);
         assert_eq!(text(&events[0]), Some(("lo", "s0")));
         assert_eq!(outbox.sent(), 1);
@@ -418,7 +433,7 @@ mod tests {
         later.attempt = 3;
         let mut outbox = Outbox::new(later, CAP);
         assert!(!outbox.idle(), "the first round trip goes out at once");
-        let (_, events) = outbox.batch();
+        let (_, _, events) = outbox.batch();
         assert!(events.is_empty());
         assert_eq!(outbox.sent(), 0);
         assert!(outbox.idle());

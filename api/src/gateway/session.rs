@@ -336,6 +336,11 @@ impl Session {
         if entry.id <= self.position {
             return None;
         }
+        if entry.is_gap() {
+            // Batches acknowledged before it were lost (a failover, a restart): what this
+            // session was following may have a hole.
+            return Some(self.reset(&Gap(entry.id)));
+        }
         self.position = entry.id;
         self.at_entry = true;
         if let Some(linger) = &mut self.linger {

@@ -94,6 +94,7 @@ async fn publish_cancelled(state: &AppState, run: &Run, attempt: i32) {
         workflow: run.id,
         attempt,
         id: &id,
+        previous: None,
         events: &events,
     };
     let result = stream::publish(

@@ -70,6 +70,7 @@ impl TestApp {
             workflow: origin.workflow_id,
             attempt: origin.attempt,
             id: &id,
+            previous: None,
             events,
         };
         events::publish(
@@ -1111,4 +1112,95 @@ fn completed() -> Vec<spool_shared::event::Data> {
         output: None,
     };
     spool_shared::event::end_of_message(end, None)
+}
+
+/// Publishes one batch of `texts` (as text deltas, then `tail`) for `origin` under batch id
+/// `id`, naming `previous` as the attempt's last acknowledged batch.
+async fn publish_batch(
+    app: &TestApp,
+    origin: &spool_shared::event::Origin,
+    (id, previous): (&str, Option<&str>),
+    texts: &[&str],
+    tail: Vec<spool_shared::event::Data>,
+) {
+    use spool_shared::event::{BlockId, TextDelta};
+    let mut list: Vec<_> = texts
+        .iter()
+        .map(|text| {
+            origin.event(TextDelta {
+                block_id: BlockId::of_step(1),
+                delta: (*text).to_owned(),
+            })
+        })
+        .collect();
+    list.extend(tail.into_iter().map(|data| origin.event(data)));
+    let batch = events::Batch {
+        thread: origin.thread_id,
+        workflow: origin.workflow_id,
+        attempt: origin.attempt,
+        id,
+        previous,
+        events: &list,
+    };
+    events::publish(
+        &mut app.streams.conn(),
+        &app.keys,
+        &batch,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("publish");
+}
+
+#[tokio::test]
+async fn a_batch_acknowledged_then_lost_in_a_failover_ends_a_reader_with_stream_reset_never_a_hole()
+{
+    let app = TestApp::start(1, worker_args(2, 0)).await;
+    let alice = token("alice", "acme");
+    for lost in [false, true] {
+        let thread = Uuid::new_v4();
+        let (_, accepted) = app.send_message(&alice, thread, "first").await;
+        let workflow = accepted["workflow_id"].as_str().expect("id");
+        app.wait_for_status(&alice, workflow, "completed").await;
+        let cursor = app.stored(thread).await.last().expect("the done").0.clone();
+        // A later run's attempt publishes three batches; the second is acknowledged, then lost
+        // with the master that stored it (its entries and its record in the fence hash gone,
+        // as on the replica that takes over).
+        let origin = spool_shared::event::Origin {
+            thread_id: ThreadId(thread),
+            workflow_id: spool_shared::WorkflowId::new(),
+            message_id: spool_shared::MessageId::new(),
+            attempt: 1,
+            depth: 0,
+        };
+        publish_batch(&app, &origin, ("b1", None), &["a"], Vec::new()).await;
+        publish_batch(&app, &origin, ("b2", Some("b1")), &["b"], Vec::new()).await;
+        if lost {
+            let b = app.stored(thread).await.last().expect("b").0.clone();
+            lose(&app, thread, "XDEL", &b).await;
+            let fence = app.keys.fence(ThreadId(thread));
+            let _: i64 = redis::cmd("HSET")
+                .arg(&fence)
+                .arg(format!("{}:batches", origin.workflow_id))
+                .arg("b1")
+                .query_async(&mut app.streams.conn())
+                .await
+                .expect("hset");
+        }
+        publish_batch(&app, &origin, ("b3", Some("b2")), &["c"], completed()).await;
+
+        let frames = app
+            .stream(&alice, thread, "", Some(&cursor))
+            .await
+            .collect(READ)
+            .await;
+        if lost {
+            assert_eq!(kinds(&frames), ["text_delta", "stream_reset"], "{frames:?}");
+            assert_eq!(text(&frames), "a", "nothing after the hole is shown");
+        } else {
+            assert_eq!(kinds(&frames).last(), Some(&"done"), "{frames:?}");
+            assert_eq!(text(&frames), "abc");
+        }
+    }
+    app.stop().await;
 }

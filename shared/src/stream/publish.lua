@@ -1,6 +1,7 @@
 -- Publishes one attempt's batch of events to a thread's stream, fenced on the attempt.
 -- KEYS: stream, fence hash, starts hash (one hash tag: one Cluster slot).
--- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, batch id, then (type,
+-- ARGV: workflow_id, attempt, retention_ms, notify channel, thread_id, batch id, the id of the
+--       attempt's previous batch that was stored ('' for its first), then (type,
 --       message_id, entry) for each event, the entry being the stored field
 --       `{type} {message_id} {depth} {json}`. No event: it only raises the fence to this attempt.
 --       A step result's type is `step result {step}\n{tool_call_id}`: the workflow's `:shown`
@@ -9,6 +10,9 @@
 -- after a reply was lost): it is not stored again.
 -- The answer: the number of events in the batch, 0 if it is empty or was already stored (their
 -- entry ids are not sent back: nobody reads them, and a batch of 512 would cost a reply of 512).
+-- A previous batch that is not among the last ones applied was stored and then lost (a failover
+-- to a replica it had not reached yet, a restart): a `stream_gap` marker goes before this
+-- batch, so whoever reads across it is told (`stream_reset`) rather than shown a silent hole.
 local stream, fence, starts = KEYS[1], KEYS[2], KEYS[3]
 
 -- Whether entry id `a` comes after entry id `b` (`<ms>-<seq>`; a missing `b` is before all).
@@ -27,6 +31,9 @@ local applied = redis.call('HGET', fence, batches_field) or ''
 if string.find(',' .. applied .. ',', ',' .. ARGV[6] .. ',', 1, true) then
   return 0
 end
+local previous = ARGV[7]
+local lost = previous ~= '' and
+  not string.find(',' .. applied .. ',', ',' .. previous .. ',', 1, true)
 -- Remember this batch among the last 16 applied for the workflow.
 local ids_kept = {}
 for id in string.gmatch(applied, '[^,]+') do
@@ -42,10 +49,13 @@ if redis.call('EXISTS', stream) == 0 then
   -- as a gap.
   redis.call('XADD', stream, '*', 't', 'stream_start')
 end
+if lost then
+  redis.call('XADD', stream, '*', 't', 'stream_gap')
+end
 local retention = tonumber(ARGV[3])
 local shown_field = ARGV[1] .. ':shown'
 local published = 0
-for i = 7, #ARGV, 3 do
+for i = 8, #ARGV, 3 do
   local kind, message, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local id = false
   if kind == 'message_start' then

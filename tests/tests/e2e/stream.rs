@@ -115,6 +115,7 @@ async fn redis_itself_refuses_a_stale_attempt_s_events() {
                 workflow: events[0].workflow_id,
                 attempt,
                 id: &id,
+                previous: None,
                 events: &events,
             };
             stream::publish(&mut conn, &keys, &batch, Duration::from_secs(60)).await
@@ -183,6 +184,7 @@ async fn a_batch_sent_again_after_a_lost_reply_is_stored_once() {
                 workflow: origin.workflow_id,
                 attempt: origin.attempt,
                 id: &id,
+                previous: None,
                 events: &events,
             };
             stream::publish(&mut conn, &keys, &batch, Duration::from_secs(60))
@@ -252,6 +254,7 @@ impl Direct {
             workflow,
             attempt: 1,
             id: &id,
+            previous: None,
             events: &events,
         };
         stream::publish(&mut self.conn.clone(), &self.keys, &batch, self.window)
@@ -773,6 +776,7 @@ async fn a_takeover_reads_the_step_results_shown_and_fences_older_attempts() {
                 workflow: origin.workflow_id,
                 attempt,
                 id,
+                previous: None,
                 events: &events,
             };
             stream::publish(&mut conn, &keys, &batch, Duration::from_secs(60)).await

@@ -438,6 +438,7 @@ async fn publish_cancelled(worker: &Worker, run: &Run, attempt: i32) {
         workflow: run.id,
         attempt,
         id: &id,
+        previous: None,
         events: &events,
     };
     let mut conn = worker.streams.conn.clone();
