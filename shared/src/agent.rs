@@ -29,6 +29,11 @@ pub use validate::FieldError;
 
 use crate::quota::Quotas;
 
+/// Tool calls a run may make when its agent sets no `limits.max_tool_calls`: finite, so a model
+/// that keeps calling (with different arguments each time, which the doom-loop check does not
+/// catch) stops; room for the default 25 steps with eight calls each.
+pub const DEFAULT_MAX_TOOL_CALLS: u32 = 200;
+
 /// Bounds of `max_steps`.
 pub const MAX_STEPS_RANGE: std::ops::RangeInclusive<u32> = 1..=200;
 /// Bounds of `history_depth`.
@@ -229,10 +234,10 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 200)]
     pub max_steps: Option<u32>,
-    /// Tool calls per run at most (0 to 500): a step that would exceed it fails the run with
-    /// `max_tool_calls_exceeded` before its calls run.
+    /// Tool calls per run at most (0 to 500, default [`DEFAULT_MAX_TOOL_CALLS`]): a step that
+    /// would exceed it fails the run with `max_tool_calls_exceeded` before its calls run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 0, maximum = 500)]
+    #[schema(minimum = 0, maximum = 500, default = 200)]
     pub max_tool_calls: Option<u32>,
     /// Read-only tool calls of a step run at once at most (1 to 16, default 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]

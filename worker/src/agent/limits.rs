@@ -79,9 +79,9 @@ impl Loop<'_> {
             );
             return Err(self.failed(FailureCode::DoomLoop, message));
         }
-        if let Some(max) = self.spec.limits.max_tool_calls
-            && self.recent.len() > max as usize
-        {
+        let max = (self.spec.limits.max_tool_calls)
+            .unwrap_or(spool_shared::agent::DEFAULT_MAX_TOOL_CALLS);
+        if self.recent.len() > max as usize {
             // Shown with its calls (held-back text too: the loop emitted it before this check).
             self.answer.add_text(&output.text);
             let message = format!(

@@ -60,6 +60,38 @@ async fn a_step_past_max_tool_calls_fails_the_run_before_its_calls_run() {
 }
 
 #[tokio::test]
+async fn an_agent_without_max_tool_calls_still_stops_at_the_default() {
+    // Forty new calls every step (different arguments: no doom loop), with no limit set.
+    let fake = FakeLlm::start(|request, _| {
+        let n = tool_results_in(request);
+        let calls: Vec<(String, String)> = (n..n + 40)
+            .map(|i| (format!("c{i}"), format!(r#"{{"n": {i}}}"#)))
+            .collect();
+        let calls: Vec<(&str, &str, &str)> = calls
+            .iter()
+            .map(|(id, arguments)| (id.as_str(), "create", arguments.as_str()))
+            .collect();
+        fake_llm::tool_calls(&calls)
+    })
+    .await;
+    let (tools, base) = Tools::start().await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "tireless", "model": "gpt-4o-mini",
+            "tools": [http_tool("create", format!("{base}/create"))]}))
+        .await;
+    let (_, accepted) = app.ask(&agent, "go").await;
+    let run = app.finished(&accepted).await;
+    assert_eq!(run["error"]["code"], "max_tool_calls_exceeded", "{run}");
+    let default = spool_shared::agent::DEFAULT_MAX_TOOL_CALLS as usize;
+    assert_eq!(
+        tools.calls().len(),
+        default,
+        "five steps of 40, not the sixth"
+    );
+}
+
+#[tokio::test]
 async fn limits_max_steps_and_max_output_tokens_shape_the_requests() {
     let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
         0 => fake_llm::tool_calls(&[("c1", "create", r#"{"n": 1}"#)]),
