@@ -35,6 +35,8 @@ pub struct ApiConfig {
     pub providers: spool_shared::provider::Providers,
     /// The network policy webhook URLs must pass (as tools' URLs do in the worker).
     pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
+    /// The retention windows (`SPOOL_RETENTION_*`): idempotency keys, usage detail.
+    pub retention: spool_shared::config::RetentionArgs,
 }
 
 /// Everything a handler needs, cheap to clone.

@@ -133,6 +133,82 @@ impl StreamArgs {
     }
 }
 
+/// How long operational rows are kept (DESIGN section 15, docs/operations.md "Retention"): read
+/// by the worker's housekeeping, which deletes what is older, and by the API (idempotency keys,
+/// the usage report's window edges).
+#[derive(clap::Args, Clone, Debug)]
+pub struct RetentionArgs {
+    /// Days a run's step payloads and timeline are kept after it ended (0: forever).
+    #[arg(long, env = "SPOOL_RETENTION_STEPS_DAYS", default_value_t = 30)]
+    pub retention_steps_days: u32,
+
+    /// Days each run's usage figures are kept after it ended (0: forever); usage older than
+    /// that is reported by whole UTC days, from the daily roll-up.
+    #[arg(long, env = "SPOOL_RETENTION_USAGE_DETAIL_DAYS", default_value_t = 90)]
+    pub retention_usage_detail_days: u32,
+
+    /// Hours an `Idempotency-Key` answers a repeated request (1 to 8760).
+    #[arg(long, env = "SPOOL_RETENTION_IDEMPOTENCY_HOURS", default_value_t = 24)]
+    pub retention_idempotency_hours: u32,
+}
+
+impl Default for RetentionArgs {
+    fn default() -> Self {
+        Self {
+            retention_steps_days: 30,
+            retention_usage_detail_days: 90,
+            retention_idempotency_hours: 24,
+        }
+    }
+}
+
+/// The longest retention window in days (a hundred years: "forever" is 0).
+pub const MAX_RETENTION_DAYS: u32 = 36_500;
+
+impl RetentionArgs {
+    /// Checks each window; an error names the variable.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (name, days) in [
+            ("SPOOL_RETENTION_STEPS_DAYS", self.retention_steps_days),
+            (
+                "SPOOL_RETENTION_USAGE_DETAIL_DAYS",
+                self.retention_usage_detail_days,
+            ),
+        ] {
+            anyhow::ensure!(
+                days <= MAX_RETENTION_DAYS,
+                "{name} must be a number of days from 0 (forever) to {MAX_RETENTION_DAYS}, \
+                 not {days}"
+            );
+        }
+        anyhow::ensure!(
+            (1..=8760).contains(&self.retention_idempotency_hours),
+            "SPOOL_RETENTION_IDEMPOTENCY_HOURS must be a number of hours from 1 to 8760, not {}",
+            self.retention_idempotency_hours
+        );
+        Ok(())
+    }
+
+    /// How long step payloads are kept (`None`: forever).
+    pub fn steps(&self) -> Option<chrono::Duration> {
+        days(self.retention_steps_days)
+    }
+
+    /// How long per-run usage figures are kept (`None`: forever).
+    pub fn usage_detail(&self) -> Option<chrono::Duration> {
+        days(self.retention_usage_detail_days)
+    }
+
+    /// How long an idempotency key answers.
+    pub fn idempotency(&self) -> chrono::Duration {
+        chrono::Duration::hours(i64::from(self.retention_idempotency_hours.clamp(1, 8760)))
+    }
+}
+
+fn days(days: u32) -> Option<chrono::Duration> {
+    (days > 0).then(|| chrono::Duration::days(i64::from(days.min(MAX_RETENTION_DAYS))))
+}
+
 // Settings in seconds (f64), made durations only once they are known to be representable:
 // `Duration::from_secs_f64` panics on a value such as 1e30, which passes `is_finite`.
 

@@ -177,6 +177,7 @@ fn background(
         tokio::spawn(listen_for_cancels(worker.db.clone(), keeper.canceller())),
         tokio::spawn(crate::housekeeping::run(
             worker.db.clone(),
+            worker.args.retention.clone(),
             shutdown.clone(),
         )),
         tokio::spawn(crate::webhooks::run(

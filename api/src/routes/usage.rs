@@ -1,12 +1,13 @@
 //! `GET /v1/usage` (admin, docs/operations.md): the tenant's tokens and runs in a window, by user,
-//! agent or model, from Postgres.
+//! agent or model, from Postgres: whole UTC days from the daily roll-up, the rest from per-run
+//! figures, which are kept `SPOOL_RETENTION_USAGE_DETAIL_DAYS` (`spool_shared::db::usage`).
 
 use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
-use spool_shared::db::usage::{self, GroupBy, UsageRow};
+use spool_shared::db::usage::{self, GroupBy, UsageRow, Window};
 
 use crate::app::AppState;
 use crate::auth::Caller;
@@ -76,7 +77,7 @@ pub struct UsageResponse {
     params(UsageQuery),
     responses(
         (status = 200, description = "The usage.", body = UsageResponse),
-        (status = 400, description = "`invalid_window`, `invalid_group_by`", body = ErrorBody),
+        (status = 400, description = "`invalid_window`, `invalid_group_by`, `usage_detail_expired` (a window starting or ending inside a UTC day older than `SPOOL_RETENTION_USAGE_DETAIL_DAYS`: usage that old is kept by whole day)", body = ErrorBody),
         Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
         (status = 422, description = "`invalid_query` (a time that is not RFC 3339, an unknown parameter)", body = ErrorBody),
@@ -112,7 +113,20 @@ async fn get_usage(
             ));
         }
     };
-    let rows = usage::report(&state.db, &caller.owner.tenant_id, from, to, group_by).await?;
+    let window = Window::new(from, to);
+    if let (Some(edge), Some(kept)) = (window.oldest_edge(), state.config.retention.usage_detail())
+        && edge < now - kept
+    {
+        return Err(ApiError::bad_request(
+            "usage_detail_expired",
+            format!(
+                "usage older than {} days is kept by UTC day: give `from` and `to` at midnight \
+                 UTC for that part of the window",
+                kept.num_days()
+            ),
+        ));
+    }
+    let rows = usage::report(&state.db, &caller.owner.tenant_id, window, group_by).await?;
     Ok(Json(UsageResponse {
         from,
         to,

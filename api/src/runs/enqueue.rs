@@ -127,10 +127,11 @@ pub(crate) async fn enqueue_message(
     check_message(state, caller, request, history)?;
     let overrides = request.overrides();
     let owner = &caller.owner;
+    let window = state.config.retention.idempotency();
     if let Some(key) = key {
         // A missing agent is a 404 before a replay (without a key the enqueue finds out).
         check_agent(state, caller, request.agent_id).await?;
-        if let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key).await? {
+        if let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key, window).await? {
             return replay(stored, hash);
         }
     }
@@ -143,11 +144,11 @@ pub(crate) async fn enqueue_message(
         Conn::Alone
     };
     if let (Some(key), Conn::Tx(tx)) = (key, &mut conn)
-        && !idempotency::reserve(&mut **tx, &owner.tenant_id, key, hash).await?
+        && !idempotency::reserve(&mut **tx, &owner.tenant_id, key, hash, window).await?
     {
         // A concurrent duplicate committed first (we waited on its row): replay it.
         conn.rollback().await?;
-        let stored = idempotency::find(&state.db, &owner.tenant_id, key)
+        let stored = idempotency::find(&state.db, &owner.tenant_id, key, window)
             .await?
             .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
         return replay(stored, hash);

@@ -3,8 +3,11 @@
 //! The key row is inserted first in the enqueue transaction, so concurrent duplicates serialize
 //! on its primary key: the first inserts and goes on; the others wait for it, find a live key,
 //! roll back and replay its stored response. A key whose transaction rolled back (a 409, say)
-//! leaves no trace, and a retry with it is free to succeed. Keys expire after 24 hours.
+//! leaves no trace, and a retry with it is free to succeed. Keys expire after a window
+//! (`SPOOL_RETENTION_IDEMPOTENCY_HOURS`, 24 by default): every function takes it, so the API that
+//! reads keys and the housekeeping that purges them agree.
 
+use chrono::Duration;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use sqlx::PgExecutor;
@@ -33,12 +36,14 @@ pub fn request_hash(parts: &[&[u8]]) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// Takes the key for this request, or returns `false` if a live (under 24 h) row holds it.
+/// Takes the key for this request, or returns `false` if a live row (younger than `window`)
+/// holds it.
 pub async fn reserve(
     executor: impl PgExecutor<'_>,
     tenant_id: &str,
     key: &str,
     request_hash: &str,
+    window: Duration,
 ) -> sqlx::Result<bool> {
     let row: Option<(i32,)> = sqlx::query_as(
         "INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, response)
@@ -46,12 +51,13 @@ pub async fn reserve(
          ON CONFLICT (tenant_id, key) DO UPDATE
             SET request_hash = EXCLUDED.request_hash, status_code = 0, response = 'null',
                 workflow_id = NULL, created_at = now()
-          WHERE idempotency_keys.created_at < now() - interval '24 hours'
+          WHERE idempotency_keys.created_at < now() - $4::interval
       RETURNING 1",
     )
     .bind(tenant_id)
     .bind(key)
     .bind(request_hash)
+    .bind(window)
     .fetch_optional(executor)
     .await?;
     Ok(row.is_some())
@@ -80,32 +86,39 @@ pub async fn record(
     Ok(())
 }
 
-/// The live row holding the key, if any.
+/// The live row (younger than `window`) holding the key, if any.
 pub async fn find(
     executor: impl PgExecutor<'_>,
     tenant_id: &str,
     key: &str,
+    window: Duration,
 ) -> sqlx::Result<Option<Stored>> {
     sqlx::query_as(
         "SELECT request_hash, status_code, response FROM idempotency_keys
-          WHERE tenant_id = $1 AND key = $2 AND created_at >= now() - interval '24 hours'",
+          WHERE tenant_id = $1 AND key = $2 AND created_at >= now() - $3::interval",
     )
     .bind(tenant_id)
     .bind(key)
+    .bind(window)
     .fetch_optional(executor)
     .await
 }
 
-/// Deletes up to `limit` keys older than 24 hours (a batch keeps each statement short);
+/// Deletes up to `limit` keys older than `window` (a batch keeps each statement short);
 /// returns how many.
-pub async fn purge_expired(executor: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<u64> {
+pub async fn purge_expired(
+    executor: impl PgExecutor<'_>,
+    window: Duration,
+    limit: i64,
+) -> sqlx::Result<u64> {
     let result = sqlx::query(
         "DELETE FROM idempotency_keys WHERE (tenant_id, key) IN (
              SELECT tenant_id, key FROM idempotency_keys
-              WHERE created_at < now() - interval '24 hours'
+              WHERE created_at < now() - $2::interval
               ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)",
     )
     .bind(limit)
+    .bind(window)
     .execute(executor)
     .await?;
     Ok(result.rows_affected())

@@ -423,6 +423,53 @@ pub async fn replace(
     Ok(())
 }
 
+/// When retention deleted the run's step payloads (`None`: they are kept, or it has none).
+pub async fn expired_at(
+    executor: impl PgExecutor<'_>,
+    workflow_id: WorkflowId,
+) -> sqlx::Result<Option<DateTime<Utc>>> {
+    let at: Option<Option<DateTime<Utc>>> =
+        sqlx::query_scalar("SELECT steps_expired_at FROM runs WHERE id = $1")
+            .bind(workflow_id)
+            .fetch_optional(executor)
+            .await?;
+    Ok(at.flatten())
+}
+
+/// Deletes the step payloads (`run_steps` rows and `runs.final_step`) of up to `limit` runs
+/// that ended more than `window` ago, oldest first, and marks them (`runs.steps_expired_at`);
+/// returns how many runs. Only an ended run whose usage was rolled up
+/// ([`super::usage::roll_up`]) qualifies: its steps are the detail the usage report by model
+/// reads until then, and a running or paused run has no `finished_at`. A batch deletes at most
+/// `limit` runs' steps (each run has at most `max_steps` of them, 200), in one statement.
+pub async fn purge_expired(
+    executor: impl PgExecutor<'_>,
+    window: chrono::Duration,
+    limit: i64,
+) -> sqlx::Result<u64> {
+    let (purged,): (i64,) = sqlx::query_as(
+        "WITH expired AS (
+             SELECT id FROM runs
+              WHERE finished_at IS NOT NULL AND steps_expired_at IS NULL
+                AND finished_at < now() - $1::interval
+                AND usage_rolled_up_at IS NOT NULL
+                AND status IN ('completed', 'failed', 'cancelled')
+              ORDER BY finished_at LIMIT $2
+                FOR NO KEY UPDATE SKIP LOCKED),
+         gone AS (DELETE FROM run_steps s USING expired e WHERE s.workflow_id = e.id),
+         marked AS (
+             UPDATE runs r SET steps_expired_at = now(), final_step = NULL
+               FROM expired e WHERE r.id = e.id
+             RETURNING 1)
+         SELECT count(*) FROM marked",
+    )
+    .bind(window)
+    .bind(limit)
+    .fetch_one(executor)
+    .await?;
+    Ok(purged.unsigned_abs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,18 +1,83 @@
 //! Usage: the tokens and runs of a tenant's runs that ended in a window, grouped by user, agent
 //! or model. By user and agent it sums `runs.usage`; by model it sums each step's model call
-//! (`run_steps.data` and the run's `final_step`: `model_call.model`, `usage`), so a run whose
-//! steps used several models counts under each; steps saved before model calls were recorded
-//! count as `unknown`.
+//! (`run_steps.data` and the run's `final_step`: `model_call.model`, `usage`, read through the
+//! `step_usage` view), so a run whose steps used several models counts under each; steps saved
+//! before model calls were recorded count as `unknown`.
+//!
+//! Why a roll-up: a report over a year must not read every run and every step's jsonb, and step
+//! payloads expire (`SPOOL_RETENTION_STEPS_DAYS`) while usage must not. Housekeeping rolls each
+//! ended run up ([`roll_up`]) into `usage_daily` (per tenant, UTC day, user, agent and model)
+//! and `usage_detail` (per run and model), in the one statement that marks the run
+//! (`runs.usage_rolled_up_at`). So a run is counted either from itself (not rolled up yet) or
+//! from the roll-up, never both and never neither, whatever crashes: the mark and the sums
+//! commit together or not at all, and a run's detail row is unique, so even a second roll-up
+//! could only fail. Only a rolled-up run may lose its steps.
+//!
+//! The report ([`report`]) reads whole UTC days of its window from `usage_daily`, the parts of
+//! the window that are not whole days (its edges) from `usage_detail`, and the runs not rolled
+//! up yet from `runs` (and their steps), all in one statement (one snapshot). `usage_detail`
+//! expires (`SPOOL_RETENTION_USAGE_DETAIL_DAYS`, [`purge_detail`]); a window whose edges are
+//! older than that cannot be answered to the second, and the API says so.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, NaiveDate, NaiveTime, Utc};
 use sqlx::PgExecutor;
 
-// The token and run sums of `runs` rows.
-macro_rules! sums {
+// The report: whole days from the roll-up, the edges from the per-run rows, and the runs not
+// rolled up yet (`$pending`), summed per group. `$key` and `$rolled` pick the group and the
+// roll-up's kind of row.
+macro_rules! report_sql {
+    ($key:literal, $rolled:literal, $pending:expr) => {
+        concat!(
+            "SELECT g AS \"group\", sum(i)::bigint AS input_tokens,
+                    sum(o)::bigint AS output_tokens, sum(n)::bigint AS runs
+               FROM (SELECT ",
+            $key,
+            " AS g, input_tokens AS i, output_tokens AS o, runs AS n
+                       FROM usage_daily
+                      WHERE tenant_id = $1 AND day >= $6 AND day < $7 AND ",
+            $rolled,
+            "
+                     UNION ALL
+                     SELECT ",
+            $key,
+            ", input_tokens, output_tokens, 1 FROM usage_detail
+                      WHERE tenant_id = $1 AND ",
+            $rolled,
+            "
+                        AND ((finished_at >= $2 AND finished_at < $3)
+                             OR (finished_at >= $4 AND finished_at < $5))
+                     UNION ALL
+                     ",
+            $pending,
+            ") t
+              GROUP BY g"
+        )
+    };
+}
+
+// Runs not rolled up yet, read from themselves (`runs_usage_pending_idx`).
+macro_rules! pending_runs {
+    ($key:literal) => {
+        concat!(
+            "SELECT ",
+            $key,
+            ", coalesce((usage->>'input_tokens')::bigint, 0),
+                    coalesce((usage->>'output_tokens')::bigint, 0), 1
+               FROM runs
+              WHERE tenant_id = $1 AND finished_at IS NOT NULL AND usage_rolled_up_at IS NULL
+                AND finished_at >= $2 AND finished_at < $5"
+        )
+    };
+}
+
+// By model: each pending run's steps on each model, one run per (run, model).
+macro_rules! pending_by_model {
     () => {
-        "coalesce(sum((usage->>'input_tokens')::bigint), 0)::bigint AS input_tokens,
-         coalesce(sum((usage->>'output_tokens')::bigint), 0)::bigint AS output_tokens,
-         count(*) AS runs"
+        "SELECT coalesce(u.model, 'unknown'), sum(u.input_tokens), sum(u.output_tokens), 1
+           FROM runs r JOIN step_usage u ON u.workflow_id = r.id
+          WHERE r.tenant_id = $1 AND r.finished_at IS NOT NULL AND r.usage_rolled_up_at IS NULL
+            AND r.finished_at >= $2 AND r.finished_at < $5
+          GROUP BY r.id, coalesce(u.model, 'unknown')"
     };
 }
 
@@ -40,51 +105,87 @@ pub struct UsageRow {
     pub runs: i64,
 }
 
-/// The tenant's usage in `[from, to)`, largest total first.
+/// A report's window `[from, to)` split into the whole UTC days the roll-up answers and the
+/// edges before and after them that only per-run figures can.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Start (inclusive).
+    pub from: DateTime<Utc>,
+    /// End (exclusive).
+    pub to: DateTime<Utc>,
+    /// First whole day's midnight (`to` when there is none).
+    days_from: DateTime<Utc>,
+    /// Midnight after the last whole day (`to` when there is none).
+    days_to: DateTime<Utc>,
+}
+
+impl Window {
+    /// The window `[from, to)`, which must not be empty.
+    pub fn new(from: DateTime<Utc>, to: DateTime<Utc>) -> Self {
+        let midnight = |day: NaiveDate| day.and_time(NaiveTime::MIN).and_utc();
+        let first = midnight(from.date_naive());
+        let days_from = if first == from {
+            first
+        } else {
+            first + Duration::days(1)
+        };
+        let days_to = midnight(to.date_naive());
+        if days_from < days_to {
+            Self {
+                from,
+                to,
+                days_from,
+                days_to,
+            }
+        } else {
+            Self {
+                from,
+                to,
+                days_from: to,
+                days_to: to,
+            }
+        }
+    }
+
+    /// The oldest instant the window needs per-run figures for (`None`: whole days only).
+    pub fn oldest_edge(&self) -> Option<DateTime<Utc>> {
+        if self.from < self.days_from {
+            Some(self.from)
+        } else if self.days_to < self.to {
+            Some(self.days_to)
+        } else {
+            None
+        }
+    }
+}
+
+/// The tenant's usage in the window, largest total first.
 pub async fn report(
     executor: impl PgExecutor<'_>,
     tenant_id: &str,
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
+    window: Window,
     group_by: GroupBy,
 ) -> sqlx::Result<Vec<UsageRow>> {
+    // The roll-up's two kinds of rows (see its migration): '' holds the runs' own totals.
     let sql = match group_by {
-        GroupBy::User | GroupBy::Agent => {
-            if group_by == GroupBy::User {
-                concat!(
-                    "SELECT owner_id AS \"group\", ",
-                    sums!(),
-                    " FROM runs WHERE tenant_id = $1 AND finished_at >= $2 AND finished_at < $3
-                     GROUP BY 1"
-                )
-            } else {
-                concat!(
-                    "SELECT coalesce(agent_id::text, 'default') AS \"group\", ",
-                    sums!(),
-                    " FROM runs WHERE tenant_id = $1 AND finished_at >= $2 AND finished_at < $3
-                     GROUP BY 1"
-                )
-            }
-        }
-        GroupBy::Model => {
-            // Each step's model call, from the `step_usage` view over the saved steps (its
-            // migration says why a view).
-            "SELECT coalesce(u.model, 'unknown') AS \"group\",
-                    coalesce(sum(u.input_tokens), 0)::bigint AS input_tokens,
-                    coalesce(sum(u.output_tokens), 0)::bigint AS output_tokens,
-                    count(DISTINCT r.id) AS runs
-               FROM runs r JOIN step_usage u ON u.workflow_id = r.id
-              WHERE r.tenant_id = $1 AND r.finished_at >= $2 AND r.finished_at < $3
-              GROUP BY 1"
-        }
+        GroupBy::User => report_sql!("owner_id", "model = ''", pending_runs!("owner_id")),
+        GroupBy::Agent => report_sql!(
+            "agent_id",
+            "model = ''",
+            pending_runs!("coalesce(agent_id::text, 'default')")
+        ),
+        GroupBy::Model => report_sql!("model", "model <> ''", pending_by_model!()),
     };
-    let rows: Vec<UsageRow> = sqlx::query_as(sql)
+    let mut rows: Vec<UsageRow> = sqlx::query_as(sql)
         .bind(tenant_id)
-        .bind(from)
-        .bind(to)
+        .bind(window.from)
+        .bind(window.days_from)
+        .bind(window.days_to)
+        .bind(window.to)
+        .bind(window.days_from.date_naive())
+        .bind(window.days_to.date_naive())
         .fetch_all(executor)
         .await?;
-    let mut rows = rows;
     rows.sort_by(|a, b| {
         (b.input_tokens + b.output_tokens)
             .cmp(&(a.input_tokens + a.output_tokens))
@@ -92,3 +193,78 @@ pub async fn report(
     });
     Ok(rows)
 }
+
+/// Rolls up to `limit` ended runs that are not rolled up yet into `usage_daily` and
+/// `usage_detail`, marking them, in one statement; returns how many runs. Two workers rolling
+/// up at once take different runs (`SKIP LOCKED`).
+pub async fn roll_up(executor: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<u64> {
+    let (rolled,): (i64,) = sqlx::query_as(
+        "WITH batch AS (
+             SELECT id FROM runs
+              WHERE finished_at IS NOT NULL AND usage_rolled_up_at IS NULL
+              LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED),
+         rolled AS (
+             UPDATE runs r SET usage_rolled_up_at = now()
+               FROM batch WHERE r.id = batch.id
+             RETURNING r.id, r.tenant_id, r.owner_id,
+                       coalesce(r.agent_id::text, 'default') AS agent_id, r.finished_at,
+                       coalesce((r.usage->>'input_tokens')::bigint, 0) AS input_tokens,
+                       coalesce((r.usage->>'output_tokens')::bigint, 0) AS output_tokens),
+         detail AS (
+             SELECT id AS workflow_id, '' AS model, tenant_id, owner_id, agent_id, finished_at,
+                    input_tokens, output_tokens
+               FROM rolled
+             UNION ALL
+             SELECT r.id, coalesce(u.model, 'unknown'), r.tenant_id, r.owner_id, r.agent_id,
+                    r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint
+               FROM rolled r JOIN step_usage u ON u.workflow_id = r.id
+              GROUP BY r.id, coalesce(u.model, 'unknown'), r.tenant_id, r.owner_id,
+                       r.agent_id, r.finished_at),
+         kept AS (
+             INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,
+                                       finished_at, input_tokens, output_tokens)
+             SELECT workflow_id, model, tenant_id, owner_id, agent_id, finished_at,
+                    input_tokens, output_tokens
+               FROM detail),
+         summed AS (
+             INSERT INTO usage_daily AS d (tenant_id, day, owner_id, agent_id, model,
+                                           input_tokens, output_tokens, runs)
+             SELECT tenant_id, (finished_at AT TIME ZONE 'UTC')::date, owner_id, agent_id,
+                    model, sum(input_tokens), sum(output_tokens), count(*)
+               FROM detail
+              GROUP BY 1, 2, 3, 4, 5
+              ORDER BY 1, 2, 3, 4, 5
+             ON CONFLICT (tenant_id, day, owner_id, agent_id, model) DO UPDATE
+                SET input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+                    output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                    runs = d.runs + EXCLUDED.runs)
+         SELECT count(*) FROM rolled",
+    )
+    .bind(limit)
+    .fetch_one(executor)
+    .await?;
+    Ok(rolled.unsigned_abs())
+}
+
+/// Deletes up to `limit` per-run usage rows of runs that ended more than `window` ago, oldest
+/// first; returns how many. The days' totals stay in `usage_daily`.
+pub async fn purge_detail(
+    executor: impl PgExecutor<'_>,
+    window: Duration,
+    limit: i64,
+) -> sqlx::Result<u64> {
+    let result = sqlx::query(
+        "DELETE FROM usage_detail WHERE (workflow_id, model) IN (
+             SELECT workflow_id, model FROM usage_detail
+              WHERE finished_at < now() - $1::interval
+              ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(window)
+    .bind(limit)
+    .execute(executor)
+    .await?;
+    Ok(result.rows_affected())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,8 @@
 //! `GET /v1/workflows/{workflow_id}/steps`: what an agent did, from Postgres, long after the
 //! stream is gone: each step's model call, its tool calls with their arguments, results,
-//! timings and the attempt that ran them, and every pause and decision, in order.
+//! timings and the attempt that ran them, and every pause and decision, in order. Step payloads
+//! expire `SPOOL_RETENTION_STEPS_DAYS` after the run ended; the answer then says so
+//! (`steps_expired_at`) rather than looking like a run that saved no step.
 
 use axum::Json;
 use axum::extract::State;
@@ -29,8 +31,11 @@ pub struct StepsResponse {
     pub status: RunStatus,
     /// What it waits for, while paused.
     pub pending_action: Option<PendingAction>,
-    /// Its steps, in order.
+    /// Its steps, in order (empty once they expired).
     pub steps: Vec<TimelineStep>,
+    /// When retention deleted its steps (`SPOOL_RETENTION_STEPS_DAYS` after the run ended);
+    /// `null` while they are kept.
+    pub steps_expired_at: Option<DateTime<Utc>>,
 }
 
 /// One step: a model call and the tool calls it asked for.
@@ -167,10 +172,16 @@ pub(crate) async fn get_steps(
         };
         steps.push(step.into());
     }
+    // Only a run with no step left can have had them expire.
+    let steps_expired_at = match steps.is_empty() {
+        true => steps::expired_at(&state.db, workflow_id).await?,
+        false => None,
+    };
     Ok(Json(StepsResponse {
         workflow_id,
         status: run.status,
         pending_action: run.pending_action.map(|a| a.0),
         steps,
+        steps_expired_at,
     }))
 }

@@ -1,0 +1,397 @@
+//! The roll-up and the retention purges beside their SQL: totals that do not change when the
+//! detail goes, a roll-up that crashes counting nothing, batches that stop at their size, and
+//! rows inside each window kept.
+
+use chrono::{DateTime, Duration, TimeZone as _, Utc};
+use serde_json::{Value, json};
+use spool_tests::TestDb;
+use uuid::Uuid;
+
+use super::*;
+use crate::db::steps;
+
+/// An ended run of `owner` (`agent`: `None` for the default agent) that finished at `at`, with
+/// `usage` as its own total, one saved step per `(model, input, output)` of `steps` and a final
+/// step on `last`.
+struct Ended<'a> {
+    owner: &'a str,
+    agent: Option<Uuid>,
+    at: DateTime<Utc>,
+    usage: (i64, i64),
+    steps: &'a [(&'a str, i64, i64)],
+    last: Option<(&'a str, i64, i64)>,
+    status: &'a str,
+}
+
+impl Default for Ended<'_> {
+    fn default() -> Self {
+        Self {
+            owner: "alice",
+            agent: None,
+            at: Utc::now(),
+            usage: (0, 0),
+            steps: &[],
+            last: None,
+            status: "completed",
+        }
+    }
+}
+
+fn saved(model: &str, input: i64, output: i64) -> Value {
+    json!({"assistant": {"text": "t", "tool_calls": []}, "results": [],
+           "usage": {"input_tokens": input, "output_tokens": output},
+           "model_call": {"model": model, "started_at": "2026-11-01T00:00:00Z",
+                          "ended_at": "2026-11-01T00:00:01Z", "finish_reason": "stop"}})
+}
+
+async fn ended(db: &TestDb, run: Ended<'_>) -> Uuid {
+    let (thread, user, assistant, id) = (
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+    );
+    let finished = (run.status != "running").then_some(run.at);
+    sqlx::query(
+        "WITH t AS (INSERT INTO threads (id, tenant_id, owner_id) VALUES ($1, 'acme', $5)),
+              m AS (INSERT INTO messages (id, thread_id, role, status)
+                    VALUES ($2, $1, 'user', 'completed'), ($3, $1, 'assistant', 'completed'))
+         INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
+                           assistant_message_id, status, usage, finished_at, final_step)
+         VALUES ($4, $1, 'acme', $5, $6, $2, $3, $7, $8, $9, $10)",
+    )
+    .bind(thread)
+    .bind(user)
+    .bind(assistant)
+    .bind(id)
+    .bind(run.owner)
+    .bind(run.agent)
+    .bind(run.status)
+    .bind(json!({"input_tokens": run.usage.0, "output_tokens": run.usage.1}))
+    .bind(finished)
+    .bind(run.last.map(|(m, i, o)| saved(m, i, o)))
+    .execute(&db.pool)
+    .await
+    .expect("run");
+    for (n, (model, input, output)) in run.steps.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO run_steps (workflow_id, step, attempt, data) VALUES ($1, $2, 1, $3)",
+        )
+        .bind(id)
+        .bind(i32::try_from(n).expect("small") + 1)
+        .bind(saved(model, *input, *output))
+        .execute(&db.pool)
+        .await
+        .expect("step");
+    }
+    id
+}
+
+fn day(d: u32, h: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 10, d, h, 0, 0)
+        .single()
+        .expect("date")
+}
+
+/// Every group's report over `windows`, to compare before and after.
+async fn reports(db: &TestDb, windows: &[Window]) -> Vec<Vec<UsageRow>> {
+    let mut all = Vec::new();
+    for window in windows {
+        for group_by in [GroupBy::User, GroupBy::Agent, GroupBy::Model] {
+            all.push(
+                report(&db.pool, "acme", *window, group_by)
+                    .await
+                    .expect("report"),
+            );
+        }
+    }
+    all
+}
+
+/// A month of runs on a few days: two users, an agent, two models, a run with a step on each.
+async fn month(db: &TestDb) -> Vec<Uuid> {
+    let agent = Uuid::new_v4();
+    let mut runs = Vec::new();
+    for (n, at) in [day(1, 10), day(1, 23), day(2, 0), day(15, 12), day(30, 6)]
+        .into_iter()
+        .enumerate()
+    {
+        let n = i64::try_from(n).expect("small");
+        runs.push(
+            ended(
+                db,
+                Ended {
+                    owner: if n % 2 == 0 { "alice" } else { "bob" },
+                    agent: (n % 3 == 0).then_some(agent),
+                    at,
+                    // The run's own total also counts calls outside steps (compaction).
+                    usage: (100 + n, 10 + n),
+                    steps: &[("gpt-a", 40, 4), ("gpt-b", 30, 3)],
+                    last: Some(("gpt-a", 20 + n, 2)),
+                    ..Ended::default()
+                },
+            )
+            .await,
+        );
+    }
+    // Another tenant's run never counts for acme.
+    let theirs = ended(
+        db,
+        Ended {
+            at: day(1, 12),
+            usage: (5, 5),
+            ..Ended::default()
+        },
+    )
+    .await;
+    sqlx::query("UPDATE runs SET tenant_id = 'other' WHERE id = $1")
+        .bind(theirs)
+        .execute(&db.pool)
+        .await
+        .expect("other tenant");
+    runs
+}
+
+fn windows() -> Vec<Window> {
+    vec![
+        // Whole days only.
+        Window::new(day(1, 0), day(31, 0)),
+        // Edges on both sides, whole days between.
+        Window::new(day(1, 12), day(30, 12)),
+        // Inside one day.
+        Window::new(day(1, 11), day(1, 23)),
+        // Across one midnight, no whole day.
+        Window::new(day(1, 20), day(2, 3)),
+    ]
+}
+
+#[tokio::test]
+async fn totals_are_the_same_before_the_roll_up_after_it_and_after_the_detail_is_deleted() {
+    let db = TestDb::new().await.expect("db");
+    month(&db).await;
+    let before = reports(&db, &windows()).await;
+    let alice = &before[0];
+    assert_eq!(
+        alice.iter().find(|r| r.group == "alice").map(|r| r.runs),
+        Some(3),
+        "{alice:?}"
+    );
+    let by_model = &before[2];
+    let a = by_model.iter().find(|r| r.group == "gpt-a").expect("gpt-a");
+    assert_eq!((a.runs, a.input_tokens), (5, 5 * 40 + 5 * 20 + 10));
+
+    // Rolled up in batches of 2: 5 runs (and the other tenant's) take 3 full ones and a last.
+    let mut batches = Vec::new();
+    loop {
+        let rolled = roll_up(&db.pool, 2).await.expect("roll up");
+        batches.push(rolled);
+        if rolled < 2 {
+            break;
+        }
+    }
+    assert_eq!(batches, [2, 2, 2, 0], "bounded batches");
+    assert_eq!(
+        reports(&db, &windows()).await,
+        before,
+        "the same totals from the roll-up"
+    );
+    assert!(db.count("usage_daily").await > 0);
+
+    // The steps go (they are the detail the report by model read), then the per-run figures:
+    // whole days still add up.
+    let steps = steps::purge_expired(&db.pool, Duration::days(1), 1_000)
+        .await
+        .expect("purge steps");
+    assert_eq!(steps, 6);
+    assert_eq!(db.count("run_steps").await, 0);
+    assert_eq!(reports(&db, &windows()).await, before, "without the steps");
+    let detail = purge_detail(&db.pool, Duration::days(1), 1_000)
+        .await
+        .expect("purge detail");
+    assert!(detail > 0);
+    assert_eq!(db.count("usage_detail").await, 0);
+    let whole = [Window::new(day(1, 0), day(31, 0))];
+    assert_eq!(
+        reports(&db, &whole).await,
+        before[..3],
+        "whole days without any detail"
+    );
+}
+
+#[tokio::test]
+async fn a_roll_up_that_crashes_counts_nothing_and_a_second_one_counts_nothing_twice() {
+    let db = TestDb::new().await.expect("db");
+    month(&db).await;
+    let before = reports(&db, &windows()).await;
+
+    // The worker dies before its statement commits: nothing is counted, nothing marked.
+    let mut tx = db.pool.begin().await.expect("begin");
+    assert_eq!(roll_up(&mut *tx, 100).await.expect("roll up"), 6);
+    drop(tx);
+    assert_eq!(db.count("usage_daily").await, 0);
+    assert_eq!(reports(&db, &windows()).await, before);
+
+    // Restarted, it rolls up once; another pass (a second worker, the next tick) finds nothing.
+    assert_eq!(roll_up(&db.pool, 100).await.expect("roll up"), 6);
+    assert_eq!(roll_up(&db.pool, 100).await.expect("again"), 0);
+    assert_eq!(reports(&db, &windows()).await, before, "counted once");
+
+    // Even a run whose mark were lost could not be counted twice: its detail row is unique,
+    // and the statement fails whole.
+    sqlx::query("UPDATE runs SET usage_rolled_up_at = NULL")
+        .execute(&db.pool)
+        .await
+        .expect("unmark");
+    roll_up(&db.pool, 100)
+        .await
+        .expect_err("a second roll-up of a run fails");
+    sqlx::query("UPDATE runs SET usage_rolled_up_at = now()")
+        .execute(&db.pool)
+        .await
+        .expect("mark");
+    assert_eq!(reports(&db, &windows()).await, before);
+}
+
+#[tokio::test]
+async fn steps_go_only_from_ended_rolled_up_runs_past_the_window_in_bounded_batches() {
+    let db = TestDb::new().await.expect("db");
+    let old = Utc::now() - Duration::days(31);
+    let step = [("m", 1, 1)];
+    let mut expired = Vec::new();
+    for status in ["completed", "failed", "cancelled", "completed", "completed"] {
+        let run = Ended {
+            at: old,
+            steps: &step,
+            last: Some(("m", 1, 1)),
+            status,
+            ..Ended::default()
+        };
+        expired.push(ended(&db, run).await);
+    }
+    let recent = ended(
+        &db,
+        Ended {
+            at: Utc::now() - Duration::days(29),
+            steps: &step,
+            last: Some(("m", 1, 1)),
+            ..Ended::default()
+        },
+    )
+    .await;
+    let running = ended(
+        &db,
+        Ended {
+            steps: &step,
+            status: "running",
+            ..Ended::default()
+        },
+    )
+    .await;
+    let window = Duration::days(30);
+
+    // Not rolled up yet: their steps are still the usage report's detail.
+    assert_eq!(
+        steps::purge_expired(&db.pool, window, 2)
+            .await
+            .expect("purge"),
+        0
+    );
+    roll_up(&db.pool, 100).await.expect("roll up");
+    let mut batches = Vec::new();
+    loop {
+        let purged = steps::purge_expired(&db.pool, window, 2)
+            .await
+            .expect("purge");
+        batches.push(purged);
+        if purged < 2 {
+            break;
+        }
+    }
+    assert_eq!(batches, [2, 2, 1], "bounded batches");
+
+    let left: Vec<(Uuid,)> =
+        sqlx::query_as("SELECT DISTINCT workflow_id FROM run_steps ORDER BY 1")
+            .fetch_all(&db.pool)
+            .await
+            .expect("steps");
+    let mut kept = vec![(recent,), (running,)];
+    kept.sort();
+    assert_eq!(left, kept, "inside the window and running runs keep theirs");
+    for run in &expired {
+        let at = steps::expired_at(&db.pool, crate::ids::WorkflowId(*run))
+            .await
+            .expect("read");
+        assert!(at.is_some(), "{run} marked");
+        let (last,): (Option<Value>,) = sqlx::query_as("SELECT final_step FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&db.pool)
+            .await
+            .expect("run");
+        assert_eq!(last, None, "the final step is a step payload too");
+    }
+    assert_eq!(
+        steps::expired_at(&db.pool, crate::ids::WorkflowId(recent))
+            .await
+            .expect("read"),
+        None
+    );
+}
+
+#[tokio::test]
+async fn usage_detail_goes_past_its_window_in_bounded_batches() {
+    let db = TestDb::new().await.expect("db");
+    for days in [100, 95, 91, 89] {
+        ended(
+            &db,
+            Ended {
+                at: Utc::now() - Duration::days(days),
+                steps: &[("m", 1, 1)],
+                ..Ended::default()
+            },
+        )
+        .await;
+    }
+    roll_up(&db.pool, 100).await.expect("roll up");
+    // Two rows per run: its own total and its model's.
+    assert_eq!(db.count("usage_detail").await, 8);
+    let window = Duration::days(90);
+    let mut batches = Vec::new();
+    loop {
+        let purged = purge_detail(&db.pool, window, 4).await.expect("purge");
+        batches.push(purged);
+        if purged < 4 {
+            break;
+        }
+    }
+    assert_eq!(batches, [4, 2]);
+    assert_eq!(
+        db.count("usage_detail").await,
+        2,
+        "the run inside the window"
+    );
+    let kept: i64 =
+        sqlx::query_scalar("SELECT sum(runs)::bigint FROM usage_daily WHERE model = ''")
+            .fetch_one(&db.pool)
+            .await
+            .expect("sum");
+    assert_eq!(kept, 4, "the days keep every run");
+}
+
+#[test]
+fn a_window_splits_into_whole_days_and_its_edges() {
+    let w = Window::new(day(1, 12), day(3, 6));
+    assert_eq!((w.days_from, w.days_to), (day(2, 0), day(3, 0)));
+    assert_eq!(w.oldest_edge(), Some(day(1, 12)));
+    let w = Window::new(day(1, 0), day(3, 0));
+    assert_eq!((w.days_from, w.days_to), (day(1, 0), day(3, 0)));
+    assert_eq!(w.oldest_edge(), None);
+    let w = Window::new(day(1, 0), day(3, 6));
+    assert_eq!(w.oldest_edge(), Some(day(3, 0)));
+    let w = Window::new(day(1, 20), day(2, 3));
+    assert_eq!(
+        (w.days_from, w.days_to),
+        (day(2, 3), day(2, 3)),
+        "no whole day"
+    );
+    assert_eq!(w.oldest_edge(), Some(day(1, 20)));
+}
