@@ -139,3 +139,109 @@ async fn usage_sums_each_tenants_tokens_and_runs_by_user_agent_and_model() {
     }
     app.stop().await;
 }
+
+/// Issue 37 (DESIGN section 15): housekeeping rolls usage up by day, then deletes the steps of
+/// runs past `SPOOL_RETENTION_STEPS_DAYS` and the per-run figures past
+/// `SPOOL_RETENTION_USAGE_DETAIL_DAYS`. The run still answers, its timeline says its steps
+/// expired, and the usage report's totals do not move.
+#[tokio::test]
+async fn a_run_past_the_retention_windows_keeps_its_run_and_usage_and_says_its_steps_expired() {
+    use chrono::{Duration, Utc};
+    use spool_shared::config::RetentionArgs;
+    use tokio_util::sync::CancellationToken;
+
+    // The worker's own housekeeping passes at its start, before the run ends, and next in 10
+    // minutes: the passes below are the ones that find the run.
+    let app = TestApp::start(1, worker_args(4, 0)).await;
+    let alice = token("alice", "acme");
+    let acme = admin("acme");
+    let (_, accepted) = app.send_message(&alice, Uuid::new_v4(), "hello").await;
+    let id = accepted["workflow_id"].as_str().expect("id").to_owned();
+    let run = app.wait_for_status(&alice, &id, "completed").await;
+    let (status, timeline) = app.get(&alice, &format!("/v1/workflows/{id}/steps")).await;
+    assert_eq!(status, StatusCode::OK, "{timeline}");
+    assert_eq!(timeline["steps"].as_array().map(Vec::len), Some(1));
+    assert_eq!(timeline["steps_expired_at"], Value::Null);
+
+    // The run ended 40 days ago (as far as retention can tell).
+    sqlx::query("UPDATE runs SET finished_at = now() - interval '40 days' WHERE id = $1::uuid")
+        .bind(&id)
+        .execute(&app.db.pool)
+        .await
+        .expect("backdate");
+    let midnight = Utc::now()
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc();
+    let whole_days = format!(
+        "from={}&to={}",
+        (midnight - Duration::days(45)).format("%Y-%m-%dT%H:%M:%SZ"),
+        midnight.format("%Y-%m-%dT%H:%M:%SZ")
+    );
+    let report = |group_by: &str| format!("/v1/usage?group_by={group_by}&{whole_days}");
+    let mut before = Vec::new();
+    for group_by in ["user", "agent", "model"] {
+        let (status, body) = app.get(&acme, &report(group_by)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        before.push(body["data"].clone());
+    }
+    assert_eq!(row(&json!({"data": before[0]}), "alice")["runs"], 1);
+    assert_eq!(
+        row(&json!({"data": before[0]}), "alice")["output_tokens"],
+        tokens(&run).1
+    );
+
+    let done = spool_worker::housekeeping::purge(
+        &app.db.pool,
+        &RetentionArgs::default(),
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("housekeeping");
+    assert_eq!(
+        (done.runs_rolled_up, done.runs_steps_deleted),
+        (1, 1),
+        "{done:?}"
+    );
+
+    let (status, timeline) = app.get(&alice, &format!("/v1/workflows/{id}/steps")).await;
+    assert_eq!(status, StatusCode::OK, "{timeline}");
+    assert_eq!(timeline["steps"], json!([]));
+    assert!(timeline["steps_expired_at"].is_string(), "{timeline}");
+    assert_eq!(timeline["status"], "completed");
+    let document = app.openapi_document().await;
+    crate::openapi::check(&document, "StepsResponse", &timeline);
+    let (status, again) = app.get(&alice, &format!("/v1/workflows/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(
+        again["usage"], run["usage"],
+        "the run keeps its own figures"
+    );
+
+    for (group_by, before) in ["user", "agent", "model"].into_iter().zip(&before) {
+        let (_, after) = app.get(&acme, &report(group_by)).await;
+        assert_eq!(
+            &after["data"], before,
+            "{group_by}: the same totals from the roll-up"
+        );
+    }
+
+    // The run's own figures go after SPOOL_RETENTION_USAGE_DETAIL_DAYS: whole days still add
+    // up; a window that needs them is refused, not answered short.
+    let short = RetentionArgs {
+        retention_usage_detail_days: 30,
+        ..RetentionArgs::default()
+    };
+    let done = spool_worker::housekeeping::purge(&app.db.pool, &short, &CancellationToken::new())
+        .await
+        .expect("housekeeping");
+    assert!(done.usage_detail > 0, "{done:?}");
+    let (_, after) = app.get(&acme, &report("user")).await;
+    assert_eq!(after["data"], before[0]);
+    let old_edge = (Utc::now() - Duration::days(100)).format("%Y-%m-%dT%H:%M:%SZ");
+    let (status, body) = app.get(&acme, &format!("/v1/usage?from={old_edge}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "usage_detail_expired");
+    app.stop().await;
+}
