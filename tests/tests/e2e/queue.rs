@@ -271,3 +271,81 @@ async fn embedded_workers_use_a_pool_of_their_own_named_apart_from_the_api_s() {
     let names: Vec<&str> = names.iter().map(|(n,)| n.as_str()).collect();
     assert_eq!(names, ["spool-api", "spool-worker"]);
 }
+
+/// Issue 37 item 3, as an operator sets it: `SPOOL_RETENTION_IDEMPOTENCY_HOURS` on the API (a
+/// key older than the window no longer replays) and on the worker (it purges them), and
+/// `SPOOL_RETENTION_STEPS_DAYS` on the worker (a run that ended longer ago loses its steps,
+/// and its timeline says so).
+#[tokio::test]
+async fn retention_windows_set_in_the_environment_expire_keys_and_steps() {
+    let hours = [("SPOOL_RETENTION_IDEMPOTENCY_HOURS", "2")];
+    let stack = Stack::start_with(&spool_tests::redis_url(), &hours).await;
+    let pool = &stack.db.pool;
+    let alice = token("alice", "acme");
+    let first = stack.worker(&[]).await;
+    let accepted = stack.enqueue(&alice, "hello").await;
+    stack.wait_run(&accepted, "completed").await;
+    drop(first);
+    let id = accepted["workflow_id"].as_str().expect("id").to_owned();
+    sqlx::query("UPDATE runs SET finished_at = now() - interval '11 days' WHERE id = $1::uuid")
+        .bind(&id)
+        .execute(pool)
+        .await
+        .expect("backdate");
+    sqlx::raw_sql(
+        "INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, response, created_at)
+         VALUES ('acme', 'old', 'h', 202, '{}', now() - interval '3 hours'),
+                ('acme', 'fresh', 'h', 202, '{}', now() - interval '1 hour')",
+    )
+    .execute(pool)
+    .await
+    .expect("keys");
+
+    // The API: a key past its 2 hours is free again (with 24 it would be 422, another body).
+    let thread = uuid::Uuid::new_v4();
+    let response = stack
+        .http
+        .post(format!("{}/v1/threads/{thread}/user_message", stack.base))
+        .bearer_auth(&alice)
+        .header("Idempotency-Key", "old")
+        .json(&serde_json::json!({"input_text": "again"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), reqwest::StatusCode::ACCEPTED);
+    sqlx::query("DELETE FROM idempotency_keys WHERE key = 'old'")
+        .execute(pool)
+        .await
+        .expect("forget");
+    sqlx::raw_sql(
+        "INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, response, created_at)
+         VALUES ('acme', 'old', 'h', 202, '{}', now() - interval '3 hours')",
+    )
+    .execute(pool)
+    .await
+    .expect("old key");
+
+    let _worker = stack
+        .worker(&[
+            ("SPOOL_RETENTION_IDEMPOTENCY_HOURS", "2"),
+            ("SPOOL_RETENTION_STEPS_DAYS", "10"),
+        ])
+        .await;
+    let timeline = poll_until("the run's steps to expire", TIMEOUT, || async {
+        let (_, timeline) = stack
+            .get_with(&alice, &format!("/v1/workflows/{id}/steps"))
+            .await;
+        timeline["steps_expired_at"].is_string().then_some(timeline)
+    })
+    .await;
+    assert_eq!(timeline["steps"], serde_json::json!([]));
+    let keys: Vec<String> = poll_until("the expired key to go", TIMEOUT, || async {
+        let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency_keys ORDER BY key")
+            .fetch_all(pool)
+            .await
+            .ok()?;
+        (!keys.contains(&"old".to_owned())).then_some(keys)
+    })
+    .await;
+    assert_eq!(keys, ["fresh"], "a key within its 2 hours stays");
+}
