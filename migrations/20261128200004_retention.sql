@@ -85,3 +85,27 @@ CREATE INDEX runs_usage_pending_idx ON runs (tenant_id, finished_at)
 -- Ended runs that still have their steps, oldest first: the steps purge's batches.
 CREATE INDEX runs_steps_kept_idx ON runs (finished_at)
     WHERE finished_at IS NOT NULL AND steps_expired_at IS NULL;
+
+-- =============================================================================================
+-- step_usage, read one run at a time
+-- =============================================================================================
+
+-- The same rows as the baseline's view (each step's model and tokens, from `run_steps.data` and
+-- `runs.final_step`), written so that a join on `workflow_id` reads each run's rows by key: the
+-- baseline's UNION ALL of the two tables took no join condition into its `runs` branch, so the
+-- usage report's and the roll-up's joins read every run that has a final step. Here the run is
+-- found by its primary key and its steps by theirs.
+CREATE OR REPLACE VIEW step_usage AS
+SELECT r.id AS workflow_id, x.model, x.input_tokens, x.output_tokens
+  FROM runs r
+ CROSS JOIN LATERAL (
+       SELECT s.data->'model_call'->>'model' AS model,
+              coalesce((s.data->'usage'->>'input_tokens')::bigint, 0) AS input_tokens,
+              coalesce((s.data->'usage'->>'output_tokens')::bigint, 0) AS output_tokens
+         FROM run_steps s
+        WHERE s.workflow_id = r.id
+       UNION ALL
+       SELECT r.final_step->'model_call'->>'model',
+              coalesce((r.final_step->'usage'->>'input_tokens')::bigint, 0),
+              coalesce((r.final_step->'usage'->>'output_tokens')::bigint, 0)
+        WHERE r.final_step IS NOT NULL) x;

@@ -436,6 +436,22 @@ pub async fn expired_at(
     Ok(at.flatten())
 }
 
+// The steps purge of a batch (`$1` the window, `$2` the batch of runs): see [`purge_expired`].
+pub(crate) const PURGE_EXPIRED: &str = "WITH expired AS (
+         SELECT id FROM runs
+          WHERE finished_at IS NOT NULL AND steps_expired_at IS NULL
+            AND finished_at < now() - $1::interval
+            AND usage_rolled_up_at IS NOT NULL
+            AND status IN ('completed', 'failed', 'cancelled')
+          ORDER BY finished_at LIMIT $2
+            FOR NO KEY UPDATE SKIP LOCKED),
+     gone AS (DELETE FROM run_steps s USING expired e WHERE s.workflow_id = e.id),
+     marked AS (
+         UPDATE runs r SET steps_expired_at = now(), final_step = NULL
+           FROM expired e WHERE r.id = e.id
+         RETURNING 1)
+     SELECT count(*) FROM marked";
+
 /// Deletes the step payloads (`run_steps` rows and `runs.final_step`) of up to `limit` runs
 /// that ended more than `window` ago, oldest first, and marks them (`runs.steps_expired_at`);
 /// returns how many runs. Only an ended run whose usage was rolled up
@@ -447,26 +463,11 @@ pub async fn purge_expired(
     window: chrono::Duration,
     limit: i64,
 ) -> sqlx::Result<u64> {
-    let (purged,): (i64,) = sqlx::query_as(
-        "WITH expired AS (
-             SELECT id FROM runs
-              WHERE finished_at IS NOT NULL AND steps_expired_at IS NULL
-                AND finished_at < now() - $1::interval
-                AND usage_rolled_up_at IS NOT NULL
-                AND status IN ('completed', 'failed', 'cancelled')
-              ORDER BY finished_at LIMIT $2
-                FOR NO KEY UPDATE SKIP LOCKED),
-         gone AS (DELETE FROM run_steps s USING expired e WHERE s.workflow_id = e.id),
-         marked AS (
-             UPDATE runs r SET steps_expired_at = now(), final_step = NULL
-               FROM expired e WHERE r.id = e.id
-             RETURNING 1)
-         SELECT count(*) FROM marked",
-    )
-    .bind(window)
-    .bind(limit)
-    .fetch_one(executor)
-    .await?;
+    let (purged,): (i64,) = sqlx::query_as(PURGE_EXPIRED)
+        .bind(window)
+        .bind(limit)
+        .fetch_one(executor)
+        .await?;
     Ok(purged.unsigned_abs())
 }
 

@@ -166,17 +166,7 @@ pub async fn report(
     window: Window,
     group_by: GroupBy,
 ) -> sqlx::Result<Vec<UsageRow>> {
-    // The roll-up's two kinds of rows (see its migration): '' holds the runs' own totals.
-    let sql = match group_by {
-        GroupBy::User => report_sql!("owner_id", "model = ''", pending_runs!("owner_id")),
-        GroupBy::Agent => report_sql!(
-            "agent_id",
-            "model = ''",
-            pending_runs!("coalesce(agent_id::text, 'default')")
-        ),
-        GroupBy::Model => report_sql!("model", "model <> ''", pending_by_model!()),
-    };
-    let mut rows: Vec<UsageRow> = sqlx::query_as(sql)
+    let mut rows: Vec<UsageRow> = sqlx::query_as(report_sql(group_by))
         .bind(tenant_id)
         .bind(window.from)
         .bind(window.days_from)
@@ -194,57 +184,78 @@ pub async fn report(
     Ok(rows)
 }
 
+/// The report's statement for `group_by`.
+fn report_sql(group_by: GroupBy) -> &'static str {
+    // The roll-up's two kinds of rows (see its migration): '' holds the runs' own totals.
+    match group_by {
+        GroupBy::User => report_sql!("owner_id", "model = ''", pending_runs!("owner_id")),
+        GroupBy::Agent => report_sql!(
+            "agent_id",
+            "model = ''",
+            pending_runs!("coalesce(agent_id::text, 'default')")
+        ),
+        GroupBy::Model => report_sql!("model", "model <> ''", pending_by_model!()),
+    }
+}
+
+// The roll-up of a batch (`$1` runs): see [`roll_up`].
+const ROLL_UP: &str = "WITH batch AS (
+         SELECT id FROM runs
+          WHERE finished_at IS NOT NULL AND usage_rolled_up_at IS NULL
+          LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED),
+     rolled AS (
+         UPDATE runs r SET usage_rolled_up_at = now()
+           FROM batch WHERE r.id = batch.id
+         RETURNING r.id, r.tenant_id, r.owner_id,
+                   coalesce(r.agent_id::text, 'default') AS agent_id, r.finished_at,
+                   coalesce((r.usage->>'input_tokens')::bigint, 0) AS input_tokens,
+                   coalesce((r.usage->>'output_tokens')::bigint, 0) AS output_tokens),
+     detail AS (
+         SELECT id AS workflow_id, '' AS model, tenant_id, owner_id, agent_id, finished_at,
+                input_tokens, output_tokens
+           FROM rolled
+         UNION ALL
+         SELECT r.id, coalesce(u.model, 'unknown'), r.tenant_id, r.owner_id, r.agent_id,
+                r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint
+           FROM rolled r JOIN step_usage u ON u.workflow_id = r.id
+          GROUP BY r.id, coalesce(u.model, 'unknown'), r.tenant_id, r.owner_id,
+                   r.agent_id, r.finished_at),
+     kept AS (
+         INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,
+                                   finished_at, input_tokens, output_tokens)
+         SELECT workflow_id, model, tenant_id, owner_id, agent_id, finished_at,
+                input_tokens, output_tokens
+           FROM detail),
+     summed AS (
+         INSERT INTO usage_daily AS d (tenant_id, day, owner_id, agent_id, model,
+                                       input_tokens, output_tokens, runs)
+         SELECT tenant_id, (finished_at AT TIME ZONE 'UTC')::date, owner_id, agent_id,
+                model, sum(input_tokens), sum(output_tokens), count(*)
+           FROM detail
+          GROUP BY 1, 2, 3, 4, 5
+          ORDER BY 1, 2, 3, 4, 5
+         ON CONFLICT (tenant_id, day, owner_id, agent_id, model) DO UPDATE
+            SET input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                runs = d.runs + EXCLUDED.runs)
+     SELECT count(*) FROM rolled";
+
 /// Rolls up to `limit` ended runs that are not rolled up yet into `usage_daily` and
 /// `usage_detail`, marking them, in one statement; returns how many runs. Two workers rolling
 /// up at once take different runs (`SKIP LOCKED`).
 pub async fn roll_up(executor: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<u64> {
-    let (rolled,): (i64,) = sqlx::query_as(
-        "WITH batch AS (
-             SELECT id FROM runs
-              WHERE finished_at IS NOT NULL AND usage_rolled_up_at IS NULL
-              LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED),
-         rolled AS (
-             UPDATE runs r SET usage_rolled_up_at = now()
-               FROM batch WHERE r.id = batch.id
-             RETURNING r.id, r.tenant_id, r.owner_id,
-                       coalesce(r.agent_id::text, 'default') AS agent_id, r.finished_at,
-                       coalesce((r.usage->>'input_tokens')::bigint, 0) AS input_tokens,
-                       coalesce((r.usage->>'output_tokens')::bigint, 0) AS output_tokens),
-         detail AS (
-             SELECT id AS workflow_id, '' AS model, tenant_id, owner_id, agent_id, finished_at,
-                    input_tokens, output_tokens
-               FROM rolled
-             UNION ALL
-             SELECT r.id, coalesce(u.model, 'unknown'), r.tenant_id, r.owner_id, r.agent_id,
-                    r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint
-               FROM rolled r JOIN step_usage u ON u.workflow_id = r.id
-              GROUP BY r.id, coalesce(u.model, 'unknown'), r.tenant_id, r.owner_id,
-                       r.agent_id, r.finished_at),
-         kept AS (
-             INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,
-                                       finished_at, input_tokens, output_tokens)
-             SELECT workflow_id, model, tenant_id, owner_id, agent_id, finished_at,
-                    input_tokens, output_tokens
-               FROM detail),
-         summed AS (
-             INSERT INTO usage_daily AS d (tenant_id, day, owner_id, agent_id, model,
-                                           input_tokens, output_tokens, runs)
-             SELECT tenant_id, (finished_at AT TIME ZONE 'UTC')::date, owner_id, agent_id,
-                    model, sum(input_tokens), sum(output_tokens), count(*)
-               FROM detail
-              GROUP BY 1, 2, 3, 4, 5
-              ORDER BY 1, 2, 3, 4, 5
-             ON CONFLICT (tenant_id, day, owner_id, agent_id, model) DO UPDATE
-                SET input_tokens = d.input_tokens + EXCLUDED.input_tokens,
-                    output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                    runs = d.runs + EXCLUDED.runs)
-         SELECT count(*) FROM rolled",
-    )
-    .bind(limit)
-    .fetch_one(executor)
-    .await?;
+    let (rolled,): (i64,) = sqlx::query_as(ROLL_UP)
+        .bind(limit)
+        .fetch_one(executor)
+        .await?;
     Ok(rolled.unsigned_abs())
 }
+
+// The purge of a batch of per-run rows (`$1` the window, `$2` the batch).
+const PURGE_DETAIL: &str = "DELETE FROM usage_detail WHERE (workflow_id, model) IN (
+         SELECT workflow_id, model FROM usage_detail
+          WHERE finished_at < now() - $1::interval
+          ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
 /// Deletes up to `limit` per-run usage rows of runs that ended more than `window` ago, oldest
 /// first; returns how many. The days' totals stay in `usage_daily`.
@@ -253,16 +264,11 @@ pub async fn purge_detail(
     window: Duration,
     limit: i64,
 ) -> sqlx::Result<u64> {
-    let result = sqlx::query(
-        "DELETE FROM usage_detail WHERE (workflow_id, model) IN (
-             SELECT workflow_id, model FROM usage_detail
-              WHERE finished_at < now() - $1::interval
-              ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    )
-    .bind(window)
-    .bind(limit)
-    .execute(executor)
-    .await?;
+    let result = sqlx::query(PURGE_DETAIL)
+        .bind(window)
+        .bind(limit)
+        .execute(executor)
+        .await?;
     Ok(result.rows_affected())
 }
 

@@ -395,3 +395,78 @@ fn a_window_splits_into_whole_days_and_its_edges() {
     );
     assert_eq!(w.oldest_edge(), Some(day(1, 20)));
 }
+
+/// Sequential scans of `relation` anywhere in an EXPLAIN (FORMAT JSON) plan node.
+fn seq_scans(plan: &Value, relation: &str) -> usize {
+    usize::from(plan["Node Type"] == "Seq Scan" && plan["Relation Name"].as_str() == Some(relation))
+        + plan["Plans"].as_array().map_or(0, |plans| {
+            plans.iter().map(|plan| seq_scans(plan, relation)).sum()
+        })
+}
+
+/// Every statement of the report, the roll-up and the purges has an index to read through:
+/// with sequential scans priced out, none is left (a missing index would leave one, whatever
+/// the table's size). The report over 366 days reads `usage_daily` by its key, not the runs.
+#[tokio::test]
+async fn the_report_the_roll_up_and_the_purges_are_index_backed() {
+    let db = TestDb::new().await.expect("db");
+    month(&db).await;
+    let mut conn = db.pool.acquire().await.expect("connection");
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut *conn)
+        .await
+        .expect("set");
+    let year = "'acme', '2025-10-31T12:00:00Z', '2025-11-01T00:00:00Z', '2026-10-31T00:00:00Z',
+                '2026-10-31T12:00:00Z', '2025-11-01', '2026-10-31'";
+    let statements = [
+        (
+            "report (text, timestamptz, timestamptz, timestamptz, timestamptz, date, date)",
+            report_sql(GroupBy::User),
+            year,
+        ),
+        (
+            "report (text, timestamptz, timestamptz, timestamptz, timestamptz, date, date)",
+            report_sql(GroupBy::Agent),
+            year,
+        ),
+        (
+            "report (text, timestamptz, timestamptz, timestamptz, timestamptz, date, date)",
+            report_sql(GroupBy::Model),
+            year,
+        ),
+        ("report (bigint)", ROLL_UP, "100"),
+        (
+            "report (interval, bigint)",
+            PURGE_DETAIL,
+            "interval '90 days', 100",
+        ),
+        (
+            "report (interval, bigint)",
+            steps::PURGE_EXPIRED,
+            "interval '30 days', 100",
+        ),
+    ];
+    for (prepare, sql, args) in statements {
+        sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE {prepare} AS {sql}")))
+            .execute(&mut *conn)
+            .await
+            .expect("prepare");
+        let (sqlx::types::Json(plan),): (sqlx::types::Json<Value>,) = sqlx::query_as(
+            sqlx::AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) EXECUTE report ({args})")),
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .expect("explain");
+        for table in ["runs", "run_steps", "usage_daily", "usage_detail"] {
+            assert_eq!(
+                seq_scans(&plan[0]["Plan"], table),
+                0,
+                "{table} read whole by {sql}: {plan:#}"
+            );
+        }
+        sqlx::query("DEALLOCATE report")
+            .execute(&mut *conn)
+            .await
+            .expect("deallocate");
+    }
+}
