@@ -273,4 +273,45 @@ mod tests {
         let err = db.check_idle().expect_err("refused").to_string();
         assert!(err.contains("SPOOL_DB_CHECK_IDLE_SECS"), "{err}");
     }
+
+    #[test]
+    fn a_retention_window_out_of_range_is_an_error_that_names_it_and_zero_days_keep_forever() {
+        let defaults = RetentionArgs::default();
+        defaults.validate().expect("the defaults are valid");
+        assert_eq!(defaults.idempotency(), chrono::Duration::hours(24));
+        assert_eq!(defaults.steps(), Some(chrono::Duration::days(30)));
+        for (bad, name) in [
+            (
+                RetentionArgs {
+                    retention_idempotency_hours: 0,
+                    ..RetentionArgs::default()
+                },
+                "SPOOL_RETENTION_IDEMPOTENCY_HOURS",
+            ),
+            (
+                RetentionArgs {
+                    retention_steps_days: MAX_RETENTION_DAYS + 1,
+                    ..RetentionArgs::default()
+                },
+                "SPOOL_RETENTION_STEPS_DAYS",
+            ),
+            (
+                RetentionArgs {
+                    retention_usage_detail_days: u32::MAX,
+                    ..RetentionArgs::default()
+                },
+                "SPOOL_RETENTION_USAGE_DETAIL_DAYS",
+            ),
+        ] {
+            let err = bad.validate().expect_err("refused").to_string();
+            assert!(err.contains(name), "{err}");
+        }
+        let forever = RetentionArgs {
+            retention_steps_days: 0,
+            retention_usage_detail_days: 0,
+            ..RetentionArgs::default()
+        };
+        forever.validate().expect("0 is forever");
+        assert_eq!((forever.steps(), forever.usage_detail()), (None, None));
+    }
 }
