@@ -470,3 +470,49 @@ async fn the_report_the_roll_up_and_the_purges_are_index_backed() {
             .expect("deallocate");
     }
 }
+
+/// The idempotency keys' purge, with the rest of retention: keys past the window go in
+/// batches of the given size, a key inside it stays and still answers.
+#[tokio::test]
+async fn idempotency_keys_go_past_their_window_in_bounded_batches() {
+    use crate::db::idempotency;
+    let db = TestDb::new().await.expect("db");
+    sqlx::raw_sql(
+        "INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, response,
+                                       created_at)
+         SELECT 'acme', 'old-' || n, 'h', 202, '{}', now() - interval '3 hours'
+           FROM generate_series(1, 5) n;
+         INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, response,
+                                       created_at)
+         VALUES ('acme', 'fresh', 'h', 202, '{}', now() - interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("keys");
+    let window = Duration::hours(2);
+    assert!(
+        idempotency::find(&db.pool, "acme", "old-1", window)
+            .await
+            .expect("find")
+            .is_none(),
+        "past the window a key answers nothing"
+    );
+    let mut batches = Vec::new();
+    loop {
+        let purged = idempotency::purge_expired(&db.pool, window, 2)
+            .await
+            .expect("purge");
+        batches.push(purged);
+        if purged < 2 {
+            break;
+        }
+    }
+    assert_eq!(batches, [2, 2, 1]);
+    assert_eq!(db.count("idempotency_keys").await, 1);
+    assert!(
+        idempotency::find(&db.pool, "acme", "fresh", window)
+            .await
+            .expect("find")
+            .is_some()
+    );
+}
