@@ -2,7 +2,8 @@
 //! or model. By user and agent it sums `runs.usage`; by model it sums each step's model call
 //! (`run_steps.data` and the run's `final_step`: `model_call.model`, `usage`, read through the
 //! `step_usage` view), so a run whose steps used several models counts under each; steps saved
-//! before model calls were recorded count as `unknown`.
+//! before model calls were recorded (or naming no model) count as `unknown` (never as '', which
+//! the roll-up keeps for the runs' own totals).
 //!
 //! Why a roll-up: a report over a year must not read every run and every step's jsonb, and step
 //! payloads expire (`SPOOL_RETENTION_STEPS_DAYS`) while usage must not. Housekeeping rolls each
@@ -73,11 +74,12 @@ macro_rules! pending_runs {
 // By model: each pending run's steps on each model, one run per (run, model).
 macro_rules! pending_by_model {
     () => {
-        "SELECT coalesce(u.model, 'unknown'), sum(u.input_tokens), sum(u.output_tokens), 1
+        "SELECT coalesce(nullif(u.model, ''), 'unknown'), sum(u.input_tokens),
+                sum(u.output_tokens), 1
            FROM runs r JOIN step_usage u ON u.workflow_id = r.id
           WHERE r.tenant_id = $1 AND r.finished_at IS NOT NULL AND r.usage_rolled_up_at IS NULL
             AND r.finished_at >= $2 AND r.finished_at < $5
-          GROUP BY r.id, coalesce(u.model, 'unknown')"
+          GROUP BY r.id, coalesce(nullif(u.model, ''), 'unknown')"
     };
 }
 
@@ -215,10 +217,10 @@ const ROLL_UP: &str = "WITH batch AS (
                 input_tokens, output_tokens
            FROM rolled
          UNION ALL
-         SELECT r.id, coalesce(u.model, 'unknown'), r.tenant_id, r.owner_id, r.agent_id,
-                r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint
+         SELECT r.id, coalesce(nullif(u.model, ''), 'unknown'), r.tenant_id, r.owner_id,
+                r.agent_id, r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint
            FROM rolled r JOIN step_usage u ON u.workflow_id = r.id
-          GROUP BY r.id, coalesce(u.model, 'unknown'), r.tenant_id, r.owner_id,
+          GROUP BY r.id, coalesce(nullif(u.model, ''), 'unknown'), r.tenant_id, r.owner_id,
                    r.agent_id, r.finished_at),
      kept AS (
          INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,

@@ -516,3 +516,35 @@ async fn idempotency_keys_go_past_their_window_in_bounded_batches() {
             .is_some()
     );
 }
+
+/// A step naming no model counts as `unknown`: '' is the roll-up's row of the runs' own
+/// totals, and a step there would collide with it and stop every later roll-up.
+#[tokio::test]
+async fn a_step_naming_no_model_counts_as_unknown_before_and_after_the_roll_up() {
+    let db = TestDb::new().await.expect("db");
+    ended(
+        &db,
+        Ended {
+            at: day(3, 9),
+            usage: (7, 7),
+            steps: &[("", 5, 5)],
+            ..Ended::default()
+        },
+    )
+    .await;
+    let window = Window::new(day(3, 0), day(4, 0));
+    let before = report(&db.pool, "acme", window, GroupBy::Model)
+        .await
+        .expect("report");
+    assert_eq!(
+        before.iter().map(|r| r.group.as_str()).collect::<Vec<_>>(),
+        ["unknown"]
+    );
+    assert_eq!(roll_up(&db.pool, 10).await.expect("roll up"), 1);
+    assert_eq!(
+        report(&db.pool, "acme", window, GroupBy::Model)
+            .await
+            .expect("report"),
+        before
+    );
+}
