@@ -65,40 +65,59 @@ pub async fn run(db: PgPool, retention: RetentionArgs, shutdown: CancellationTok
     }
 }
 
-/// One pass: everything due, a batch at a time, in the order of the module's docs.
+/// One pass: everything due, a batch at a time, in the order of the module's docs. A stage
+/// that fails does not stop the others (a roll-up that keeps failing must not keep idempotency
+/// keys forever; steps only go from runs it counted anyway); the first error is returned after
+/// all of them ran.
 pub async fn purge(
     db: &PgPool,
     retention: &RetentionArgs,
     shutdown: &CancellationToken,
 ) -> sqlx::Result<Purged> {
-    let runs_rolled_up = batches(shutdown, ROLL_UP_BATCH, || {
-        usage::roll_up(db, ROLL_UP_BATCH)
-    })
-    .await?;
+    let mut first_error = None;
+    let mut keep = |stage: sqlx::Result<u64>| {
+        stage.unwrap_or_else(|err| {
+            first_error.get_or_insert(err);
+            0
+        })
+    };
+    let runs_rolled_up = keep(
+        batches(shutdown, ROLL_UP_BATCH, || {
+            usage::roll_up(db, ROLL_UP_BATCH)
+        })
+        .await,
+    );
     let runs_steps_deleted = match retention.steps() {
-        Some(window) => {
+        Some(window) => keep(
             batches(shutdown, STEPS_BATCH, || {
                 steps::purge_expired(db, window, STEPS_BATCH)
             })
-            .await?
-        }
+            .await,
+        ),
         None => 0,
     };
     let usage_detail = match retention.usage_detail() {
-        Some(window) => batches(shutdown, BATCH, || usage::purge_detail(db, window, BATCH)).await?,
+        Some(window) => {
+            keep(batches(shutdown, BATCH, || usage::purge_detail(db, window, BATCH)).await)
+        }
         None => 0,
     };
     let window = retention.idempotency();
-    let idempotency_keys = batches(shutdown, BATCH, || {
-        idempotency::purge_expired(db, window, BATCH)
-    })
-    .await?;
-    Ok(Purged {
-        runs_rolled_up,
-        runs_steps_deleted,
-        usage_detail,
-        idempotency_keys,
-    })
+    let idempotency_keys = keep(
+        batches(shutdown, BATCH, || {
+            idempotency::purge_expired(db, window, BATCH)
+        })
+        .await,
+    );
+    match first_error {
+        Some(err) => Err(err),
+        None => Ok(Purged {
+            runs_rolled_up,
+            runs_steps_deleted,
+            usage_detail,
+            idempotency_keys,
+        }),
+    }
 }
 
 /// Runs `batch` until one does less than `size` (or `shutdown` fires); returns the total.

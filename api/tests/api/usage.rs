@@ -248,3 +248,50 @@ async fn a_run_past_the_retention_windows_keeps_its_run_and_usage_and_says_its_s
     assert_eq!(body["error"]["code"], "usage_detail_expired");
     app.stop().await;
 }
+
+/// A housekeeping stage that fails does not stop the others: a roll-up that keeps failing
+/// (here a trigger refuses its writes) still lets expired idempotency keys go, and the pass
+/// reports the failure.
+#[tokio::test]
+async fn a_failing_roll_up_does_not_keep_expired_idempotency_keys() {
+    use spool_shared::config::RetentionArgs;
+    use tokio_util::sync::CancellationToken;
+
+    let app = TestApp::start(1, worker_args(4, 0)).await;
+    let alice = token("alice", "acme");
+    let (_, accepted) = app.send_message(&alice, Uuid::new_v4(), "hello").await;
+    let id = accepted["workflow_id"].as_str().expect("id").to_owned();
+    app.wait_for_status(&alice, &id, "completed").await;
+    sqlx::raw_sql(
+        "UPDATE runs SET usage_rolled_up_at = NULL;
+         CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RAISE EXCEPTION 'refused'; END $$;
+         CREATE TRIGGER refuse BEFORE INSERT ON usage_daily FOR EACH ROW EXECUTE FUNCTION refuse();
+         INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, response,
+                                       created_at)
+         VALUES ('acme', 'old', 'h', 202, '{}', now() - interval '25 hours')",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("setup");
+    let pass = spool_worker::housekeeping::purge(
+        &app.db.pool,
+        &RetentionArgs::default(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert!(pass.is_err(), "the failure is reported: {pass:?}");
+    assert_eq!(
+        app.db.count("idempotency_keys").await,
+        0,
+        "the keys went anyway"
+    );
+    let (rolled,): (Option<chrono::DateTime<chrono::Utc>>,) =
+        sqlx::query_as("SELECT usage_rolled_up_at FROM runs WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("run");
+    assert_eq!(rolled, None, "the failed roll-up marked nothing");
+    app.stop().await;
+}
