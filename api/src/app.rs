@@ -35,6 +35,8 @@ pub struct ApiConfig {
     pub providers: spool_shared::provider::Providers,
     /// The network policy webhook URLs must pass (as tools' URLs do in the worker).
     pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
+    /// Webhook endpoints one tenant may have (`SPOOL_WEBHOOKS_MAX_PER_TENANT`).
+    pub max_webhooks_per_tenant: u32,
 }
 
 /// Everything a handler needs, cheap to clone.

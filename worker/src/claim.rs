@@ -177,12 +177,17 @@ fn background(
         tokio::spawn(listen_for_cancels(worker.db.clone(), keeper.canceller())),
         tokio::spawn(crate::housekeeping::run(
             worker.db.clone(),
+            worker.args.webhooks.retention(),
             shutdown.clone(),
         )),
         tokio::spawn(crate::webhooks::run(
             worker.db.clone(),
             Arc::clone(&worker.egress),
-            worker.args.lease.lease(),
+            crate::webhooks::Pace {
+                concurrency: worker.args.webhooks.webhooks_concurrency,
+                lease: worker.args.lease.lease(),
+                idle_poll: worker.args.poll_interval(),
+            },
             shutdown.clone(),
         )),
     ]

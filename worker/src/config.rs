@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use spool_shared::config::{EgressArgs, LeaseArgs, ProviderArgs, bounded_secs, seconds};
+use spool_shared::config::{
+    EgressArgs, LeaseArgs, ProviderArgs, WebhookArgs, bounded_secs, seconds,
+};
 
 /// Settings of `spool-worker run` (and of `spool-api serve --embedded-worker`).
 #[derive(clap::Args, Clone, Debug)]
@@ -88,12 +90,17 @@ pub struct WorkerArgs {
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub lease: LeaseArgs,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub webhooks: WebhookArgs,
 }
 
 impl WorkerArgs {
     /// Fails fast on settings that cannot work.
     pub fn validate(&self) -> anyhow::Result<()> {
         self.lease.validate()?;
+        self.webhooks.validate()?;
         anyhow::ensure!(
             self.concurrency >= 1,
             "SPOOL_WORKER_CONCURRENCY must be at least 1"

@@ -116,6 +116,7 @@ impl TestApp {
                 network_policy: Arc::new(
                     spool_shared::egress::NetworkPolicy::parse("127.0.0.0/8").expect("policy"),
                 ),
+                max_webhooks_per_tenant: args.webhooks.webhooks_max_per_tenant,
             }),
             runs: spool_api::watch::RunWatch::start(db.pool.clone(), shutdown.clone()),
             wake: spool_api::wake::Wake::start(db.pool.clone(), shutdown.clone()),

@@ -2,12 +2,12 @@
 //! with the run's status change, delivered by the workers signed per Standard Webhooks, retried
 //! until a 2xx, and listed with every try.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use spool_tests::webhooks::{Receiver, Reply};
+use spool_tests::webhooks::{Receiver, Reply, blackhole};
 use spool_tests::{poll_until, token};
 
 use crate::agents::admin;
@@ -16,6 +16,50 @@ use crate::common::{TestApp, worker_args_with};
 /// Workers that may reach loopback, as `SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8` allows.
 fn loopback_workers() -> spool_worker::WorkerArgs {
     worker_args_with(1, 0, &["--tools-allow-networks", "127.0.0.0/8"])
+}
+
+/// The same, with `--webhooks-concurrency` (and more flags).
+fn loopback_workers_with(concurrency: usize, extra: &[&str]) -> spool_worker::WorkerArgs {
+    let concurrency = concurrency.to_string();
+    let flags = [
+        &[
+            "--tools-allow-networks",
+            "127.0.0.0/8",
+            "--webhooks-concurrency",
+        ][..],
+        &[concurrency.as_str()][..],
+        extra,
+    ]
+    .concat();
+    worker_args_with(1, 0, &flags)
+}
+
+/// Creates `n` endpoints of `tenant` at `url` for `run.completed`.
+async fn endpoints(app: &TestApp, tenant: &str, url: &str, n: usize) {
+    for _ in 0..n {
+        let (status, body) = app
+            .post(
+                &admin(tenant),
+                "/v1/webhooks",
+                &json!({"url": url, "events": ["run.completed"]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+}
+
+/// Runs `n` messages of `user` of `tenant`, each on a thread of its own, to completion.
+async fn complete_runs(app: &TestApp, user: &str, tenant: &str, n: usize) {
+    let token = token(user, tenant);
+    let mut workflows = Vec::new();
+    for _ in 0..n {
+        let (status, accepted) = app.send_message(&token, uuid::Uuid::new_v4(), "hi").await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+        workflows.push(accepted["workflow_id"].as_str().expect("id").to_owned());
+    }
+    for workflow in &workflows {
+        app.wait_for_status(&token, workflow, "completed").await;
+    }
 }
 
 async fn count(app: &TestApp, table: &str) -> i64 {
@@ -285,5 +329,109 @@ async fn a_redirect_is_a_failed_try_never_followed_into_a_delivery() {
     assert_eq!(delivery["status"], "pending", "{delivery}");
     assert_eq!(delivery["attempts"][0]["status_code"], 303);
     assert_eq!(receiver.landed(), 0, "the redirect was not followed");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn deliveries_go_at_the_pace_the_receiver_answers_with_a_bounded_number_in_flight() {
+    // 100 ms per answer and 8 tries in flight: 120 deliveries take about 1.5 s. A fixed pace (16
+    // claimed a second) takes 7.5 s, with 16 in flight at once.
+    let (receiver, url) = Receiver::slow(Duration::from_millis(100)).await;
+    let app = TestApp::start(1, loopback_workers_with(8, &[])).await;
+    endpoints(&app, "acme", &url, 20).await;
+    complete_runs(&app, "alice", "acme", 6).await;
+    let ended = Instant::now();
+    poll_until("120 deliveries", Duration::from_secs(30), || async {
+        (receiver.count() >= 120).then_some(())
+    })
+    .await;
+    let took = ended.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the last deliveries took {took:?} after the runs ended"
+    );
+    let most = receiver.most_in_flight();
+    assert!(
+        (2..=8).contains(&most),
+        "{most} tries in flight at once; the worker allows 8"
+    );
+    assert_eq!(receiver.count(), 120, "each once");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenant_whose_endpoints_never_answer_delays_another_tenants_delivery_by_one_timeout() {
+    // A 5 s lease: a try times out after 2.5 s. Four slots, all taken by "dark", whose ten
+    // endpoints accept connections and never answer, with 40 deliveries due. In one FIFO, acme's
+    // delivery would wait for ten rounds of timeouts (25 s); taking turns, for the next slot.
+    const TIMEOUT: Duration = Duration::from_millis(2500);
+    let hole = blackhole().await;
+    let (receiver, url) = Receiver::start(&[]).await;
+    let app = TestApp::start(1, loopback_workers_with(4, &[])).await;
+    endpoints(&app, "dark", &hole, 10).await;
+    endpoints(&app, "acme", &url, 1).await;
+    complete_runs(&app, "eve", "dark", 4).await;
+    poll_until(
+        "every slot held by the blackhole",
+        Duration::from_secs(10),
+        || async {
+            let (held,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM webhook_deliveries WHERE lease_expires_at > now()",
+            )
+            .fetch_one(&app.db.pool)
+            .await
+            .ok()?;
+            (held >= 4).then_some(())
+        },
+    )
+    .await;
+    complete_runs(&app, "alice", "acme", 1).await;
+    let ended = Instant::now();
+    poll_until("acme's delivery", Duration::from_secs(20), || async {
+        (receiver.count() >= 1).then_some(())
+    })
+    .await;
+    let waited = ended.elapsed();
+    assert!(
+        waited < TIMEOUT + Duration::from_millis(1500),
+        "acme's delivery waited {waited:?} behind dark's endpoints (one try times out in {TIMEOUT:?})"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn one_endpoint_past_the_tenant_cap_is_429_too_many_webhooks_and_nothing_is_created() {
+    let app = TestApp::start(
+        0,
+        loopback_workers_with(4, &["--webhooks-max-per-tenant", "3"]),
+    )
+    .await;
+    let body = json!({"url": "http://127.0.0.1:9/hook", "events": ["run.completed"]});
+    // Ten at once: the cap holds under concurrency (the count and the insert are serialized
+    // per tenant).
+    let acme = admin("acme");
+    let answers =
+        futures::future::join_all((0..10).map(|_| app.post(&acme, "/v1/webhooks", &body))).await;
+    let created = answers
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::CREATED)
+        .count();
+    assert_eq!(created, 3, "{answers:?}");
+    for (status, body) in answers.iter().filter(|(s, _)| *s != StatusCode::CREATED) {
+        assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(body["error"]["code"], "too_many_webhooks", "{body}");
+        assert_eq!(body["error"]["limit"], 3, "{body}");
+    }
+    assert_eq!(
+        count(&app, "webhooks").await,
+        3,
+        "nothing created past the cap"
+    );
+    let (status, _) = app.post(&admin("other"), "/v1/webhooks", &body).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "another tenant has its own cap"
+    );
     app.stop().await;
 }
