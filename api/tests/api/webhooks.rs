@@ -435,3 +435,109 @@ async fn one_endpoint_past_the_tenant_cap_is_429_too_many_webhooks_and_nothing_i
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn http_urls_are_refused_outside_the_networks_the_operator_allowed() {
+    // The API's policy allows 127.0.0.0/8 (as SPOOL_TOOLS_ALLOW_NETWORKS would).
+    let app = TestApp::start(0, loopback_workers()).await;
+    let acme = admin("acme");
+    let public = json!({"url": "http://93.184.216.34/hook", "events": ["run.completed"]});
+    let (status, body) = app.post(&acme, "/v1/webhooks", &public).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "insecure_url", "{body}");
+    assert_eq!(count(&app, "webhooks").await, 0, "nothing stored");
+    for url in ["https://93.184.216.34/hook", "http://127.0.0.1:9/hook"] {
+        let (status, body) = app
+            .post(
+                &acme,
+                "/v1/webhooks",
+                &json!({"url": url, "events": ["run.completed"]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{url}: {body}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_rotated_secret_is_shown_once_and_both_secrets_sign_deliveries_during_the_grace() {
+    let (receiver, url) = Receiver::start(&[]).await;
+    let app = TestApp::start(1, loopback_workers()).await;
+    let acme = admin("acme");
+    let old = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let (_, hook) = app
+        .post(
+            &acme,
+            "/v1/webhooks",
+            &json!({"url": url, "events": ["run.completed"], "secret": old}),
+        )
+        .await;
+    let id = hook["id"].as_str().expect("id").to_owned();
+    let rotate = format!("/v1/webhooks/{id}/rotate-secret");
+    let (status, _) = app.post(&admin("other"), &rotate, &json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "not theirs");
+    let (status, rotated) = app.post(&acme, &rotate, &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{rotated}");
+    let new = rotated["secret"]
+        .as_str()
+        .expect("the new secret, shown once");
+    assert_ne!(new, old);
+    assert!(
+        rotated["previous_secret_expires_at"].is_string(),
+        "{rotated}"
+    );
+    let (status, shown) = app.get(&acme, &format!("/v1/webhooks/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert!(shown.get("secret").is_none(), "never shown again: {shown}");
+    assert_eq!(shown["circuit"]["state"], "closed", "{shown}");
+
+    complete_runs(&app, "alice", "acme", 1).await;
+    let received = poll_until("a delivery", Duration::from_secs(20), || async {
+        receiver.received().pop()
+    })
+    .await;
+    assert_eq!(received.signature.split(' ').count(), 2, "{received:?}");
+    assert!(received.verify(new), "the new secret signs");
+    assert!(received.verify(old), "the old one too, during the grace");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_endpoint_shows_its_failures_and_deleting_it_says_how_many_pending_deliveries_went() {
+    // Nothing listens on port 9: every try fails, and the delivery stays pending.
+    let app = TestApp::start(1, loopback_workers()).await;
+    let acme = admin("acme");
+    let (_, hook) = app
+        .post(
+            &acme,
+            "/v1/webhooks",
+            &json!({"url": "http://127.0.0.1:9/hook", "events": ["run.completed"]}),
+        )
+        .await;
+    let id = hook["id"].as_str().expect("id").to_owned();
+    complete_runs(&app, "alice", "acme", 1).await;
+    let shown = poll_until("a failed try", Duration::from_secs(20), || async {
+        let (_, shown) = app.get(&acme, &format!("/v1/webhooks/{id}")).await;
+        (shown["circuit"]["consecutive_failures"] == 1).then_some(shown)
+    })
+    .await;
+    assert_eq!(shown["circuit"]["state"], "closed", "{shown}");
+    let response = app
+        .http
+        .delete(format!("{}/v1/webhooks/{id}", app.base))
+        .bearer_auth(&acme)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        response
+            .headers()
+            .get("x-discarded-deliveries")
+            .and_then(|v| v.to_str().ok()),
+        Some("1"),
+        "the pending delivery is discarded, and the answer says so"
+    );
+    assert_eq!(count(&app, "webhook_deliveries").await, 0);
+    app.stop().await;
+}
