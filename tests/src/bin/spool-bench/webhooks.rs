@@ -74,6 +74,7 @@ pub(crate) async fn p8(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
     let settings = [
         ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.0/8"),
         ("SPOOL_LEASE_SECS", LEASE),
+        ("SPOOL_HEARTBEAT_SECS", "2"),
     ];
     let mut stack = Stack::start(&settings).await?;
     for _ in 0..2 {
