@@ -541,3 +541,30 @@ async fn an_endpoint_shows_its_failures_and_deleting_it_says_how_many_pending_de
     assert_eq!(count(&app, "webhook_deliveries").await, 0);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn workers_export_the_oldest_due_deliverys_age_as_a_gauge() {
+    let app = TestApp::start(1, loopback_workers()).await;
+    let line = poll_until("the gauge in /metrics", Duration::from_secs(15), || async {
+        let text = app
+            .http
+            .get(app.url("/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find(|l| l.starts_with("spool_webhook_oldest_due_seconds"))
+            .map(str::to_owned)
+    })
+    .await;
+    let value: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a number");
+    assert!(value >= 0.0, "{line}");
+    app.stop().await;
+}
