@@ -307,7 +307,7 @@ pub const CLAIM: &str = "WITH RECURSIVE
                                   AND q.webhook_id > e.webhook_id
                                 ORDER BY q.webhook_id, q.next_attempt_at LIMIT 1) n),
      ready AS (
-         SELECT w.id, w.tenant_id, w.consecutive_failures >= $3 AS probing,
+         SELECT w.id, w.tenant_id, e.first_at, w.consecutive_failures >= $3 AS probing,
                 (SELECT count(*) FROM webhook_deliveries x
                   WHERE x.tenant_id = w.tenant_id AND x.webhook_id = w.id
                     AND x.delivered_at IS NULL AND x.abandoned_at IS NULL
@@ -315,18 +315,24 @@ pub const CLAIM: &str = "WITH RECURSIVE
            FROM endpoints e JOIN webhooks w ON w.id = e.webhook_id
           WHERE e.first_at <= now()
             AND (w.circuit_open_until IS NULL OR w.circuit_open_until <= now())),
-     tenants AS (
+     -- The least busy tenants, the oldest due first among equals: each has a delivery whose
+     -- turn is its load + 1, so no tenant past the first $1 could win a slot (a few more for
+     -- rows other workers hold).
+     tenants AS MATERIALIZED (
          SELECT t.tenant_id,
                 (SELECT count(*) FROM webhook_deliveries x
                   WHERE x.tenant_id = t.tenant_id
                     AND x.delivered_at IS NULL AND x.abandoned_at IS NULL
                     AND x.lease_expires_at > now()) AS busy
-           FROM (SELECT DISTINCT tenant_id FROM ready) t),
+           FROM (SELECT tenant_id, min(first_at) AS oldest FROM ready GROUP BY tenant_id) t
+          ORDER BY busy, t.oldest
+          LIMIT $1 + 8),
      ranked AS (
          SELECT h.id, r.tenant_id, h.next_attempt_at,
                 r.busy + row_number() OVER (PARTITION BY r.id ORDER BY h.next_attempt_at)
                     AS endpoint_turn
            FROM ready r
+           JOIN tenants c ON c.tenant_id = r.tenant_id
            CROSS JOIN LATERAL (SELECT q.id, q.next_attempt_at FROM webhook_deliveries q
                                 WHERE q.webhook_id = r.id
                                   AND q.delivered_at IS NULL AND q.abandoned_at IS NULL
