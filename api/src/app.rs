@@ -37,6 +37,8 @@ pub struct ApiConfig {
     pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
     /// The retention windows (`SPOOL_RETENTION_*`): idempotency keys, usage detail.
     pub retention: spool_shared::config::RetentionArgs,
+    /// Webhook endpoints one tenant may have (`SPOOL_WEBHOOKS_MAX_PER_TENANT`).
+    pub max_webhooks_per_tenant: u32,
 }
 
 /// Everything a handler needs, cheap to clone.

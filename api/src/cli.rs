@@ -312,6 +312,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             providers: args.worker.providers.providers(),
             network_policy: Arc::new(args.worker.egress.policy()?),
             retention: args.worker.retention.clone(),
+            max_webhooks_per_tenant: args.worker.webhooks.webhooks_max_per_tenant,
         }),
         runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
         wake: crate::wake::Wake::start(db.clone(), shutdown.clone()),

@@ -209,6 +209,52 @@ fn days(days: u32) -> Option<chrono::Duration> {
     (days > 0).then(|| chrono::Duration::days(i64::from(days.min(MAX_RETENTION_DAYS))))
 }
 
+/// Webhook delivery: how many at once, how many endpoints a tenant may have, how long the
+/// outbox keeps what it delivered or gave up on. Read by workers and by the API (the cap).
+#[derive(clap::Args, Clone, Debug)]
+pub struct WebhookArgs {
+    /// Webhook deliveries one worker has in flight at once (1 to 1024); it claims more as
+    /// soon as one ends.
+    #[arg(long, env = "SPOOL_WEBHOOKS_CONCURRENCY", default_value_t = 32)]
+    pub webhooks_concurrency: usize,
+
+    /// Webhook endpoints one tenant may have (1 to 1000); one more is 429 `too_many_webhooks`.
+    #[arg(long, env = "SPOOL_WEBHOOKS_MAX_PER_TENANT", default_value_t = 20)]
+    pub webhooks_max_per_tenant: u32,
+
+    /// Days delivered and abandoned webhook deliveries (with their tries) are kept (1 to
+    /// 3650); housekeeping deletes older ones.
+    #[arg(long, env = "SPOOL_RETENTION_WEBHOOKS_DAYS", default_value_t = 7)]
+    pub retention_webhooks_days: u32,
+}
+
+impl WebhookArgs {
+    /// Fails fast on settings out of range; the error names the variable.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=1024).contains(&self.webhooks_concurrency),
+            "SPOOL_WEBHOOKS_CONCURRENCY must be from 1 to 1024, not {}",
+            self.webhooks_concurrency
+        );
+        anyhow::ensure!(
+            (1..=1000).contains(&self.webhooks_max_per_tenant),
+            "SPOOL_WEBHOOKS_MAX_PER_TENANT must be from 1 to 1000, not {}",
+            self.webhooks_max_per_tenant
+        );
+        anyhow::ensure!(
+            (1..=3650).contains(&self.retention_webhooks_days),
+            "SPOOL_RETENTION_WEBHOOKS_DAYS must be from 1 to 3650, not {}",
+            self.retention_webhooks_days
+        );
+        Ok(())
+    }
+
+    /// How long finished deliveries are kept.
+    pub fn retention(&self) -> Duration {
+        Duration::from_secs(u64::from(self.retention_webhooks_days) * 86_400)
+    }
+}
+
 // Settings in seconds (f64), made durations only once they are known to be representable:
 // `Duration::from_secs_f64` panics on a value such as 1e30, which passes `is_finite`.
 

@@ -44,6 +44,8 @@ pub const MAX_REDIRECTS: usize = 5;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NetworkPolicy {
     allowed: Vec<IpNet>,
+    /// Only the allowed networks, public addresses refused: the policy of clear text.
+    only_allowed: bool,
 }
 
 /// A connection the network policy refused.
@@ -97,7 +99,20 @@ impl NetworkPolicy {
             })?;
             allowed.push(net);
         }
-        Ok(Self { allowed })
+        Ok(Self {
+            allowed,
+            only_allowed: false,
+        })
+    }
+
+    /// The policy for calls in clear text (`http://` webhook endpoints): only the networks the
+    /// operator allowed explicitly, never a public address. An operator who allows a network
+    /// vouches for it (a private network, a sidecar); the public internet gets only TLS.
+    pub fn cleartext(&self) -> Self {
+        Self {
+            allowed: self.allowed.clone(),
+            only_allowed: true,
+        }
     }
 
     /// The networks the operator allowed on top of the public addresses.
@@ -139,6 +154,9 @@ impl NetworkPolicy {
         let Some(kind) = self.refusal(ip) else {
             return Ok(());
         };
+        if self.only_allowed {
+            return Err(format!("{ip} is {kind}"));
+        }
         let reached = match ip {
             IpAddr::V6(v6) => embedded_v4(v6),
             IpAddr::V4(_) => None,
@@ -153,6 +171,11 @@ impl NetworkPolicy {
     fn refusal(&self, ip: IpAddr) -> Option<&'static str> {
         if self.allowed.iter().any(|net| net.contains(&ip)) {
             return None;
+        }
+        if self.only_allowed {
+            return Some(
+                "outside the networks allowed for clear text (SPOOL_TOOLS_ALLOW_NETWORKS)",
+            );
         }
         match ip {
             IpAddr::V4(v4) => special_v4(v4),

@@ -1,10 +1,14 @@
 //! A real local webhook receiver: it records every delivery (the Standard Webhooks headers and
 //! the body) and answers as scripted: a status code per request in order, or a hang (it holds
-//! the request until the sender gives up or dies), then 204 once the script is used up.
+//! the request until the sender gives up or dies), then 204 once the script is used up (after a
+//! delay, for [`Receiver::slow`]), counting how many requests it holds at once.
 //! [`Received::verify`] checks a signature the way a receiver following the spec would.
+//! [`blackhole`] is an endpoint that accepts connections and never answers.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -67,23 +71,35 @@ impl Received {
 pub struct Receiver {
     received: Arc<Mutex<Vec<Received>>>,
     script: Arc<Mutex<VecDeque<Reply>>>,
-    landed: Arc<std::sync::atomic::AtomicUsize>,
+    landed: Arc<AtomicUsize>,
+    delay: Duration,
+    in_flight: Arc<AtomicUsize>,
+    most_in_flight: Arc<AtomicUsize>,
 }
 
 impl Receiver {
     /// Starts it with its `script`; returns it and its URL.
     pub async fn start(script: &[Reply]) -> (Self, String) {
+        Self::start_with(script, Duration::ZERO).await
+    }
+
+    /// Starts one that answers every request 204 after `delay`.
+    pub async fn slow(delay: Duration) -> (Self, String) {
+        Self::start_with(&[], delay).await
+    }
+
+    async fn start_with(script: &[Reply], delay: Duration) -> (Self, String) {
         let receiver = Self {
-            received: Arc::default(),
             script: Arc::new(Mutex::new(script.iter().copied().collect())),
-            landed: Arc::default(),
+            delay,
+            ..Self::default()
         };
         let landed = Arc::clone(&receiver.landed);
         let app = axum::Router::new()
             .route(
                 "/landing",
                 axum::routing::get(move || async move {
-                    landed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    landed.fetch_add(1, Ordering::SeqCst);
                     "welcome"
                 }),
             )
@@ -95,13 +111,49 @@ impl Receiver {
 
     /// How many GETs reached `/landing` (a redirect followed).
     pub fn landed(&self) -> usize {
-        self.landed.load(std::sync::atomic::Ordering::SeqCst)
+        self.landed.load(Ordering::SeqCst)
     }
 
     /// Every delivery so far, in arrival order.
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().expect("lock").clone()
     }
+
+    /// How many deliveries have arrived.
+    pub fn count(&self) -> usize {
+        self.received.lock().expect("lock").len()
+    }
+
+    /// The most requests it held at once (arrived, not yet answered).
+    pub fn most_in_flight(&self) -> usize {
+        self.most_in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// Decrements the in-flight count when a request ends, however it ends (the sender may drop it).
+struct Holding(Arc<AtomicUsize>);
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A loopback endpoint that accepts every connection and never answers (nor reads): the URL
+/// of a receiver that hangs, as a blackholed host does once connected. It stops with the
+/// runtime.
+pub async fn blackhole() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    format!("http://{addr}/hook")
 }
 
 async fn receive(
@@ -117,6 +169,9 @@ async fn receive(
             .unwrap_or_default()
             .to_owned()
     };
+    let now = receiver.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    let _holding = Holding(Arc::clone(&receiver.in_flight));
+    receiver.most_in_flight.fetch_max(now, Ordering::SeqCst);
     receiver.received.lock().expect("lock").push(Received {
         id: header("webhook-id"),
         timestamp: header("webhook-timestamp"),
@@ -132,6 +187,9 @@ async fn receive(
         Some(Reply::SeeOther) => {
             (StatusCode::SEE_OTHER, [("location", "/landing")]).into_response()
         }
-        None => StatusCode::NO_CONTENT.into_response(),
+        None => {
+            tokio::time::sleep(receiver.delay).await;
+            StatusCode::NO_CONTENT.into_response()
+        }
     }
 }

@@ -178,12 +178,17 @@ fn background(
         tokio::spawn(crate::housekeeping::run(
             worker.db.clone(),
             worker.args.retention.clone(),
+            worker.args.webhooks.retention(),
             shutdown.clone(),
         )),
         tokio::spawn(crate::webhooks::run(
             worker.db.clone(),
             Arc::clone(&worker.egress),
-            worker.args.lease.lease(),
+            crate::webhooks::Pace {
+                concurrency: worker.args.webhooks.webhooks_concurrency,
+                lease: worker.args.lease.lease(),
+                idle_poll: worker.args.poll_interval(),
+            },
             shutdown.clone(),
         )),
     ]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use spool_shared::config::{
-    EgressArgs, LeaseArgs, ProviderArgs, RetentionArgs, bounded_secs, seconds,
+    EgressArgs, LeaseArgs, ProviderArgs, RetentionArgs, WebhookArgs, bounded_secs, seconds,
 };
 
 /// Settings of `spool-worker run` (and of `spool-api serve --embedded-worker`).
@@ -94,6 +94,10 @@ pub struct WorkerArgs {
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub retention: RetentionArgs,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub webhooks: WebhookArgs,
 }
 
 impl WorkerArgs {
@@ -101,6 +105,7 @@ impl WorkerArgs {
     pub fn validate(&self) -> anyhow::Result<()> {
         self.lease.validate()?;
         self.retention.validate()?;
+        self.webhooks.validate()?;
         anyhow::ensure!(
             self.concurrency >= 1,
             "SPOOL_WORKER_CONCURRENCY must be at least 1"

@@ -7,7 +7,9 @@
 //!    their usage is rolled up;
 //! 3. per-run usage figures older than `SPOOL_RETENTION_USAGE_DETAIL_DAYS`;
 //! 4. idempotency keys older than `SPOOL_RETENTION_IDEMPOTENCY_HOURS`, which answer a repeated
-//!    request and are worth nothing after.
+//!    request and are worth nothing after;
+//! 5. the webhook outbox's delivered and abandoned rows older than
+//!    `SPOOL_RETENTION_WEBHOOKS_DAYS` ([`webhooks::purge`]).
 //!
 //! Each batch is one statement that commits by itself: a crash between two loses no work and
 //! repeats none (the roll-up marks what it counted in the statement that counts it).
@@ -18,7 +20,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::config::RetentionArgs;
-use spool_shared::db::{idempotency, steps, usage};
+use spool_shared::db::{idempotency, steps, usage, webhooks};
 
 /// How often a worker purges.
 pub const INTERVAL: Duration = Duration::from_secs(600);
@@ -42,8 +44,14 @@ pub struct Purged {
     pub idempotency_keys: u64,
 }
 
-/// Purges now and every [`INTERVAL`] until `shutdown` fires.
-pub async fn run(db: PgPool, retention: RetentionArgs, shutdown: CancellationToken) {
+/// Purges now and every [`INTERVAL`] until `shutdown` fires; webhook deliveries finished
+/// more than `webhook_retention` ago go too.
+pub async fn run(
+    db: PgPool,
+    retention: RetentionArgs,
+    webhook_retention: Duration,
+    shutdown: CancellationToken,
+) {
     let mut ticks = tokio::time::interval(INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -61,6 +69,13 @@ pub async fn run(db: PgPool, retention: RetentionArgs, shutdown: CancellationTok
                 "housekeeping"
             ),
             Err(err) => tracing::warn!(error = %err, "housekeeping failed"),
+        }
+        match webhooks::purge(&db, webhook_retention, BATCH).await {
+            Ok((0, 0)) => {}
+            Ok((abandoned, deleted)) => {
+                tracing::info!(abandoned, deleted, "webhook outbox purged");
+            }
+            Err(err) => tracing::warn!(error = %err, "purging the webhook outbox failed"),
         }
     }
 }

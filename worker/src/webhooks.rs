@@ -1,16 +1,31 @@
 //! Webhook delivery: every worker delivers what the outbox holds (no process of its own).
 //!
-//! - [`run`] claims due deliveries ([`webhooks::claim_due`], a lease from the database clock,
-//!   `SKIP LOCKED` among workers) every [`POLL`], and delivers each on its own task, off every
-//!   run's path: a slow receiver never delays a run.
+//! - [`run`] keeps up to `SPOOL_WEBHOOKS_CONCURRENCY` tries in flight, each on its own task
+//!   off every run's path (a slow receiver never delays a run). It claims
+//!   ([`webhooks::claim_due`]: a lease from the database clock, `SKIP LOCKED` among workers,
+//!   turns taken between tenants and between endpoints) as many deliveries as it has free
+//!   slots, and claims again as soon as a slot frees while deliveries are due: delivery goes at
+//!   the pace receivers answer, not at a fixed one. When a claim finds fewer than it had room
+//!   for, the outbox is drained and it looks again after the poll interval (the outbox has no
+//!   NOTIFY: one on every run's end would serialize their commits).
+//! - Back-pressure: a receiver that is slow or never answers holds a slot for at most one try's
+//!   timeout, and the claim's turns give the next free slot to another tenant's delivery; an
+//!   endpoint that keeps failing opens its circuit ([`webhooks::BREAKER_THRESHOLD`]) and
+//!   holds no slot at all while it is open.
 //! - Each try POSTs the payload, signed per Standard Webhooks ([`sign`]): `webhook-id` (the
 //!   delivery's id, the same on every try), `webhook-timestamp` (seconds) and
 //!   `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, with the key the
-//!   base64 after `whsec_` in the endpoint's secret.
+//!   base64 after `whsec_` in the endpoint's secret; after a rotation, a second signature with
+//!   the previous secret, space-separated, while its grace window lasts.
+//! - Right before the POST the delivery is checked to still be this try's
+//!   ([`webhooks::still_held`]): its thread may have been erased, or its endpoint deleted,
+//!   since the claim, and then nothing is sent.
 //! - The URL goes through the tools' network policy ([`NetworkPolicy::check_url`], and the
 //!   resolver of [`guarded_client`]) at every try; redirects are never followed: a 3xx is a
 //!   failed try (following a 303 would turn the signed POST into a GET whose 2xx would count as
-//!   delivered).
+//!   delivered). An `http://` URL goes through a client whose policy permits only the networks
+//!   the operator allowed ([`NetworkPolicy::cleartext`]): signed payloads never cross the
+//!   public internet in clear text.
 //! - A 2xx delivers it. Anything else is retried with exponential backoff ([`retry_in`]: 5 s
 //!   doubling to at most an hour) until 24 h after the event, then abandoned. A worker that
 //!   dies mid-try leaves the lease to expire (the `lease` [`run`] is given); another worker
@@ -23,6 +38,7 @@ use base64::Engine as _;
 use chrono::Utc;
 use hmac::{KeyInit as _, Mac as _};
 use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -30,51 +46,142 @@ use spool_shared::db::webhooks::{self, Due, Outcome};
 
 use spool_shared::egress::{NetworkPolicy, Redirects, Refused, guarded_client};
 
-/// How often a worker looks for due deliveries.
-pub const POLL: Duration = Duration::from_secs(1);
 /// The longest a try may take.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(10);
-/// Deliveries claimed at once by one worker.
-const BATCH: i64 = 16;
+/// How often the oldest due delivery's age is measured for the metric.
+pub const GAUGE_EVERY: Duration = Duration::from_secs(5);
+
+/// How [`run`] delivers.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    /// Tries in flight at most.
+    pub concurrency: usize,
+    /// How long a claim holds a delivery (a try takes at most half of it, 10 s at most).
+    pub lease: Duration,
+    /// How long to wait before looking again once the outbox has nothing due.
+    pub idle_poll: Duration,
+}
+
+/// The clients a try may use: by the URL's scheme.
+struct Clients {
+    policy: Arc<NetworkPolicy>,
+    https: reqwest::Client,
+    cleartext: Arc<NetworkPolicy>,
+    http: reqwest::Client,
+}
+
+impl Clients {
+    fn new(policy: Arc<NetworkPolicy>, timeout: Duration) -> anyhow::Result<Self> {
+        let cleartext = Arc::new(policy.cleartext());
+        Ok(Self {
+            https: guarded_client(Arc::clone(&policy), timeout, Redirects::Never)?,
+            http: guarded_client(Arc::clone(&cleartext), timeout, Redirects::Never)?,
+            policy,
+            cleartext,
+        })
+    }
+
+    /// The policy and client for `url`.
+    fn for_url(&self, url: &reqwest::Url) -> (&NetworkPolicy, &reqwest::Client) {
+        if url.scheme() == "http" {
+            (&self.cleartext, &self.http)
+        } else {
+            (&self.policy, &self.https)
+        }
+    }
+}
 
 /// Delivers due webhooks until `shutdown` fires; tries in flight then end with the process
 /// (their leases expire and another worker tries again).
-pub async fn run(
-    db: PgPool,
-    policy: Arc<NetworkPolicy>,
-    lease: Duration,
-    shutdown: CancellationToken,
-) {
-    let timeout = (lease / 2).min(MAX_TIMEOUT);
-    let clients = match guarded_client(Arc::clone(&policy), timeout, Redirects::Never) {
-        Ok(client) => Arc::new((policy, client)),
+pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, pace: Pace, shutdown: CancellationToken) {
+    let timeout = (pace.lease / 2).min(MAX_TIMEOUT);
+    let clients = match Clients::new(policy, timeout) {
+        Ok(clients) => Arc::new(clients),
         Err(err) => {
             tracing::error!(error = %err, "webhook client; webhooks will not be delivered");
             return;
         }
     };
+    let gauge = tokio::spawn(measure(db.clone(), shutdown.clone()));
+    let slots = Arc::new(Semaphore::new(pace.concurrency.max(1)));
     let tries = TaskTracker::new();
     loop {
-        match webhooks::claim_due(&db, BATCH, lease).await {
-            Ok(due) => {
-                for delivery in due {
-                    let (db, clients) = (db.clone(), Arc::clone(&clients));
-                    tries.spawn(async move { deliver(&db, &clients, delivery).await });
+        // Wait for a free slot, then take every free one: one claim fills them all.
+        let first = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let mut permits = vec![first];
+        while let Ok(permit) = Arc::clone(&slots).try_acquire_owned() {
+            permits.push(permit);
+        }
+        let room = permits.len();
+        let claimed =
+            match webhooks::claim_due(&db, i64::try_from(room).unwrap_or(1), pace.lease).await {
+                Ok(due) => {
+                    let claimed = due.len();
+                    for (delivery, permit) in due.into_iter().zip(permits.drain(..)) {
+                        let (db, clients) = (db.clone(), Arc::clone(&clients));
+                        tries.spawn(async move { deliver(&db, &clients, delivery, permit).await });
+                    }
+                    claimed
                 }
-            }
-            Err(err) => tracing::warn!(error = %err, "claiming webhook deliveries failed"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "claiming webhook deliveries failed");
+                    0
+                }
+            };
+        drop(permits);
+        if claimed == room {
+            // Every slot found a delivery: more may be due. Claim again when one frees.
+            continue;
         }
         tokio::select! {
-            () = tokio::time::sleep(POLL) => {}
+            () = tokio::time::sleep(pace.idle_poll) => {}
             () = shutdown.cancelled() => break,
         }
     }
+    gauge.abort();
     tries.close();
     let _ = tokio::time::timeout(timeout, tries.wait()).await;
 }
 
-/// One try of one delivery, and its outcome recorded.
-async fn deliver(db: &PgPool, clients: &(Arc<NetworkPolicy>, reqwest::Client), due: Due) {
+/// Sets `spool_webhook_oldest_due_seconds` every [`GAUGE_EVERY`]: a scrape reads the last
+/// value, so scrapes cost the database nothing.
+async fn measure(db: PgPool, shutdown: CancellationToken) {
+    let mut ticks = tokio::time::interval(GAUGE_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        match webhooks::oldest_due_seconds(&db).await {
+            Ok(age) => metrics::gauge!("spool_webhook_oldest_due_seconds").set(age),
+            Err(err) => tracing::debug!(error = %err, "measuring the webhook outbox failed"),
+        }
+    }
+}
+
+/// One try of one delivery, and its outcome recorded; its slot frees when it ends.
+async fn deliver(db: &PgPool, clients: &Clients, due: Due, slot: OwnedSemaphorePermit) {
+    let _slot = slot;
+    match webhooks::still_held(db, due.id, due.attempts).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::info!(webhook.delivery = %due.id, attempt = due.attempts,
+                "webhook delivery gone or taken over since its claim; not sent");
+            return;
+        }
+        Err(err) => {
+            // The lease expires and the delivery is tried again.
+            tracing::warn!(error = %err, webhook.delivery = %due.id, "checking a webhook delivery failed");
+            return;
+        }
+    }
     let outcome = Outcome {
         retry_in: retry_in(due.attempts),
         ..attempt(clients, &due).await
@@ -95,7 +202,7 @@ async fn deliver(db: &PgPool, clients: &(Arc<NetworkPolicy>, reqwest::Client), d
 }
 
 /// The POST itself.
-async fn attempt(clients: &(Arc<NetworkPolicy>, reqwest::Client), due: &Due) -> Outcome {
+async fn attempt(clients: &Clients, due: &Due) -> Outcome {
     let failed = |status_code: Option<u16>, error: String| Outcome {
         status_code,
         error: Some(error),
@@ -106,16 +213,23 @@ async fn attempt(clients: &(Arc<NetworkPolicy>, reqwest::Client), due: &Due) -> 
         return failed(None, "the URL does not parse".into());
     };
     // An IP-literal host is judged here (the resolver never sees it); names at connect time.
-    let (policy, client) = clients;
+    let (policy, client) = clients.for_url(&url);
     if let Err(reason) = policy.check_url(&url) {
         return failed(None, Refused::new(reason).to_string());
     }
     let body = due.payload.0.to_string();
     let id = due.id.to_string();
     let timestamp = Utc::now().timestamp();
-    let Some(signature) = sign(&due.secret, &id, timestamp, &body) else {
+    let Some(mut signature) = sign(&due.secret, &id, timestamp, &body) else {
         return failed(None, "the endpoint's secret is not a whsec_ secret".into());
     };
+    // Standard Webhooks: several signatures, space-separated; a receiver accepts any it can
+    // verify, so one still holding the previous secret keeps verifying during the grace.
+    if let Some(previous) = due.previous_secret.as_deref()
+        && let Some(old) = sign(previous, &id, timestamp, &body)
+    {
+        signature = format!("{signature} {old}");
+    }
     let response = client
         .post(url)
         .header("content-type", "application/json")

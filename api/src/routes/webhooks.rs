@@ -3,9 +3,13 @@
 //!
 //! An endpoint's URL passes the tools' network policy at creation (`SPOOL_TOOLS_ALLOW_NETWORKS`;
 //! the scheme, an IP-literal host, and the addresses a host name resolves to now), and again
-//! at every delivery, where the address connected to is the address checked. The signing
-//! secret (Standard Webhooks: `whsec_` and base64 of 24 to 64 bytes) is generated when absent
-//! and shown only in the creation's answer.
+//! at every delivery, where the address connected to is the address checked. An `http://` URL
+//! must also lie entirely in a network the operator allowed (clear text is for networks an
+//! operator vouches for: signed payloads carry user ids and errors). The signing secret
+//! (Standard Webhooks: `whsec_` and base64 of 24 to 64 bytes) is generated when absent and
+//! shown only in the answer that makes it: the creation, or a rotation (after which the old one
+//! signs too for [`ROTATION_GRACE`]). A tenant has at most `SPOOL_WEBHOOKS_MAX_PER_TENANT`
+//! endpoints, because every run's end writes one outbox row per endpoint in its transaction.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -35,12 +39,15 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 pub const SECRET_PREFIX: &str = "whsec_";
 /// Longest endpoint URL, in bytes.
 pub const MAX_URL_BYTES: usize = 2048;
+/// How long the secret a rotation replaces keeps signing deliveries.
+pub const ROTATION_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// `/v1/webhooks/...`.
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_webhooks, post_webhook))
-        .routes(routes!(delete_webhook))
+        .routes(routes!(get_webhook, delete_webhook))
+        .routes(routes!(rotate_secret))
         .routes(routes!(list_deliveries))
 }
 
@@ -48,7 +55,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWebhookRequest {
-    /// Where deliveries go (http or https; the network policy must permit it).
+    /// Where deliveries go: https, or http only to networks the operator allowed
+    /// (`SPOOL_TOOLS_ALLOW_NETWORKS`); the network policy must permit it.
     #[schema(max_length = 2048)]
     pub url: String,
     /// The events to deliver: `run.completed`, `run.failed`, `run.cancelled`,
@@ -74,16 +82,53 @@ pub struct WebhookResponse {
     pub secret: Option<String>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+    /// The endpoint's circuit breaker.
+    pub circuit: Circuit,
+    /// Until when the secret replaced by the last rotation still signs deliveries (a second
+    /// signature); absent when none does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_secret_expires_at: Option<DateTime<Utc>>,
+}
+
+/// An endpoint's circuit breaker: after 5 failed tries in a row it opens, and no delivery to
+/// the endpoint is tried until `open_until` (30 s, doubling with each failure after, at most an
+/// hour); then one at a time (`half_open`) until one gets a 2xx, which closes it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Circuit {
+    /// `closed` (delivering), `open` (holding deliveries until `open_until`) or `half_open`
+    /// (trying one delivery at a time).
+    #[schema(pattern = "^(closed|open|half_open)$")]
+    pub state: &'static str,
+    /// Failed tries in a row.
+    pub consecutive_failures: i32,
+    /// While open: when the next try may be made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_until: Option<DateTime<Utc>>,
 }
 
 impl WebhookResponse {
     fn new(webhook: Webhook, show_secret: bool) -> Self {
+        let now = Utc::now();
+        let open = webhook.circuit_open_until.filter(|until| *until > now);
+        let state = if open.is_some() {
+            "open"
+        } else if webhook.consecutive_failures >= webhooks::BREAKER_THRESHOLD {
+            "half_open"
+        } else {
+            "closed"
+        };
         Self {
             id: webhook.id,
             url: webhook.url,
             events: webhook.events,
             secret: show_secret.then_some(webhook.secret),
             created_at: webhook.created_at,
+            circuit: Circuit {
+                state,
+                consecutive_failures: webhook.consecutive_failures,
+                open_until: open,
+            },
+            previous_secret_expires_at: webhook.previous_secret_expires_at.filter(|at| *at > now),
         }
     }
 }
@@ -106,7 +151,8 @@ impl WebhookResponse {
         BadBody,
         Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_url`, `url_refused` (the network policy), `invalid_events`, `invalid_secret`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_url`, `url_refused` (the network policy), `insecure_url` (http:// outside the networks the operator allowed), `invalid_events`, `invalid_secret`", body = ErrorBody),
+        (status = 429, description = "`too_many_webhooks`: the tenant has `SPOOL_WEBHOOKS_MAX_PER_TENANT` endpoints already (`limit` says how many); delete one first", body = ErrorBody),
     )
 )]
 async fn post_webhook(
@@ -127,14 +173,25 @@ async fn post_webhook(
     let mut events = request.events;
     events.sort();
     events.dedup();
+    let max = state.config.max_webhooks_per_tenant;
     let webhook = webhooks::create(
         &state.db,
         &caller.owner.tenant_id,
         &request.url,
         &events,
         &secret,
+        max,
     )
-    .await?;
+    .await?
+    .ok_or_else(|| {
+        ApiError::TooManyRequests {
+            code: "too_many_webhooks",
+            message: format!("a tenant may have at most {max} webhook endpoints; delete one first"),
+            retry_after: 60,
+            details: serde_json::Map::new(),
+        }
+        .with("limit", max)
+    })?;
     Ok((
         StatusCode::CREATED,
         Json(WebhookResponse::new(webhook, true)),
@@ -182,9 +239,11 @@ async fn check_url(state: &AppState, url: &str) -> Result<(), ApiError> {
     policy.check_url(&parsed).map_err(refused)?;
     let host = parsed.host_str().unwrap_or_default();
     let literal = host.starts_with('[') || host.parse::<std::net::IpAddr>().is_ok();
-    if !literal {
+    let resolved: Vec<SocketAddr> = if literal {
+        Vec::new()
+    } else {
         let port = parsed.port_or_known_default().unwrap_or(443);
-        let resolved: Vec<SocketAddr> = tokio::time::timeout(
+        tokio::time::timeout(
             Duration::from_secs(5),
             tokio::net::lookup_host((host, port)),
         )
@@ -192,8 +251,27 @@ async fn check_url(state: &AppState, url: &str) -> Result<(), ApiError> {
         .ok()
         .and_then(Result::ok)
         .map(Iterator::collect)
-        .unwrap_or_default();
-        egress::screen(policy, host, resolved).map_err(|r| refused(r.reason().to_owned()))?;
+        .unwrap_or_default()
+    };
+    if !literal {
+        egress::screen(policy, host, resolved.clone())
+            .map_err(|r| refused(r.reason().to_owned()))?;
+    }
+    if parsed.scheme() == "http" {
+        // Every address must be one the operator allowed: the worker's clear-text client
+        // connects to nothing else, so a URL that passes here is one it can reach.
+        let cleartext = policy.cleartext();
+        let insecure = || {
+            ApiError::unprocessable(
+                "insecure_url",
+                "http:// is accepted only for networks the operator allowed \
+                 (SPOOL_TOOLS_ALLOW_NETWORKS); use https://",
+            )
+        };
+        cleartext.check_url(&parsed).map_err(|_| insecure())?;
+        if !literal && resolved.iter().any(|addr| !cleartext.permits(addr.ip())) {
+            return Err(insecure());
+        }
     }
     Ok(())
 }
@@ -265,7 +343,69 @@ async fn list_webhooks(
     Ok(Json(List::of(page, |w| WebhookResponse::new(w, false))))
 }
 
-/// Deletes an endpoint and its deliveries.
+/// One endpoint (without its secret), with the state of its circuit breaker.
+#[utoipa::path(
+    get,
+    path = "/v1/webhooks/{webhook_id}",
+    tag = "webhooks",
+    security(("bearer" = [])),
+    params(("webhook_id" = WebhookId, Path, description = "The endpoint.")),
+    responses(
+        (status = 200, description = "The endpoint.", body = WebhookResponse),
+        Unauthenticated,
+        (status = 403, description = "`admin_required`", body = ErrorBody),
+        (status = 404, description = "`webhook_not_found`, `not_found`", body = ErrorBody),
+    )
+)]
+async fn get_webhook(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<WebhookId>,
+) -> Result<Json<WebhookResponse>, ApiError> {
+    caller.require_admin()?;
+    let webhook = webhooks::find(&state.db, id, &caller.owner.tenant_id)
+        .await?
+        .ok_or_else(webhook_not_found)?;
+    Ok(Json(WebhookResponse::new(webhook, false)))
+}
+
+/// Gives an endpoint a new signing secret, shown only in this answer. The previous secret
+/// keeps signing deliveries beside it (two signatures in `webhook-signature`) for 24 hours,
+/// so receivers can switch over without a failed delivery; rotating again drops it at once.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/{webhook_id}/rotate-secret",
+    tag = "webhooks",
+    security(("bearer" = [])),
+    params(("webhook_id" = WebhookId, Path, description = "The endpoint.")),
+    responses(
+        (status = 200, description = "The endpoint with its new secret (shown once) and `previous_secret_expires_at`.", body = WebhookResponse),
+        Unauthenticated,
+        (status = 403, description = "`admin_required`", body = ErrorBody),
+        (status = 404, description = "`webhook_not_found`, `not_found`", body = ErrorBody),
+    )
+)]
+async fn rotate_secret(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<WebhookId>,
+) -> Result<Json<WebhookResponse>, ApiError> {
+    caller.require_admin()?;
+    let secret = new_secret();
+    let webhook = webhooks::rotate_secret(
+        &state.db,
+        id,
+        &caller.owner.tenant_id,
+        &secret,
+        ROTATION_GRACE,
+    )
+    .await?
+    .ok_or_else(webhook_not_found)?;
+    Ok(Json(WebhookResponse::new(webhook, true)))
+}
+
+/// Deletes an endpoint and all its deliveries: those still pending are discarded, never sent
+/// (`X-Discarded-Deliveries` says how many).
 #[utoipa::path(
     delete,
     path = "/v1/webhooks/{webhook_id}",
@@ -273,7 +413,8 @@ async fn list_webhooks(
     security(("bearer" = [])),
     params(("webhook_id" = WebhookId, Path, description = "The endpoint.")),
     responses(
-        (status = 204, description = "Deleted."),
+        (status = 204, description = "Deleted, with its deliveries; the pending ones are discarded.",
+            headers(("X-Discarded-Deliveries" = i64, description = "How many pending deliveries were discarded."))),
         Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
         (status = 404, description = "`webhook_not_found`, `not_found`", body = ErrorBody),
@@ -283,13 +424,18 @@ async fn delete_webhook(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath(id): ApiPath<WebhookId>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<(StatusCode, [(&'static str, String); 1]), ApiError> {
     caller.require_admin()?;
-    if webhooks::delete(&state.db, id, &caller.owner.tenant_id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(webhook_not_found())
+    let discarded = webhooks::delete(&state.db, id, &caller.owner.tenant_id)
+        .await?
+        .ok_or_else(webhook_not_found)?;
+    if discarded > 0 {
+        tracing::info!(webhook.id = %id, discarded, "webhook deleted; pending deliveries discarded");
     }
+    Ok((
+        StatusCode::NO_CONTENT,
+        [("x-discarded-deliveries", discarded.to_string())],
+    ))
 }
 
 fn webhook_not_found() -> ApiError {

@@ -117,6 +117,7 @@ impl TestApp {
                     spool_shared::egress::NetworkPolicy::parse("127.0.0.0/8").expect("policy"),
                 ),
                 retention: args.retention.clone(),
+                max_webhooks_per_tenant: args.webhooks.webhooks_max_per_tenant,
             }),
             runs: spool_api::watch::RunWatch::start(db.pool.clone(), shutdown.clone()),
             wake: spool_api::wake::Wake::start(db.pool.clone(), shutdown.clone()),

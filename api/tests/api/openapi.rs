@@ -50,6 +50,8 @@ const EXPECTED: &[&str] = &[
     "POST /v1/webhooks",
     "DELETE /v1/webhooks/{webhook_id}",
     "GET /v1/webhooks/{webhook_id}/deliveries",
+    "GET /v1/webhooks/{webhook_id}",
+    "POST /v1/webhooks/{webhook_id}/rotate-secret",
     "GET /v1/workflows",
     "GET /v1/workflows/{workflow_id}",
     "GET /v1/workflows/{workflow_id}/steps",

@@ -1,12 +1,19 @@
 //! Webhooks: a tenant's endpoints and the outbox of their deliveries (docs/api.md).
 //!
 //! The outbox rows are written by the `runs_status_changed` trigger (migration
-//! `20261124000001_control_plane.sql`) in the transaction that changes a run's status, so an
+//! `20261128000001_baseline.sql`) in the transaction that changes a run's status, so an
 //! event is recorded exactly when the change commits, whichever process made it. Workers
 //! deliver them: [`claim_due`] takes due rows with a lease from the database clock (`FOR
-//! UPDATE SKIP LOCKED`, so workers share the work), and [`record`] writes each try's outcome.
-//! A worker that dies mid-delivery leaves its lease to expire; another worker delivers again
-//! (at least once: receivers de-duplicate on `webhook-id`).
+//! UPDATE SKIP LOCKED`, so workers share the work), taking turns between tenants and between
+//! endpoints so that one tenant's backlog or dead endpoints cannot hold back another's, and
+//! [`record`] writes each try's outcome and the endpoint's circuit breaker. A worker that dies
+//! mid-delivery leaves its lease to expire; another worker delivers again (at least once:
+//! receivers de-duplicate on `webhook-id`). [`purge`] keeps the outbox to its retention.
+//!
+//! Every statement here reads an index of `webhook_deliveries` (migration
+//! `20261128200001_webhooks_at_scale.sql` names which) and is bounded: the claim by the number of
+//! endpoints with pending deliveries (at most `SPOOL_WEBHOOKS_MAX_PER_TENANT` per tenant), the
+//! purge by its batch.
 
 use std::time::Duration;
 
@@ -45,27 +52,52 @@ pub struct Webhook {
     pub secret: String,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+    /// Failed tries in a row (a 2xx resets it).
+    pub consecutive_failures: i32,
+    /// While in the future, no delivery to it is tried (its circuit is open).
+    pub circuit_open_until: Option<DateTime<Utc>>,
+    /// Until when the secret a rotation replaced still signs deliveries.
+    pub previous_secret_expires_at: Option<DateTime<Utc>>,
 }
 
-/// Stores a new endpoint.
+/// The columns of [`Webhook`].
+const COLUMNS: &str = "id, url, events, secret, created_at, consecutive_failures, \
+                       circuit_open_until, previous_secret_expires_at";
+
+/// Stores a new endpoint, unless the tenant already has `max` (`None` then).
+///
+/// The count and the insert happen under a transaction-scoped advisory lock on the tenant, so
+/// two creations at once cannot both pass the count; other tenants never wait on it.
 pub async fn create(
-    executor: impl PgExecutor<'_>,
+    pool: &sqlx::PgPool,
     tenant_id: &str,
     url: &str,
     events: &[String],
     secret: &str,
-) -> sqlx::Result<Webhook> {
-    sqlx::query_as(
-        "INSERT INTO webhooks (id, tenant_id, url, events, secret) VALUES ($1, $2, $3, $4, $5)
-         RETURNING id, url, events, secret, created_at",
-    )
-    .bind(WebhookId::new())
-    .bind(tenant_id)
-    .bind(url)
-    .bind(events)
-    .bind(secret)
-    .fetch_one(executor)
-    .await
+    max: u32,
+) -> sqlx::Result<Option<Webhook>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('spool.webhooks:' || $1, 0))")
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?;
+    let sql = format!(
+        "INSERT INTO webhooks (id, tenant_id, url, events, secret)
+         SELECT $1, $2, $3, $4, $5
+          WHERE (SELECT count(*) FROM webhooks WHERE tenant_id = $2) < $6
+         RETURNING {COLUMNS}"
+    );
+    let created = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(WebhookId::new())
+        .bind(tenant_id)
+        .bind(url)
+        .bind(events)
+        .bind(secret)
+        .bind(i64::from(max))
+        .fetch_optional(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(created)
 }
 
 /// A page of the tenant's endpoints, newest first.
@@ -76,7 +108,9 @@ pub async fn list(
     limit: i64,
 ) -> sqlx::Result<Page<Webhook>> {
     let mut query = sqlx::QueryBuilder::new(
-        "SELECT w.id, w.url, w.events, w.secret, w.created_at FROM webhooks w WHERE w.tenant_id = ",
+        "SELECT w.id, w.url, w.events, w.secret, w.created_at, w.consecutive_failures,
+                w.circuit_open_until, w.previous_secret_expires_at
+           FROM webhooks w WHERE w.tenant_id = ",
     );
     query.push_bind(tenant_id.to_owned());
     page::push_after(&mut query, "w", after);
@@ -91,27 +125,58 @@ pub async fn find(
     id: WebhookId,
     tenant_id: &str,
 ) -> sqlx::Result<Option<Webhook>> {
-    sqlx::query_as(
-        "SELECT id, url, events, secret, created_at FROM webhooks WHERE id = $1 AND tenant_id = $2",
+    let sql = format!("SELECT {COLUMNS} FROM webhooks WHERE id = $1 AND tenant_id = $2");
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(executor)
+        .await
+}
+
+/// Gives the tenant's endpoint a new signing secret; the one it had keeps signing deliveries
+/// (a second signature) for `grace`, so receivers can switch without missing one. A secret
+/// rotated away before is dropped at once. `None` if there is no such endpoint.
+pub async fn rotate_secret(
+    executor: impl PgExecutor<'_>,
+    id: WebhookId,
+    tenant_id: &str,
+    secret: &str,
+    grace: Duration,
+) -> sqlx::Result<Option<Webhook>> {
+    let sql = format!(
+        "UPDATE webhooks
+            SET previous_secret = secret, previous_secret_expires_at = now() + $4, secret = $3
+          WHERE id = $1 AND tenant_id = $2
+         RETURNING {COLUMNS}"
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .bind(tenant_id)
+        .bind(secret)
+        .bind(interval(grace))
+        .fetch_optional(executor)
+        .await
+}
+
+/// Deletes the tenant's endpoint and all its deliveries, pending ones included (they would
+/// go to an endpoint its owner removed); returns how many were pending, or `None` if there
+/// was no such endpoint.
+pub async fn delete(
+    executor: impl PgExecutor<'_>,
+    id: WebhookId,
+    tenant_id: &str,
+) -> sqlx::Result<Option<i64>> {
+    sqlx::query_scalar(
+        "WITH gone AS (DELETE FROM webhooks WHERE id = $1 AND tenant_id = $2 RETURNING id)
+         SELECT (SELECT count(*) FROM webhook_deliveries d
+                  WHERE d.webhook_id = gone.id
+                    AND d.delivered_at IS NULL AND d.abandoned_at IS NULL)
+           FROM gone",
     )
     .bind(id)
     .bind(tenant_id)
     .fetch_optional(executor)
     .await
-}
-
-/// Deletes the tenant's endpoint and its deliveries; `false` if there was none.
-pub async fn delete(
-    executor: impl PgExecutor<'_>,
-    id: WebhookId,
-    tenant_id: &str,
-) -> sqlx::Result<bool> {
-    let deleted = sqlx::query("DELETE FROM webhooks WHERE id = $1 AND tenant_id = $2")
-        .bind(id)
-        .bind(tenant_id)
-        .execute(executor)
-        .await?;
-    Ok(deleted.rows_affected() > 0)
 }
 
 /// One try of a delivery.
@@ -187,31 +252,133 @@ pub struct Due {
     pub url: String,
     /// The endpoint's signing secret.
     pub secret: String,
+    /// The secret it replaced, while its grace window lasts: it signs too.
+    pub previous_secret: Option<String>,
 }
 
-/// Claims up to `limit` due deliveries for `lease` (database clock), counting a try each.
+/// Consecutive failed tries after which an endpoint's circuit opens: none of its deliveries is
+/// claimed for a while, then one at a time until one succeeds.
+pub const BREAKER_THRESHOLD: i32 = 5;
+/// How long the circuit first stays open; it doubles with each failed probe.
+pub const BREAKER_OPEN: Duration = Duration::from_secs(30);
+/// The longest the circuit stays open at once.
+pub const BREAKER_MAX_OPEN: Duration = Duration::from_secs(3600);
+
+/// Claims up to `limit` due deliveries for `lease` (database clock), counting a try each,
+/// taking turns between tenants and, within a tenant, between its endpoints: see [`CLAIM`].
 pub async fn claim_due(
     executor: impl PgExecutor<'_>,
     limit: i64,
     lease: Duration,
 ) -> sqlx::Result<Vec<Due>> {
-    sqlx::query_as(
-        "UPDATE webhook_deliveries d
-            SET attempts = d.attempts + 1, lease_expires_at = now() + $2
-           FROM webhooks w
-          WHERE w.id = d.webhook_id
-            AND d.id IN (SELECT id FROM webhook_deliveries
-                          WHERE delivered_at IS NULL AND abandoned_at IS NULL
-                            AND next_attempt_at <= now()
-                            AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-                          ORDER BY next_attempt_at
-                          LIMIT $1
-                            FOR UPDATE SKIP LOCKED)
-         RETURNING d.id, d.attempts, d.payload, w.url, w.secret",
+    sqlx::query_as(CLAIM)
+        .bind(limit)
+        .bind(interval(lease))
+        .bind(BREAKER_THRESHOLD)
+        .fetch_all(executor)
+        .await
+}
+
+/// The claim's statement (`$1` limit, `$2` lease, `$3` [`BREAKER_THRESHOLD`]).
+///
+/// Fair as the run claim is (`shared/src/db/runs/claim.rs`): every endpoint with a pending
+/// delivery is found by a loose index scan (one probe each; a tenant has at most
+/// `SPOOL_WEBHOOKS_MAX_PER_TENANT` endpoints), each due one gets a turn from its in-flight
+/// tries and its own order, and each tenant's deliveries a turn from the tenant's in-flight
+/// tries and those endpoint turns. So a tenant with a backlog, or with endpoints that never
+/// answer, takes one slot after another only while no other tenant has a delivery due: another
+/// tenant's delivery is claimed by the next slot that frees, within one try's timeout.
+/// An open circuit hides its endpoint; a half-open one (threshold reached, open time past)
+/// offers one delivery, and none while that one is in flight.
+///
+/// A claimed row's `next_attempt_at` moves to its lease's end, so rows in flight are not "due"
+/// in the endpoint's order (the lateral read would stop on them) and come back by themselves
+/// when a worker dies holding them.
+pub const CLAIM: &str = "WITH RECURSIVE
+     endpoints (webhook_id, first_at) AS (
+         (SELECT webhook_id, next_attempt_at FROM webhook_deliveries
+           WHERE delivered_at IS NULL AND abandoned_at IS NULL
+           ORDER BY webhook_id, next_attempt_at LIMIT 1)
+         UNION ALL
+         SELECT n.webhook_id, n.next_attempt_at
+           FROM endpoints e
+           CROSS JOIN LATERAL (SELECT q.webhook_id, q.next_attempt_at FROM webhook_deliveries q
+                                WHERE q.delivered_at IS NULL AND q.abandoned_at IS NULL
+                                  AND q.webhook_id > e.webhook_id
+                                ORDER BY q.webhook_id, q.next_attempt_at LIMIT 1) n),
+     ready AS (
+         SELECT w.id, w.tenant_id, e.first_at, w.consecutive_failures >= $3 AS probing,
+                (SELECT count(*) FROM webhook_deliveries x
+                  WHERE x.tenant_id = w.tenant_id AND x.webhook_id = w.id
+                    AND x.delivered_at IS NULL AND x.abandoned_at IS NULL
+                    AND x.lease_expires_at > now()) AS busy
+           FROM endpoints e JOIN webhooks w ON w.id = e.webhook_id
+          WHERE e.first_at <= now()
+            AND (w.circuit_open_until IS NULL OR w.circuit_open_until <= now())),
+     -- The least busy tenants, the oldest due first among equals: each has a delivery whose
+     -- turn is its load + 1, so no tenant past the first $1 could win a slot (a few more for
+     -- rows other workers hold).
+     tenants AS MATERIALIZED (
+         SELECT t.tenant_id,
+                (SELECT count(*) FROM webhook_deliveries x
+                  WHERE x.tenant_id = t.tenant_id
+                    AND x.delivered_at IS NULL AND x.abandoned_at IS NULL
+                    AND x.lease_expires_at > now()) AS busy
+           FROM (SELECT tenant_id, min(first_at) AS oldest FROM ready GROUP BY tenant_id) t
+          ORDER BY busy, t.oldest
+          LIMIT $1 + 8),
+     ranked AS (
+         SELECT h.id, r.tenant_id, h.next_attempt_at,
+                r.busy + row_number() OVER (PARTITION BY r.id ORDER BY h.next_attempt_at)
+                    AS endpoint_turn
+           FROM ready r
+           JOIN tenants c ON c.tenant_id = r.tenant_id
+           CROSS JOIN LATERAL (SELECT q.id, q.next_attempt_at FROM webhook_deliveries q
+                                WHERE q.webhook_id = r.id
+                                  AND q.delivered_at IS NULL AND q.abandoned_at IS NULL
+                                  AND q.next_attempt_at <= now()
+                                ORDER BY q.next_attempt_at
+                                LIMIT CASE WHEN NOT r.probing THEN $1 + 8
+                                           WHEN r.busy = 0 THEN 1 ELSE 0 END) h),
+     fair AS (
+         SELECT k.id, k.next_attempt_at,
+                t.busy + row_number() OVER (PARTITION BY k.tenant_id
+                                            ORDER BY k.endpoint_turn, k.next_attempt_at) AS turn
+           FROM ranked k JOIN tenants t ON t.tenant_id = k.tenant_id
+          ORDER BY turn, k.next_attempt_at
+          LIMIT 2 * $1 + 32),
+     candidate AS (
+         SELECT d.id FROM webhook_deliveries d JOIN fair f ON f.id = d.id
+          WHERE d.delivered_at IS NULL AND d.abandoned_at IS NULL AND d.next_attempt_at <= now()
+            AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= now())
+          ORDER BY f.turn, f.next_attempt_at
+          LIMIT $1
+            FOR UPDATE OF d SKIP LOCKED)
+     UPDATE webhook_deliveries d
+        SET attempts = d.attempts + 1, lease_expires_at = now() + $2,
+            next_attempt_at = now() + $2
+       FROM candidate c, webhooks w
+      WHERE d.id = c.id AND w.id = d.webhook_id
+     RETURNING d.id, d.attempts, d.payload, w.url, w.secret,
+               CASE WHEN w.previous_secret_expires_at > now() THEN w.previous_secret END
+                   AS previous_secret";
+
+/// Whether try `attempt` of delivery `id` is still this worker's to make: the delivery still
+/// exists (its thread was not erased, its endpoint not deleted), is not delivered, and no
+/// later try took it over. Checked right before the POST: a claimed delivery's payload is in
+/// memory, and erasure must not be outrun by it.
+pub async fn still_held(
+    executor: impl PgExecutor<'_>,
+    id: Uuid,
+    attempt: i32,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM webhook_deliveries
+                         WHERE id = $1 AND attempts = $2 AND delivered_at IS NULL)",
     )
-    .bind(limit)
-    .bind(interval(lease))
-    .fetch_all(executor)
+    .bind(id)
+    .bind(attempt)
+    .fetch_one(executor)
     .await
 }
 
@@ -232,6 +399,11 @@ pub struct Outcome {
 /// `retry_in`, unless [`RETRY_WINDOW`] has passed since the event (by the database clock):
 /// then the delivery is abandoned. Only the latest try moves the delivery (a slow worker's late
 /// outcome of an earlier try is listed but changes nothing), and a delivered one stays so.
+///
+/// The endpoint's circuit follows the try (only the latest try's outcome counts): a 2xx closes
+/// it, a failure counts, and the [`BREAKER_THRESHOLD`]th failure in a row opens it for
+/// [`BREAKER_OPEN`], doubling with each failure after (at most [`BREAKER_MAX_OPEN`]). The
+/// endpoint's row is written only when that changes something.
 pub async fn record(
     executor: impl PgExecutor<'_>,
     id: Uuid,
@@ -240,13 +412,26 @@ pub async fn record(
 ) -> sqlx::Result<()> {
     sqlx::query(
         "WITH t AS (INSERT INTO webhook_attempts (delivery_id, attempt, status_code, error)
-                    VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING)
-         UPDATE webhook_deliveries
-            SET lease_expires_at = NULL,
-                delivered_at = CASE WHEN $5 THEN now() END,
-                abandoned_at = CASE WHEN NOT $5 AND created_at + $7 <= now() + $6 THEN now() END,
-                next_attempt_at = now() + $6
-          WHERE id = $1 AND attempts = $2 AND delivered_at IS NULL",
+                    VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING),
+              d AS (UPDATE webhook_deliveries
+                       SET lease_expires_at = NULL,
+                           delivered_at = CASE WHEN $5 THEN now() END,
+                           abandoned_at = CASE WHEN NOT $5 AND created_at + $7 <= now() + $6
+                                               THEN now() END,
+                           next_attempt_at = now() + $6
+                     WHERE id = $1 AND attempts = $2 AND delivered_at IS NULL
+                 RETURNING webhook_id)
+         UPDATE webhooks w
+            SET consecutive_failures = CASE WHEN $5 THEN 0 ELSE w.consecutive_failures + 1 END,
+                circuit_open_until = CASE
+                    WHEN $5 THEN NULL
+                    WHEN w.consecutive_failures + 1 >= $8
+                    THEN now() + least($9 * power(2, least(w.consecutive_failures + 1 - $8, 16)),
+                                       $10)
+                    ELSE w.circuit_open_until END
+           FROM d
+          WHERE w.id = d.webhook_id
+            AND NOT ($5 AND w.consecutive_failures = 0 AND w.circuit_open_until IS NULL)",
     )
     .bind(id)
     .bind(attempt)
@@ -255,9 +440,93 @@ pub async fn record(
     .bind(outcome.delivered)
     .bind(interval(outcome.retry_in))
     .bind(interval(RETRY_WINDOW))
+    .bind(BREAKER_THRESHOLD)
+    .bind(interval(BREAKER_OPEN))
+    .bind(interval(BREAKER_MAX_OPEN))
     .execute(executor)
     .await?;
     Ok(())
+}
+
+/// Housekeeping of the outbox, `batch` rows per statement until a statement finds fewer:
+/// pending deliveries older than [`RETRY_WINDOW`] that no try holds (an open circuit kept
+/// them) are marked abandoned, then delivered and abandoned ones older than `retention` are
+/// deleted with their tries. Each statement reads its own partial index from the oldest row
+/// and skips rows another worker holds, so workers doing it at once share the work. Returns
+/// (abandoned, deleted).
+pub async fn purge(
+    pool: &sqlx::PgPool,
+    retention: Duration,
+    batch: i64,
+) -> sqlx::Result<(u64, u64)> {
+    let mut abandoned = 0;
+    loop {
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries SET abandoned_at = now(), lease_expires_at = NULL
+              WHERE id IN (SELECT id FROM webhook_deliveries
+                            WHERE delivered_at IS NULL AND abandoned_at IS NULL
+                              AND created_at < now() - $1
+                              AND (lease_expires_at IS NULL OR lease_expires_at < now())
+                            ORDER BY created_at LIMIT $2
+                              FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(interval(RETRY_WINDOW))
+        .bind(batch)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        abandoned += done;
+        if done < batch.unsigned_abs() {
+            break;
+        }
+    }
+    let mut deleted = 0;
+    loop {
+        let done = sqlx::query(
+            "DELETE FROM webhook_deliveries
+              WHERE id IN (SELECT id FROM webhook_deliveries
+                            WHERE (delivered_at IS NOT NULL OR abandoned_at IS NOT NULL)
+                              AND created_at < now() - $1
+                            ORDER BY created_at LIMIT $2
+                              FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(interval(retention))
+        .bind(batch)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        deleted += done;
+        if done < batch.unsigned_abs() {
+            return Ok((abandoned, deleted));
+        }
+    }
+}
+
+/// Seconds since the oldest delivery that should be under way became due (0 when none is):
+/// deliveries held by an open or half-open circuit do not count (the circuit holds them on
+/// purpose; the endpoint's state says so). The claim's loose scan, one probe per endpoint
+/// with a pending delivery.
+pub async fn oldest_due_seconds(executor: impl PgExecutor<'_>) -> sqlx::Result<f64> {
+    sqlx::query_scalar(
+        "WITH RECURSIVE endpoints (webhook_id, first_at) AS (
+             (SELECT webhook_id, next_attempt_at FROM webhook_deliveries
+               WHERE delivered_at IS NULL AND abandoned_at IS NULL
+               ORDER BY webhook_id, next_attempt_at LIMIT 1)
+             UNION ALL
+             SELECT n.webhook_id, n.next_attempt_at
+               FROM endpoints e
+               CROSS JOIN LATERAL (SELECT q.webhook_id, q.next_attempt_at
+                                     FROM webhook_deliveries q
+                                    WHERE q.delivered_at IS NULL AND q.abandoned_at IS NULL
+                                      AND q.webhook_id > e.webhook_id
+                                    ORDER BY q.webhook_id, q.next_attempt_at LIMIT 1) n)
+         SELECT coalesce(extract(epoch FROM now() - min(e.first_at)), 0)::float8
+           FROM endpoints e JOIN webhooks w ON w.id = e.webhook_id
+          WHERE e.first_at <= now() AND w.consecutive_failures < $1",
+    )
+    .bind(BREAKER_THRESHOLD)
+    .fetch_one(executor)
+    .await
 }
 
 fn interval(duration: Duration) -> PgInterval {
@@ -279,9 +548,17 @@ mod tests {
     /// An endpoint of `acme` and one delivery to it of an event `age` old.
     async fn delivery(db: &TestDb, age: Duration) -> (WebhookId, Uuid) {
         let events = ["run.completed".to_owned()];
-        let hook = create(&db.pool, "acme", "http://127.0.0.1:9/", &events, "whsec_x")
-            .await
-            .expect("webhook");
+        let hook = create(
+            &db.pool,
+            "acme",
+            "http://127.0.0.1:9/",
+            &events,
+            "whsec_x",
+            20,
+        )
+        .await
+        .expect("webhook")
+        .expect("under the cap");
         let id = Uuid::new_v4();
         sqlx::query(
             "INSERT INTO webhook_deliveries
@@ -296,6 +573,253 @@ mod tests {
         .await
         .expect("delivery");
         (hook.id, id)
+    }
+
+    /// A delivery to `hook` of `tenant`, created `age` ago, due `due_ago` ago, in `state`
+    /// (`pending`, `delivered` or `abandoned`).
+    async fn delivery_to(
+        db: &TestDb,
+        hook: WebhookId,
+        tenant: &str,
+        age: Duration,
+        due_ago: Duration,
+        state: &str,
+    ) -> Uuid {
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO webhook_deliveries
+                    (id, webhook_id, tenant_id, thread_id, workflow_id, event, payload,
+                     created_at, next_attempt_at, delivered_at, abandoned_at)
+             VALUES ($1, $2, $3, $4, $4, 'run.completed', '{}', now() - $5, now() - $6,
+                     CASE WHEN $7 = 'delivered' THEN now() - $5 END,
+                     CASE WHEN $7 = 'abandoned' THEN now() - $5 END)",
+        )
+        .bind(id)
+        .bind(hook)
+        .bind(tenant)
+        .bind(Uuid::new_v4())
+        .bind(interval(age))
+        .bind(interval(due_ago))
+        .bind(state)
+        .execute(&db.pool)
+        .await
+        .expect("delivery");
+        id
+    }
+
+    /// An endpoint of `tenant`.
+    async fn endpoint(db: &TestDb, tenant: &str) -> WebhookId {
+        let events = ["run.completed".to_owned()];
+        create(
+            &db.pool,
+            tenant,
+            "http://127.0.0.1:9/",
+            &events,
+            "whsec_x",
+            20,
+        )
+        .await
+        .expect("webhook")
+        .expect("under the cap")
+        .id
+    }
+
+    fn ok() -> Outcome {
+        Outcome {
+            status_code: Some(204),
+            error: None,
+            delivered: true,
+            retry_in: Duration::ZERO,
+        }
+    }
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    #[tokio::test]
+    async fn purge_deletes_finished_deliveries_past_retention_with_their_tries_and_abandons_stale_ones()
+     {
+        let db = TestDb::new().await.expect("db");
+        let hook = endpoint(&db, "acme").await;
+        let zero = Duration::ZERO;
+        let old_delivered = delivery_to(&db, hook, "acme", 8 * DAY, zero, "delivered").await;
+        let old_abandoned = delivery_to(&db, hook, "acme", 9 * DAY, zero, "abandoned").await;
+        let recent = delivery_to(&db, hook, "acme", DAY, zero, "delivered").await;
+        // Held by an open circuit past the 24 h window: abandoned, kept for the retention.
+        let stale = delivery_to(&db, hook, "acme", DAY + DAY / 24, DAY, "pending").await;
+        let fresh = delivery_to(&db, hook, "acme", zero, zero, "pending").await;
+        sqlx::query(
+            "INSERT INTO webhook_attempts (delivery_id, attempt, status_code)
+             VALUES ($1, 1, 500), ($1, 2, 204)",
+        )
+        .bind(old_delivered)
+        .execute(&db.pool)
+        .await
+        .expect("tries");
+        // Batches of one: the loop goes on until a batch comes back short.
+        let purged = purge(&db.pool, 7 * DAY, 1).await.expect("purge");
+        assert_eq!(purged, (1, 2), "(abandoned, deleted)");
+        let left: Vec<Uuid> =
+            sqlx::query_scalar("SELECT id FROM webhook_deliveries ORDER BY created_at")
+                .fetch_all(&db.pool)
+                .await
+                .expect("left");
+        assert_eq!(left, vec![stale, recent, fresh]);
+        assert!(!left.contains(&old_abandoned));
+        assert!(state(&db, stale).await.1, "past 24 h: abandoned");
+        assert!(!state(&db, fresh).await.1);
+        let tries: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_attempts")
+            .fetch_one(&db.pool)
+            .await
+            .expect("tries");
+        assert_eq!(tries, 0, "the tries went with their delivery");
+        assert_eq!(purge(&db.pool, 7 * DAY, 1).await.expect("purge"), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn five_failures_in_a_row_open_the_circuit_then_one_try_at_a_time_until_a_2xx_closes_it()
+    {
+        let db = TestDb::new().await.expect("db");
+        let hook = endpoint(&db, "acme").await;
+        let zero = Duration::ZERO;
+        for _ in 0..8 {
+            delivery_to(&db, hook, "acme", zero, zero, "pending").await;
+        }
+        let due = claim_due(&db.pool, 5, LEASE).await.expect("claim");
+        assert_eq!(due.len(), 5);
+        for (n, d) in due.iter().enumerate() {
+            let hook_row = find(&db.pool, hook, "acme")
+                .await
+                .expect("find")
+                .expect("hook");
+            assert_eq!(hook_row.consecutive_failures, i32::try_from(n).expect("n"));
+            assert!(
+                hook_row.circuit_open_until.is_none(),
+                "closed before the 5th"
+            );
+            record(&db.pool, d.id, d.attempts, &failed(zero))
+                .await
+                .expect("record");
+        }
+        let hook_row = find(&db.pool, hook, "acme")
+            .await
+            .expect("find")
+            .expect("hook");
+        assert_eq!(hook_row.consecutive_failures, BREAKER_THRESHOLD);
+        let open = hook_row.circuit_open_until.expect("open");
+        let secs = (open - Utc::now()).num_seconds();
+        assert!((25..=30).contains(&secs), "open for 30 s: {secs}");
+        // Eight due (the five failed ones again at once, retry_in 0), none claimed.
+        assert!(
+            claim_due(&db.pool, 10, LEASE)
+                .await
+                .expect("claim")
+                .is_empty()
+        );
+        // The open time passes: half-open, one delivery at a time.
+        sqlx::query("UPDATE webhooks SET circuit_open_until = now() - interval '1 second'")
+            .execute(&db.pool)
+            .await
+            .expect("time passes");
+        let probe = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+        assert_eq!(probe.len(), 1, "one probe");
+        assert!(
+            claim_due(&db.pool, 10, LEASE)
+                .await
+                .expect("claim")
+                .is_empty()
+        );
+        record(&db.pool, probe[0].id, probe[0].attempts, &failed(zero))
+            .await
+            .expect("record");
+        let hook_row = find(&db.pool, hook, "acme")
+            .await
+            .expect("find")
+            .expect("hook");
+        let secs = (hook_row.circuit_open_until.expect("open again") - Utc::now()).num_seconds();
+        assert!(
+            (55..=60).contains(&secs),
+            "a failed probe doubles it: {secs}"
+        );
+        sqlx::query("UPDATE webhooks SET circuit_open_until = now() - interval '1 second'")
+            .execute(&db.pool)
+            .await
+            .expect("time passes");
+        let probe = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+        assert_eq!(probe.len(), 1);
+        record(&db.pool, probe[0].id, probe[0].attempts, &ok())
+            .await
+            .expect("record");
+        let hook_row = find(&db.pool, hook, "acme")
+            .await
+            .expect("find")
+            .expect("hook");
+        assert_eq!(
+            (hook_row.consecutive_failures, hook_row.circuit_open_until),
+            (0, None)
+        );
+        assert_eq!(
+            claim_due(&db.pool, 10, LEASE).await.expect("claim").len(),
+            7,
+            "closed"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_oldest_due_age_counts_waiting_deliveries_not_those_in_flight_or_held_by_a_circuit()
+    {
+        let db = TestDb::new().await.expect("db");
+        assert_eq!(oldest_due_seconds(&db.pool).await.expect("age"), 0.0);
+        let minute = Duration::from_secs(60);
+        let hook = endpoint(&db, "acme").await;
+        delivery_to(&db, hook, "acme", minute, minute, "pending").await;
+        let age = oldest_due_seconds(&db.pool).await.expect("age");
+        assert!((59.0..70.0).contains(&age), "{age}");
+        // A dead endpoint's backlog, held by its circuit, is not the workers' delay.
+        let dead = endpoint(&db, "other").await;
+        delivery_to(&db, dead, "other", DAY / 2, DAY / 2, "pending").await;
+        sqlx::query("UPDATE webhooks SET consecutive_failures = $2 WHERE id = $1")
+            .bind(dead)
+            .bind(BREAKER_THRESHOLD)
+            .execute(&db.pool)
+            .await
+            .expect("dead");
+        let age = oldest_due_seconds(&db.pool).await.expect("age");
+        assert!((59.0..70.0).contains(&age), "{age}");
+        let due = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+        assert_eq!(due.len(), 2, "acme's, and the dead endpoint's probe");
+        assert_eq!(
+            oldest_due_seconds(&db.pool).await.expect("age"),
+            0.0,
+            "in flight"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claimed_delivery_whose_thread_was_erased_is_no_longer_held() {
+        let db = TestDb::new().await.expect("db");
+        let (_, id) = delivery(&db, Duration::ZERO).await;
+        let due = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+        assert!(
+            still_held(&db.pool, id, due[0].attempts)
+                .await
+                .expect("held")
+        );
+        assert!(
+            !still_held(&db.pool, id, due[0].attempts - 1)
+                .await
+                .expect("held"),
+            "an earlier try is not"
+        );
+        sqlx::query("DELETE FROM webhook_deliveries WHERE id = $1")
+            .bind(id)
+            .execute(&db.pool)
+            .await
+            .expect("erased");
+        assert!(
+            !still_held(&db.pool, id, due[0].attempts)
+                .await
+                .expect("held")
+        );
     }
 
     /// Delivered, abandoned, and whether the next try is in the future.

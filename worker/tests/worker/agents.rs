@@ -47,9 +47,11 @@ async fn an_agent_tool_call_runs_a_child_and_the_parent_answers_from_its_final_t
         "http://127.0.0.1:9/hook",
         &["run.completed".to_owned()],
         "whsec_c3Bvb2wtdGVzdC1zZWNyZXQ=",
+        20,
     )
     .await
-    .expect("a webhook");
+    .expect("a webhook")
+    .expect("under the cap");
     let (thread, accepted) = app.ask(&lead, "Capital of France?").await;
 
     // The parent's first attempt starts the child and waits, holding no worker.

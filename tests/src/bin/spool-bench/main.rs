@@ -22,6 +22,7 @@ mod load;
 mod report;
 mod scenarios;
 mod stack;
+mod webhooks;
 
 use std::path::PathBuf;
 
@@ -45,6 +46,9 @@ enum Scenario {
     P5,
     /// kill -9 of a worker mid-run: time to the next event vs the lease.
     P6,
+    /// Webhook deliveries/s vs runs completed/s; another tenant's delay beside blackholed
+    /// endpoints.
+    P8,
 }
 
 /// Spool's benchmark suite.
@@ -157,6 +161,7 @@ async fn main() -> anyhow::Result<()> {
             Scenario::P4 => scenarios::p4(&sizes, &mut report).await,
             Scenario::P5 => scenarios::p5(&sizes, &mut report).await,
             Scenario::P6 => scenarios::p6(&sizes, &mut report).await,
+            Scenario::P8 => webhooks::p8(&sizes, &mut report).await,
         };
         if let Err(err) = result {
             eprintln!("{scenario:?} failed: {err:#}");

@@ -1,0 +1,202 @@
+//! Postgres crashed and restarted while webhooks are due: clients post messages throughout,
+//! two workers run them and deliver their `run.completed` events to two slow loopback
+//! receivers, so deliveries are in flight and due when the server goes down. Afterwards every
+//! outbox row is delivered, each receiver got every completed run's event, and a run's event
+//! reached a receiver under one `webhook-id` only (repeats, which at-least-once allows, carry
+//! the same id, so a receiver de-duplicating on it sees the event once).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqlx::PgPool;
+
+use spool_tests::process::Backing;
+use spool_tests::servers::{OwnPostgres, free_port};
+use spool_tests::webhooks::Receiver;
+use spool_tests::{JWT_SECRET, poll_until, token_with};
+
+use crate::SERIAL;
+use crate::stack::TIMEOUT;
+
+const SETTINGS: [(&str, &str); 9] = [
+    ("SPOOL_DEMO_TOKENS", "5"),
+    ("SPOOL_DEMO_DELAY_MS", "10"),
+    ("SPOOL_WORKER_CONCURRENCY", "8"),
+    ("SPOOL_POLL_INTERVAL_MS", "100"),
+    ("SPOOL_DB_MAX_CONNECTIONS", "8"),
+    ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.0/8"),
+    ("SPOOL_WEBHOOKS_CONCURRENCY", "8"),
+    ("SPOOL_LEASE_SECS", "3"),
+    ("SPOOL_HEARTBEAT_SECS", "0.5"),
+];
+/// When the server goes down and comes back, and when the clients stop, from the start.
+const DOWN_AT: Duration = Duration::from_secs(2);
+const UP_AT: Duration = Duration::from_secs(5);
+const LOAD_FOR: Duration = Duration::from_secs(7);
+
+/// Posts a message to a new thread every 50 ms from each of 4 clients until `until`;
+/// returns how many got a 202.
+async fn drive(base: String, until: Instant) -> usize {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .expect("client");
+    let alice = token_with("alice", "acme", false, 3600, JWT_SECRET);
+    let clients = (0..4).map(|_| {
+        let (http, base, alice) = (http.clone(), base.clone(), alice.clone());
+        async move {
+            let mut acknowledged = 0;
+            while Instant::now() < until {
+                let thread = uuid::Uuid::new_v4();
+                let sent = http
+                    .post(format!("{base}/v1/threads/{thread}/user_message"))
+                    .bearer_auth(&alice)
+                    .json(&json!({"input_text": "notify"}))
+                    .send()
+                    .await;
+                if sent.is_ok_and(|r| r.status() == reqwest::StatusCode::ACCEPTED) {
+                    acknowledged += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            acknowledged
+        }
+    });
+    futures::future::join_all(clients).await.into_iter().sum()
+}
+
+/// Each workflow's event as one receiver got it: the `webhook-id`s it arrived under, and how
+/// many times it arrived.
+fn by_workflow(receiver: &Receiver) -> BTreeMap<String, (BTreeSet<String>, usize)> {
+    let mut seen: BTreeMap<String, (BTreeSet<String>, usize)> = BTreeMap::new();
+    for delivery in receiver.received() {
+        let workflow = delivery.json()["data"]["workflow_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let entry = seen.entry(workflow).or_default();
+        entry.0.insert(delivery.id.clone());
+        entry.1 += 1;
+    }
+    seen
+}
+
+#[tokio::test]
+async fn postgres_restarted_while_webhooks_are_due_loses_none_and_repeats_only_under_one_id() {
+    let _turn = SERIAL.lock().await;
+    let postgres = OwnPostgres::start(free_port()).expect("a private Postgres");
+    let database_url = postgres.url("spool_faults_webhooks");
+    let prefix = spool_tests::redis_prefix();
+    let redis_url = spool_tests::redis_url();
+    let backing = Backing {
+        database_url: &database_url,
+        redis_url: &redis_url,
+        redis_prefix: &prefix,
+    };
+    let (_api, base) = backing
+        .start_api(&SETTINGS, TIMEOUT)
+        .await
+        .expect("spool-api");
+    let _workers = (
+        backing
+            .start_worker(&SETTINGS, TIMEOUT)
+            .await
+            .expect("worker"),
+        backing
+            .start_worker(&SETTINGS, TIMEOUT)
+            .await
+            .expect("worker"),
+    );
+    // 30 ms an answer, 16 tries in flight in all: slower than the runs end, so deliveries
+    // queue up and are due (and in flight) when Postgres goes down.
+    let receivers = [
+        Receiver::slow(Duration::from_millis(30)).await,
+        Receiver::slow(Duration::from_millis(30)).await,
+    ];
+    let http = reqwest::Client::new();
+    let admin = token_with("root", "acme", true, 3600, JWT_SECRET);
+    for (_, url) in &receivers {
+        let created = http
+            .post(format!("{base}/v1/webhooks"))
+            .bearer_auth(&admin)
+            .json(&json!({"url": url, "events": ["run.completed"]}))
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(created.status(), reqwest::StatusCode::CREATED);
+    }
+
+    let start = Instant::now();
+    let load = tokio::spawn(drive(base, start + LOAD_FOR));
+    tokio::time::sleep_until((start + DOWN_AT).into()).await;
+    postgres.crash().expect("crash");
+    tokio::time::sleep_until((start + UP_AT).into()).await;
+    postgres.start_server().expect("start again");
+    let acknowledged = load.await.expect("load");
+
+    let pool = PgPool::connect(&database_url).await.expect("pool");
+    let started = Instant::now();
+    let (completed, outbox): (Vec<uuid::Uuid>, i64) = poll_until(
+        "every run ended and every delivery delivered",
+        Duration::from_secs(120),
+        || async {
+            let (ended, active): (Vec<uuid::Uuid>, i64) = sqlx::query_as(
+                "SELECT coalesce(array_agg(id) FILTER (WHERE status = 'completed'), '{}'),
+                        count(*) FILTER (WHERE status NOT IN ('completed', 'failed', 'cancelled'))
+                   FROM runs",
+            )
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+            let (rows, waiting): (i64, i64) = sqlx::query_as(
+                "SELECT count(*), count(*) FILTER (WHERE delivered_at IS NULL)
+                   FROM webhook_deliveries",
+            )
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+            (active == 0 && waiting == 0).then_some((ended, rows))
+        },
+    )
+    .await;
+    let drained = started.elapsed().as_secs_f64();
+    assert!(
+        completed.len() >= acknowledged && acknowledged > 50,
+        "{acknowledged} acknowledged, {} completed",
+        completed.len()
+    );
+    assert_eq!(
+        usize::try_from(outbox).expect("count"),
+        completed.len() * receivers.len(),
+        "one outbox row per completed run and endpoint"
+    );
+    let mut repeats = 0;
+    for (receiver, _) in &receivers {
+        let seen = by_workflow(receiver);
+        for workflow in &completed {
+            let (ids, times) = seen
+                .get(&workflow.to_string())
+                .unwrap_or_else(|| panic!("run {workflow}'s event never reached a receiver"));
+            assert_eq!(
+                ids.len(),
+                1,
+                "{workflow}: delivered under several ids: {ids:?}"
+            );
+            repeats += times - 1;
+        }
+        assert_eq!(
+            seen.len(),
+            completed.len(),
+            "no event of a run that did not complete"
+        );
+    }
+    println!(
+        "postgres crash with webhooks due: {} runs completed, {outbox} deliveries, none lost, \
+         each under one webhook-id ({repeats} repeats with the same id); Postgres down {:?} \
+         from {:?}; outbox drained {drained:.1} s after the load",
+        completed.len(),
+        UP_AT - DOWN_AT,
+        DOWN_AT
+    );
+}
