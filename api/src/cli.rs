@@ -336,6 +336,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let worker = spool_worker::Worker::new(
                 worker_db.clone(),
                 args.db.database_url.clone(),
+                args.db.timeouts()?,
                 args.worker.clone(),
                 streams,
             )?;

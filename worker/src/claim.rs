@@ -92,6 +92,7 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
     let args = worker.args.clone();
     let keeper = LeaseKeeper::start(
         &worker.database_url,
+        worker.db_timeouts,
         args.lease.lease(),
         args.lease.heartbeat(),
     )

@@ -58,7 +58,8 @@ async fn main() -> anyhow::Result<()> {
     let keys = spool_shared::stream::StreamKeys::new(redis.redis_prefix);
     let streams = spool_worker::Streams::connect(&redis.redis_url, keys, stream.retention())
         .context("REDIS_URL")?;
-    let worker = spool_worker::Worker::new(pool, db.database_url, worker, streams)?;
+    let timeouts = db.timeouts()?;
+    let worker = spool_worker::Worker::new(pool, db.database_url, timeouts, worker, streams)?;
     let listener = bind_ops(metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics and health listening");
     let ops = tokio::spawn(spool_worker::ops::serve(

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+use spool_shared::db::Timeouts;
 use spool_shared::egress::NetworkPolicy;
 use spool_shared::quota::admission::Admission;
 
@@ -21,6 +22,9 @@ pub struct Worker {
     pub claims: PgPool,
     /// The database URL (the lease keeper opens its own pool on its own thread).
     pub database_url: String,
+    /// The session timeouts of the claim's and the lease keeper's pools (the shared pool's are
+    /// set where it was made, [`spool_shared::db::connect`]).
+    pub db_timeouts: Timeouts,
     /// Settings.
     pub args: Arc<WorkerArgs>,
     /// This worker's name in `runs.lease_owner`: host, pid and a random suffix.
@@ -42,6 +46,7 @@ impl Worker {
     pub fn new(
         db: PgPool,
         database_url: String,
+        db_timeouts: Timeouts,
         args: WorkerArgs,
         streams: Streams,
     ) -> anyhow::Result<Self> {
@@ -51,11 +56,12 @@ impl Worker {
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let id = format!("{host}-{}-{}", std::process::id(), &suffix[..8]);
         let admission = Admission::new(streams.conn.clone(), &streams.keys);
-        let claims = spool_shared::db::claim_pool(&database_url, "spool-worker")?;
+        let claims = spool_shared::db::claim_pool(&database_url, "spool-worker", db_timeouts)?;
         Ok(Self {
             db,
             claims,
             database_url,
+            db_timeouts,
             args: Arc::new(args),
             id,
             streams,

@@ -256,9 +256,14 @@ impl TestApp {
             self.retention,
         )
         .expect("redis");
-        let worker =
-            spool_worker::Worker::new(self.db.pool.clone(), self.db.url.clone(), args, streams)
-                .expect("worker");
+        let worker = spool_worker::Worker::new(
+            self.db.pool.clone(),
+            self.db.url.clone(),
+            spool_shared::db::Timeouts::default(),
+            args,
+            streams,
+        )
+        .expect("worker");
         let shutdown = self.worker_shutdown.clone();
         self.workers.spawn(async move {
             let _ = spool_worker::run(worker, shutdown).await;

@@ -383,19 +383,28 @@ const CLAIM: &str = concat!(
          SELECT * FROM claimed"
 );
 
-/// A lease the heartbeat renewed.
+/// A lease the heartbeat found still held: renewed, or skipped because another transaction
+/// had its row locked.
 #[derive(Clone, Copy, Debug, sqlx::FromRow)]
 pub struct Renewed {
     /// The run.
     pub id: WorkflowId,
-    /// The attempt whose lease was renewed.
+    /// The attempt that holds it.
     pub attempt: i32,
     /// Whether someone asked to cancel the run.
     pub cancel_requested: bool,
+    /// Whether the lease was renewed. `false`: the row was locked (an erasure of its thread, a
+    /// cancel in flight), so it was skipped rather than waited for; the attempt still holds
+    /// the run, and the next beat renews it.
+    pub renewed: bool,
 }
 
-/// Renews the leases of all `(run, attempt)` pairs still held, in one statement. A pair missing
-/// from the result has lost its lease (reclaimed, or no longer running): its worker must stop.
+/// Renews the leases of all `(run, attempt)` pairs still held, in one statement that never
+/// waits for a row lock. A pair missing from the result has lost its lease (reclaimed, or no
+/// longer running): its worker must stop. A pair whose row another transaction holds locked is
+/// skipped (`FOR NO KEY UPDATE SKIP LOCKED`) and comes back not [`Renewed::renewed`]: one locked
+/// row (a thread being erased) must not hold up the renewal of every other run the worker
+/// holds, other tenants' included (review B-H1).
 pub async fn heartbeat(
     executor: impl PgExecutor<'_>,
     held: &[(WorkflowId, i32)],
@@ -403,12 +412,26 @@ pub async fn heartbeat(
 ) -> sqlx::Result<Vec<Renewed>> {
     let ids: Vec<WorkflowId> = held.iter().map(|(id, _)| *id).collect();
     let attempts: Vec<i32> = held.iter().map(|(_, attempt)| *attempt).collect();
+    // The skipped rows are read without a lock, from the statement's snapshot: a plain read
+    // never waits.
     sqlx::query_as(
-        "UPDATE runs r
-            SET lease_expires_at = now() + $3, heartbeat_at = now()
-           FROM unnest($1::uuid[], $2::int[]) AS held(id, attempt)
-          WHERE r.id = held.id AND r.attempt = held.attempt AND r.status = 'running'
-      RETURNING r.id, r.attempt, r.cancel_requested_at IS NOT NULL AS cancel_requested",
+        "WITH held AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS held(id, attempt)),
+              free AS (
+                  SELECT r.id FROM runs r JOIN held ON r.id = held.id
+                   WHERE r.attempt = held.attempt AND r.status = 'running'
+                     FOR NO KEY UPDATE OF r SKIP LOCKED),
+              renewed AS (
+                  UPDATE runs r
+                     SET lease_expires_at = now() + $3, heartbeat_at = now()
+                    FROM free
+                   WHERE r.id = free.id
+               RETURNING r.id, r.attempt, r.cancel_requested_at IS NOT NULL AS cancel_requested)
+         SELECT id, attempt, cancel_requested, true AS renewed FROM renewed
+         UNION ALL
+         SELECT r.id, r.attempt, r.cancel_requested_at IS NOT NULL, false
+           FROM runs r JOIN held ON r.id = held.id
+          WHERE r.attempt = held.attempt AND r.status = 'running'
+            AND r.id NOT IN (SELECT id FROM renewed)",
     )
     .bind(ids)
     .bind(attempts)

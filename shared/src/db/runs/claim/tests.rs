@@ -234,7 +234,8 @@ fn seq_scans(plan: &Value, relation: &str) -> usize {
 #[tokio::test]
 async fn a_claim_planned_while_the_table_was_small_does_not_read_all_of_it_once_it_grew() {
     let db = without_autovacuum().await;
-    let claims = crate::db::claim_pool(&db.url, "claims").expect("claim pool");
+    let claims = crate::db::claim_pool(&db.url, "claims", crate::db::Timeouts::default())
+        .expect("claim pool");
     let mut conn = claims.acquire().await.expect("connection");
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "PREPARE claim (text, interval, bigint) AS {CLAIM}"
@@ -628,6 +629,58 @@ async fn a_pause_s_deadline_is_the_database_s_now_plus_its_timeout_and_it_expire
         ),
         (RunStatus::RequiresAction, true, None)
     );
+}
+
+#[tokio::test]
+async fn a_heartbeat_skips_a_row_an_erasure_holds_locked_and_renews_the_others_without_waiting() {
+    let db = TestDb::new().await.expect("db");
+    let pool = &db.pool;
+    let (erased, _) = queued(&db).await;
+    let (other, _) = queued(&db).await;
+    let claimed = super::claim(pool, WORKER, Duration::from_secs(60), 2)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let held = [(erased, 1), (other, 1)];
+    let thread = claimed
+        .iter()
+        .find(|c| c.run().id == erased)
+        .expect("claimed")
+        .run()
+        .thread_id;
+    // The erasure of the first run's thread, in flight: its rows locked and deleted.
+    let mut erasure = pool.begin().await.expect("begin");
+    crate::db::threads::lock_for_erasure(&mut erasure, thread, Scope::Tenant("acme"))
+        .await
+        .expect("lock")
+        .expect("the thread");
+    crate::db::threads::erase(&mut erasure, thread)
+        .await
+        .expect("erase");
+    // Far from a heartbeat's worth of waiting: the renewal answers at once.
+    let lease = Duration::from_secs(600);
+    let beat = tokio::time::timeout(Duration::from_secs(5), heartbeat(pool, &held, lease));
+    let renewed = beat.await.expect("the heartbeat waited").expect("hb");
+    let by_id = |id| renewed.iter().find(|r| r.id == id).map(|r| r.renewed);
+    assert_eq!(by_id(other), Some(true), "{renewed:?}");
+    assert_eq!(
+        by_id(erased),
+        Some(false),
+        "still held, not lost: {renewed:?}"
+    );
+    let (left,): (f64,) = sqlx::query_as(
+        "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM runs WHERE id = $1",
+    )
+    .bind(other)
+    .fetch_one(pool)
+    .await
+    .expect("lease");
+    assert!(left > 300.0, "renewed for the new lease: {left}");
+    // Once the erasure commits, the erased run's lease is lost; the other's is renewed.
+    erasure.commit().await.expect("commit");
+    let renewed = heartbeat(pool, &held, lease).await.expect("hb");
+    assert_eq!(renewed.len(), 1, "{renewed:?}");
+    assert_eq!((renewed[0].id, renewed[0].renewed), (other, true));
 }
 
 /// Waits until a statement whose text mentions `text` waits for a lock.
