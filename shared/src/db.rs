@@ -323,6 +323,16 @@ fn scrub(value: &mut Value) {
     }
 }
 
+/// Whether an error is Postgres giving up on a statement because of a timeout:
+/// `lock_timeout` (`55P03`, lock not available) or `statement_timeout` (`57014`, cancelled).
+/// The transaction is aborted and changed nothing; the same request may succeed later.
+pub fn is_timeout(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("55P03" | "57014")),
+        _ => false,
+    }
+}
+
 /// Whether an error is the violation of the named unique index or constraint.
 pub fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
     match err {

@@ -14,5 +14,6 @@ mod providers;
 mod queue;
 mod quotas;
 mod stack;
+mod stalls;
 mod stream;
 mod tls;
