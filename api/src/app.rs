@@ -35,6 +35,8 @@ pub struct ApiConfig {
     pub providers: spool_shared::provider::Providers,
     /// The network policy webhook URLs must pass (as tools' URLs do in the worker).
     pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
+    /// The bearer token `/metrics` requires (`SPOOL_METRICS_TOKEN`); `None`: open.
+    pub metrics_token: Option<secrecy::SecretString>,
 }
 
 /// Everything a handler needs, cheap to clone.

@@ -103,6 +103,7 @@ impl TestApp {
             shutdown: shutdown.clone(),
             jwt: Arc::new(JwtKeys::new(&SecretString::from(JWT_SECRET.to_owned()))),
             config: Arc::new(ApiConfig {
+                metrics_token: None,
                 max_input_bytes: 32 * 1024,
                 max_body_bytes: 1 << 20,
                 max_streams_per_user: 100,

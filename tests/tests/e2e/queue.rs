@@ -271,3 +271,34 @@ async fn embedded_workers_use_a_pool_of_their_own_named_apart_from_the_api_s() {
     let names: Vec<&str> = names.iter().map(|(n,)| n.as_str()).collect();
     assert_eq!(names, ["spool-api", "spool-worker"]);
 }
+
+#[tokio::test]
+async fn with_a_metrics_token_metrics_answer_only_the_bearer_of_it() {
+    let secret = "a-metrics-token-for-the-scraper";
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_METRICS_TOKEN", secret)],
+    )
+    .await;
+    let scrape = async |bearer: Option<&str>| {
+        let mut request = stack.http.get(format!("{}/metrics", stack.base));
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        let response = request.send().await.expect("scrape");
+        (response.status(), response.text().await.expect("body"))
+    };
+    for bearer in [None, Some("wrong".to_owned()), Some(token("alice", "acme"))] {
+        let (status, body) = scrape(bearer.as_deref()).await;
+        assert_eq!(
+            status,
+            reqwest::StatusCode::UNAUTHORIZED,
+            "{bearer:?}: {body}"
+        );
+        let body: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(body["error"]["code"], "invalid_token");
+    }
+    let (status, body) = scrape(Some(secret)).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert!(body.contains("spool_queue_depth"), "{body}");
+}
