@@ -20,6 +20,9 @@ pub struct Worker {
     pub db: PgPool,
     /// The claim's own connection ([`spool_shared::db::claim_pool`]).
     pub claims: PgPool,
+    /// Where this worker's next claim starts its window of tenants
+    /// ([`spool_shared::db::runs::claim`]'s `after_tenant`).
+    pub claim_cursor: Arc<tokio::sync::Mutex<Option<String>>>,
     /// The database URL (the lease keeper opens its own pool on its own thread).
     pub database_url: String,
     /// The session timeouts of the claim's and the lease keeper's pools (the shared pool's are
@@ -60,6 +63,7 @@ impl Worker {
         Ok(Self {
             db,
             claims,
+            claim_cursor: Arc::default(),
             database_url,
             db_timeouts,
             args: Arc::new(args),
