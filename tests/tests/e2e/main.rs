@@ -16,4 +16,5 @@ mod quotas;
 mod stack;
 mod stalls;
 mod stream;
+mod timeline;
 mod tls;
