@@ -35,6 +35,22 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// Whether an `Authorization` header value bears `token` (`Bearer <token>`), compared in a time
+/// that depends only on the lengths: the check of `SPOOL_METRICS_TOKEN`.
+pub fn bears(authorization: Option<&str>, token: &str) -> bool {
+    let given = authorization
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .as_bytes();
+    let token = token.as_bytes();
+    given.len() == token.len()
+        && given
+            .iter()
+            .zip(token)
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
 /// How long the gauges read from Postgres are reused between scrapes.
 pub const QUEUE_GAUGES_EVERY: Duration = Duration::from_secs(5);
 
@@ -97,6 +113,19 @@ pub async fn render(handle: &PrometheusHandle, db: &PgPool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_passes() {
+        assert!(bears(Some("Bearer secret-token"), "secret-token"));
+        for wrong in [
+            None,
+            Some("secret-token"),
+            Some("Bearer secret-tokeN"),
+            Some("Bearer "),
+        ] {
+            assert!(!bears(wrong, "secret-token"), "{wrong:?}");
+        }
+    }
 
     #[tokio::test]
     async fn a_scrape_storm_reads_postgres_once_per_interval() {

@@ -302,3 +302,36 @@ async fn with_a_metrics_token_metrics_answer_only_the_bearer_of_it() {
     assert_eq!(status, reqwest::StatusCode::OK, "{body}");
     assert!(body.contains("spool_queue_depth"), "{body}");
 }
+
+#[tokio::test]
+async fn with_a_metrics_token_a_worker_s_metrics_answer_only_the_bearer_of_it() {
+    let secret = "a-metrics-token-for-the-scraper";
+    let stack = Stack::start().await;
+    let worker = stack.worker(&[("SPOOL_METRICS_TOKEN", secret)]).await;
+    let addr = poll_until("the metrics port to be logged", TIMEOUT, || async {
+        worker.logged("metrics and health listening", "addr")
+    })
+    .await;
+    let get = async |path: &str, bearer: Option<&str>| {
+        let mut request = stack.http.get(format!("http://{addr}{path}"));
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        let response = request.send().await.expect("ops");
+        (response.status(), response.text().await.expect("body"))
+    };
+    for bearer in [None, Some("wrong")] {
+        let (status, body) = get("/metrics", bearer).await;
+        assert_eq!(
+            status,
+            reqwest::StatusCode::UNAUTHORIZED,
+            "{bearer:?}: {body}"
+        );
+        assert!(body.contains("invalid_token"), "{body}");
+    }
+    let (status, body) = get("/metrics", Some(secret)).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert!(body.contains("spool_queue_depth"), "{body}");
+    // The probes stay open.
+    assert_eq!(get("/healthz", None).await.0, reqwest::StatusCode::OK);
+}
