@@ -39,6 +39,8 @@ pub struct ApiConfig {
     pub retention: spool_shared::config::RetentionArgs,
     /// Webhook endpoints one tenant may have (`SPOOL_WEBHOOKS_MAX_PER_TENANT`).
     pub max_webhooks_per_tenant: u32,
+    /// The bearer token `/metrics` requires (`SPOOL_METRICS_TOKEN`); `None`: open.
+    pub metrics_token: Option<secrecy::SecretString>,
 }
 
 /// Everything a handler needs, cheap to clone.

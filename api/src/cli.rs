@@ -77,6 +77,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SPOOL_WRITE_TIMEOUT_SECS", default_value_t = 60.0)]
     pub write_timeout_secs: f64,
 
+    /// Bearer token `GET /metrics` requires (`Authorization: Bearer <token>`); any other
+    /// request to it is 401. Unset: `/metrics` is open (keep it off the public network).
+    #[arg(long, env = "SPOOL_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<SecretString>,
+
     /// Run this many workers inside the API process (a one-command local start).
     #[arg(long, env = "SPOOL_EMBEDDED_WORKERS", default_value_t = 0)]
     pub embedded_worker: usize,
@@ -209,6 +214,17 @@ fn write_timeout(secs: f64) -> anyhow::Result<Option<Duration>> {
     Ok((!timeout.is_zero()).then_some(timeout))
 }
 
+/// `SPOOL_METRICS_TOKEN`, if set: not empty (an empty one would look like protection).
+fn metrics_token(token: Option<SecretString>) -> anyhow::Result<Option<SecretString>> {
+    if let Some(token) = &token {
+        anyhow::ensure!(
+            !token.expose_secret().trim().is_empty(),
+            "SPOOL_METRICS_TOKEN is set but empty; unset it to leave /metrics open"
+        );
+    }
+    Ok(token)
+}
+
 fn secret_or_dev(secret: Option<SecretString>) -> anyhow::Result<(SecretString, bool)> {
     match secret {
         Some(secret) => {
@@ -313,6 +329,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             network_policy: Arc::new(args.worker.egress.policy()?),
             retention: args.worker.retention.clone(),
             max_webhooks_per_tenant: args.worker.webhooks.webhooks_max_per_tenant,
+            metrics_token: metrics_token(args.metrics_token)?,
         }),
         runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
         wake: crate::wake::Wake::start(db.clone(), shutdown.clone()),
@@ -338,6 +355,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let worker = spool_worker::Worker::new(
                 worker_db.clone(),
                 args.db.database_url.clone(),
+                args.db.timeouts()?,
                 args.worker.clone(),
                 streams,
             )?;

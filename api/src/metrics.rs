@@ -1,17 +1,24 @@
 //! `GET /metrics` (Prometheus text format) and the middleware that counts requests by route
 //! template and status. The route is the matched template (`/v1/threads/{thread_id}`), never
 //! the concrete path, so label values stay bounded.
+//!
+//! `/metrics` shows fleet data (queue depth, model names of every tenant): with
+//! `SPOOL_METRICS_TOKEN` set it answers only a request bearing that token (review B-L12). The
+//! gauges it reads from Postgres are read at most every few seconds however often it is
+//! scraped ([`spool_shared::metrics::QueueGauges`]).
 
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use secrecy::ExposeSecret as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::app::AppState;
+use crate::error::{ApiError, ErrorBody};
 
 /// `/metrics`.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -23,10 +30,26 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/metrics",
     tag = "health",
-    responses((status = 200, description = "Metrics in the Prometheus text format.",
-        content_type = "text/plain", body = String))
+    responses(
+        (status = 200, description = "Metrics in the Prometheus text format.",
+            content_type = "text/plain", body = String),
+        (status = 401, description = "`invalid_token`: `SPOOL_METRICS_TOKEN` is set and the \
+            request does not bear it (`Authorization: Bearer <token>`)", body = ErrorBody),
+    )
 )]
-async fn get_metrics(State(state): State<AppState>) -> Response {
+async fn get_metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(token) = &state.config.metrics_token {
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if !spool_shared::metrics::bears(authorization, token.expose_secret()) {
+            return ApiError::Unauthorized {
+                code: "invalid_token",
+                message: "/metrics requires the metrics token".into(),
+            }
+            .into_response();
+        }
+    }
     let handle = spool_shared::metrics::install();
     let body = spool_shared::metrics::render(&handle, &state.db).await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()

@@ -28,6 +28,25 @@ pub struct DbArgs {
     /// Do not run migrations at start (run `spool-api migrate` yourself).
     #[arg(long, env = "SPOOL_SKIP_MIGRATIONS", default_value_t = false)]
     pub skip_migrations: bool,
+
+    /// Seconds one statement may run before Postgres cancels it (`statement_timeout` of every
+    /// pooled connection), so no request or worker statement holds its locks unbounded.
+    #[arg(long, env = "SPOOL_DB_STATEMENT_TIMEOUT_SECS", default_value_t = 30.0)]
+    pub db_statement_timeout_secs: f64,
+
+    /// Seconds a statement may wait for a lock before it fails (`lock_timeout`), so one
+    /// tenant's long transaction makes others fail fast rather than queue behind it.
+    #[arg(long, env = "SPOOL_DB_LOCK_TIMEOUT_SECS", default_value_t = 10.0)]
+    pub db_lock_timeout_secs: f64,
+
+    /// Seconds a connection may sit idle inside a transaction before Postgres ends its session
+    /// (`idle_in_transaction_session_timeout`), releasing every lock it held.
+    #[arg(
+        long,
+        env = "SPOOL_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECS",
+        default_value_t = 60.0
+    )]
+    pub db_idle_in_transaction_timeout_secs: f64,
 }
 
 /// Where Redis is and how Spool names its keys there.
@@ -287,6 +306,25 @@ impl DbArgs {
     pub fn check_idle(&self) -> anyhow::Result<Duration> {
         seconds("SPOOL_DB_CHECK_IDLE_SECS", self.db_check_idle_secs, 0.0)
     }
+
+    /// The session timeouts every pooled connection gets, each from 1 ms to a day (0 would
+    /// mean "none" to Postgres, which is what they exist to prevent).
+    pub fn timeouts(&self) -> anyhow::Result<crate::db::Timeouts> {
+        let min = 0.001;
+        Ok(crate::db::Timeouts {
+            statement: seconds(
+                "SPOOL_DB_STATEMENT_TIMEOUT_SECS",
+                self.db_statement_timeout_secs,
+                min,
+            )?,
+            lock: seconds("SPOOL_DB_LOCK_TIMEOUT_SECS", self.db_lock_timeout_secs, min)?,
+            idle_in_transaction: seconds(
+                "SPOOL_DB_IDLE_IN_TRANSACTION_TIMEOUT_SECS",
+                self.db_idle_in_transaction_timeout_secs,
+                min,
+            )?,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -315,9 +353,14 @@ mod tests {
             db_max_connections: 1,
             db_check_idle_secs: 1e30,
             skip_migrations: true,
+            db_statement_timeout_secs: 30.0,
+            db_lock_timeout_secs: 0.0,
+            db_idle_in_transaction_timeout_secs: 60.0,
         };
         let err = db.check_idle().expect_err("refused").to_string();
         assert!(err.contains("SPOOL_DB_CHECK_IDLE_SECS"), "{err}");
+        let err = db.timeouts().expect_err("refused").to_string();
+        assert!(err.contains("SPOOL_DB_LOCK_TIMEOUT_SECS"), "{err}");
     }
 
     #[test]

@@ -93,8 +93,10 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
         }
     }
     let check_idle = args.check_idle()?;
+    let timeouts = args.timeouts()?;
     let options = connect_options(&args.database_url, application)?;
     let pool = checked_when_idle(PgPoolOptions::new(), check_idle)
+        .after_connect(move |conn, _| Box::pin(async move { timeouts.apply(conn).await }))
         .max_connections(args.db_max_connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
@@ -104,6 +106,65 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
         migrate(&pool).await?;
     }
     Ok(pool)
+}
+
+/// The session timeouts of every pooled connection (`SPOOL_DB_*_TIMEOUT_SECS`): no statement
+/// runs, waits for a lock, or holds a transaction open without bound, so no request or run can
+/// hold locks another tenant's runs wait on for longer than these (DESIGN section 15).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `statement_timeout`: the longest a statement runs.
+    pub statement: Duration,
+    /// `lock_timeout`: the longest a statement waits for one lock.
+    pub lock: Duration,
+    /// `idle_in_transaction_session_timeout`: the longest a session idles inside a
+    /// transaction before Postgres ends it (and its locks with it).
+    pub idle_in_transaction: Duration,
+}
+
+impl Default for Timeouts {
+    /// The documented defaults: 30 s, 10 s and 60 s.
+    fn default() -> Self {
+        Self {
+            statement: Duration::from_secs(30),
+            lock: Duration::from_secs(10),
+            idle_in_transaction: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Timeouts {
+    /// These timeouts, none longer than `max` (the lease keeper's: a renewal that cannot finish
+    /// within one heartbeat is worth nothing, and must not linger in Postgres after the keeper
+    /// gave up on it).
+    pub fn at_most(self, max: Duration) -> Self {
+        Self {
+            statement: self.statement.min(max),
+            lock: self.lock.min(max),
+            idle_in_transaction: self.idle_in_transaction.min(max),
+        }
+    }
+
+    /// Sets them on the connection's session (a `SET` works through a session-mode pooler,
+    /// where a startup option might not).
+    pub async fn apply(self, conn: &mut sqlx::PgConnection) -> sqlx::Result<()> {
+        sqlx::query(
+            "SELECT set_config('statement_timeout', $1, false),
+                    set_config('lock_timeout', $2, false),
+                    set_config('idle_in_transaction_session_timeout', $3, false)",
+        )
+        .bind(millis(self.statement))
+        .bind(millis(self.lock))
+        .bind(millis(self.idle_in_transaction))
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A duration as a Postgres setting in milliseconds, at least 1 (0 would mean "no limit").
+fn millis(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis().max(1))
 }
 
 /// A pool of one connection for [`runs::claim`], connected when first used, whose session
@@ -122,17 +183,21 @@ pub async fn connect(args: &DbArgs, application: &str) -> anyhow::Result<PgPool>
 /// statements keep the defaults. Like the main pool (at its default), the connection is
 /// checked with a round trip only when it has been idle for a second or more: a worker claims
 /// more often than that while runs come.
-pub fn claim_pool(database_url: &str, application: &str) -> anyhow::Result<PgPool> {
+pub fn claim_pool(
+    database_url: &str,
+    application: &str,
+    timeouts: Timeouts,
+) -> anyhow::Result<PgPool> {
     let options = connect_options(database_url, application)?;
     Ok(
         checked_when_idle(PgPoolOptions::new(), Duration::from_secs(1))
             .max_connections(1)
-            .after_connect(|conn, _| {
+            .after_connect(move |conn, _| {
                 Box::pin(async move {
                     sqlx::query("SET enable_seqscan = off")
-                        .execute(conn)
+                        .execute(&mut *conn)
                         .await?;
-                    Ok(())
+                    timeouts.apply(conn).await
                 })
             })
             .acquire_timeout(Duration::from_secs(10))
@@ -173,11 +238,30 @@ fn checked_when_idle(pool: PgPoolOptions, check_idle: Duration) -> PgPoolOptions
 }
 
 /// Applies pending migrations. Concurrent callers serialize on sqlx's advisory lock.
+///
+/// On a connection of its own without the pool's [`Timeouts`]: a migration may build an index
+/// on a large table for minutes, and a second process starting at once waits for the first's
+/// migrations on the advisory lock. The connection is closed after, never handed back to the
+/// pool with its timeouts off.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    MIGRATOR
-        .run(pool)
+    let mut conn = pool
+        .acquire()
         .await
-        .context("running database migrations")
+        .context("connecting to migrate")?
+        .detach();
+    sqlx::query(
+        "SELECT set_config('statement_timeout', '0', false), set_config('lock_timeout', '0', false),
+                set_config('idle_in_transaction_session_timeout', '0', false)",
+    )
+    .execute(&mut conn)
+    .await
+    .context("lifting the timeouts to migrate")?;
+    let migrated = MIGRATOR
+        .run(&mut conn)
+        .await
+        .context("running database migrations");
+    let _ = sqlx::Connection::close(conn).await;
+    migrated
 }
 
 /// Wakes idle workers: a run became claimable. Delivered when the surrounding transaction
@@ -239,6 +323,16 @@ fn scrub(value: &mut Value) {
     }
 }
 
+/// Whether an error is Postgres giving up on a statement because of a timeout:
+/// `lock_timeout` (`55P03`, lock not available) or `statement_timeout` (`57014`, cancelled).
+/// The transaction is aborted and changed nothing; the same request may succeed later.
+pub fn is_timeout(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("55P03" | "57014")),
+        _ => false,
+    }
+}
+
 /// Whether an error is the violation of the named unique index or constraint.
 pub fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
     match err {
@@ -253,6 +347,57 @@ pub fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The three timeouts as the session shows them.
+    async fn shown(pool: &PgPool) -> [String; 3] {
+        let mut conn = pool.acquire().await.expect("a connection");
+        let mut shown = [String::new(), String::new(), String::new()];
+        for (i, name) in [
+            "statement_timeout",
+            "lock_timeout",
+            "idle_in_transaction_session_timeout",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (value,): (String,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SHOW {name}")))
+                .fetch_one(&mut *conn)
+                .await
+                .expect("show");
+            shown[i] = value;
+        }
+        shown
+    }
+
+    #[tokio::test]
+    async fn every_pool_s_connections_carry_the_configured_session_timeouts() {
+        let db = spool_tests::TestDb::new().await.expect("db");
+        let args = DbArgs {
+            database_url: db.url.clone(),
+            // One connection: the one that migrated (its timeouts lifted) must not be it.
+            db_max_connections: 1,
+            db_check_idle_secs: 1.0,
+            skip_migrations: false,
+            db_statement_timeout_secs: 12.5,
+            db_lock_timeout_secs: 3.0,
+            db_idle_in_transaction_timeout_secs: 45.0,
+        };
+        let want = ["12500ms", "3s", "45s"];
+        // The API's, a worker's and the embedded workers' pool (housekeeping, webhook
+        // deliveries and cancel notifications use the worker's).
+        let main = connect(&args, "spool-test").await.expect("pool");
+        assert_eq!(shown(&main).await, want, "the main pool");
+        let timeouts = args.timeouts().expect("valid");
+        let claims = claim_pool(&db.url, "spool-test", timeouts).expect("claim pool");
+        assert_eq!(shown(&claims).await, want, "the claim's pool");
+        let default = DbArgs {
+            db_statement_timeout_secs: 30.0,
+            db_lock_timeout_secs: 10.0,
+            db_idle_in_transaction_timeout_secs: 60.0,
+            ..args
+        };
+        assert_eq!(default.timeouts().expect("valid"), Timeouts::default());
+    }
 
     #[test]
     fn nul_characters_are_replaced_everywhere_in_what_is_stored() {

@@ -75,7 +75,12 @@ async fn claim_batch(
     let claimed_from = Instant::now();
     let lease = worker.args.lease.lease();
     let room = u32::try_from(room).unwrap_or(u32::MAX);
-    let claimed = runs::claim(&worker.claims, &worker.id, lease, room).await?;
+    let after = worker.claim_cursor.lock().await.clone();
+    let claimed = runs::claim(&worker.claims, &worker.id, lease, room, after.as_deref()).await?;
+    // The next claim's window starts after this one's; a claim that took nothing starts over.
+    *worker.claim_cursor.lock().await = claimed
+        .first()
+        .and_then(|c| c.window_end().map(str::to_owned));
     Ok(claimed
         .into_iter()
         .map(|claimed| {
@@ -92,6 +97,7 @@ pub async fn run(worker: Worker, shutdown: CancellationToken) -> anyhow::Result<
     let args = worker.args.clone();
     let keeper = LeaseKeeper::start(
         &worker.database_url,
+        worker.db_timeouts,
         args.lease.lease(),
         args.lease.heartbeat(),
     )

@@ -3,7 +3,10 @@
 //!
 //! Every heartbeat interval it renews all held `(run, attempt)` pairs in one fenced statement.
 //! A pair that is not renewed has lost its lease (another worker reclaimed the run, or it was
-//! cancelled out of `running`): its [`Lease::lost`] token fires at once and the run stops. When
+//! cancelled out of `running`): its [`Lease::lost`] token fires at once and the run stops. A
+//! pair whose row another transaction holds locked (its thread being erased) is skipped, not
+//! waited for, and is still held: one locked row never holds up the renewal of the others
+//! (review B-H1); it is renewed next beat, or given up once its lease may have expired. When
 //! Postgres cannot be reached, a lease is given up as soon as it may have expired by the
 //! worker's own monotonic clock, counted from before the last successful renewal was sent, so
 //! the worker never keeps acting on a lease the database may already consider expired.
@@ -17,7 +20,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::WorkflowId;
-use spool_shared::db::runs;
+use spool_shared::db::{Timeouts, runs};
 
 struct Held {
     attempt: i32,
@@ -51,8 +54,14 @@ pub struct Lease {
 }
 
 impl LeaseKeeper {
-    /// Starts the keeper thread with its own small Postgres pool.
-    pub fn start(database_url: &str, lease: Duration, heartbeat: Duration) -> anyhow::Result<Self> {
+    /// Starts the keeper thread with its own small Postgres pool, whose connections carry
+    /// `timeouts` none longer than one heartbeat ([`pool`]).
+    pub fn start(
+        database_url: &str,
+        timeouts: Timeouts,
+        lease: Duration,
+        heartbeat: Duration,
+    ) -> anyhow::Result<Self> {
         let held: Table = Arc::default();
         let stop = CancellationToken::new();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -60,10 +69,7 @@ impl LeaseKeeper {
             .build()?;
         let pool = {
             let _guard = runtime.enter();
-            PgPoolOptions::new()
-                .max_connections(2)
-                .acquire_timeout(heartbeat)
-                .connect_lazy(database_url)?
+            pool(database_url, timeouts, heartbeat)?
         };
         let thread = std::thread::Builder::new()
             .name("spool-lease".into())
@@ -103,6 +109,29 @@ impl LeaseKeeper {
             beats,
         }
     }
+}
+
+/// The keeper's pool (connected lazily; call it inside the runtime that uses it): its session
+/// timeouts are `timeouts`, none longer than one `heartbeat`. A renewal the keeper stopped
+/// waiting for is cancelled by Postgres too, instead of renewing leases later, after the keeper
+/// gave them up.
+pub fn pool(
+    database_url: &str,
+    timeouts: Timeouts,
+    heartbeat: Duration,
+) -> anyhow::Result<sqlx::PgPool> {
+    let timeouts = timeouts.at_most(heartbeat);
+    let options: sqlx::postgres::PgConnectOptions = database_url.parse()?;
+    let options = if options.get_application_name().is_none() {
+        options.application_name("spool-worker")
+    } else {
+        options
+    };
+    Ok(PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(heartbeat)
+        .after_connect(move |conn, _| Box::pin(async move { timeouts.apply(conn).await }))
+        .connect_lazy_with(options))
 }
 
 impl LeaseKeeper {
@@ -192,10 +221,19 @@ async fn keep(
                     };
                     match renewed.get(&id) {
                         Some(r) if r.attempt == attempt => {
-                            entry.renewed_from = sent;
-                            entry.beats.send_modify(|n| *n += 1);
                             if r.cancel_requested {
                                 entry.cancel_requested.cancel();
+                            }
+                            if r.renewed {
+                                entry.renewed_from = sent;
+                                entry.beats.send_modify(|n| *n += 1);
+                            } else {
+                                // Still held, its row locked by another transaction (an
+                                // erasure, a cancel): renewed next beat. Until then its lease
+                                // runs from the last renewal that happened.
+                                tracing::info!(workflow.id = %id, run.attempt = attempt,
+                                    "lease not renewed this beat: its row is locked");
+                                give_up_if_expired(&id, entry, safe_for);
                             }
                         }
                         _ => {
@@ -214,11 +252,17 @@ async fn keep(
 fn give_up_expired(table: &mut HashMap<WorkflowId, Held>, error: &str, safe_for: Duration) {
     tracing::warn!(error, "lease renewal failed");
     for (id, entry) in table.iter() {
-        if entry.renewed_from.elapsed() >= safe_for && !entry.lost.is_cancelled() {
-            tracing::warn!(workflow.id = %id, run.attempt = entry.attempt,
-                "lease may have expired while Postgres was unreachable; stopping the run");
-            entry.lost.cancel();
-        }
+        give_up_if_expired(id, entry, safe_for);
+    }
+}
+
+/// Stops the run if its lease may have expired: `safe_for` has passed since the last renewal
+/// that surely reached the database.
+fn give_up_if_expired(id: &WorkflowId, entry: &Held, safe_for: Duration) {
+    if entry.renewed_from.elapsed() >= safe_for && !entry.lost.is_cancelled() {
+        tracing::warn!(workflow.id = %id, run.attempt = entry.attempt,
+            "lease may have expired without a renewal; stopping the run");
+        entry.lost.cancel();
     }
 }
 
@@ -226,12 +270,36 @@ fn give_up_expired(table: &mut HashMap<WorkflowId, Held>, error: &str, safe_for:
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn the_keeper_s_connections_carry_the_timeouts_none_longer_than_a_heartbeat() {
+        let db = spool_tests::TestDb::new().await.expect("db");
+        let timeouts = Timeouts {
+            statement: Duration::from_secs(30),
+            lock: Duration::from_secs(1),
+            idle_in_transaction: Duration::from_secs(60),
+        };
+        let pool = pool(&db.url, timeouts, Duration::from_secs(2)).expect("pool");
+        let (statement, lock, idle): (String, String, String) = sqlx::query_as(
+            "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
+                    current_setting('idle_in_transaction_session_timeout')",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("settings");
+        assert_eq!([statement, lock, idle], ["2s", "1s", "2s"]);
+    }
+
     #[test]
     fn dropping_an_attempt_s_lease_leaves_a_later_attempt_of_the_run_held() {
         // Nothing here reaches the database: the pool is lazy and the heartbeat far away.
         let hour = Duration::from_secs(3600);
-        let keeper =
-            LeaseKeeper::start("postgres://nobody@127.0.0.1:1/none", hour, hour).expect("keeper");
+        let keeper = LeaseKeeper::start(
+            "postgres://nobody@127.0.0.1:1/none",
+            Timeouts::default(),
+            hour,
+            hour,
+        )
+        .expect("keeper");
         let id = WorkflowId::new();
         let first = keeper.hold(id, 1, Instant::now());
         // Resumed after a pause and claimed again by this worker before the first attempt has

@@ -32,6 +32,10 @@ enum Cli {
         /// host has that one. Set: exactly this address, or an error if it is taken.
         #[arg(long, env = "SPOOL_WORKER_METRICS_ADDR")]
         metrics_addr: Option<SocketAddr>,
+        /// Bearer token the metrics port's `GET /metrics` requires (`Authorization: Bearer
+        /// <token>`); any other request to it is 401. Unset: `/metrics` is open.
+        #[arg(long, env = "SPOOL_METRICS_TOKEN", hide_env_values = true)]
+        metrics_token: Option<secrecy::SecretString>,
         /// Log line format.
         #[arg(long, env = "SPOOL_LOG_FORMAT", value_enum, default_value_t)]
         log_format: LogFormat,
@@ -46,24 +50,34 @@ async fn main() -> anyhow::Result<()> {
         stream,
         worker,
         metrics_addr,
+        metrics_token,
         log_format,
     } = Cli::parse();
     // Kept to the end of `main`: dropping it flushes the spans not exported yet.
     let _telemetry = telemetry::init(log_format, "spool-worker");
     spool_shared::metrics::install();
     worker.validate()?;
+    if let Some(token) = &metrics_token {
+        use secrecy::ExposeSecret as _;
+        anyhow::ensure!(
+            !token.expose_secret().trim().is_empty(),
+            "SPOOL_METRICS_TOKEN is set but empty; unset it to leave /metrics open"
+        );
+    }
     let pool = spool_shared::db::connect(&db, "spool-worker").await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(spool_shared::shutdown::on_signal(shutdown.clone()));
     let keys = spool_shared::stream::StreamKeys::new(redis.redis_prefix);
     let streams = spool_worker::Streams::connect(&redis.redis_url, keys, stream.retention())
         .context("REDIS_URL")?;
-    let worker = spool_worker::Worker::new(pool, db.database_url, worker, streams)?;
+    let timeouts = db.timeouts()?;
+    let worker = spool_worker::Worker::new(pool, db.database_url, timeouts, worker, streams)?;
     let listener = bind_ops(metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics and health listening");
     let ops = tokio::spawn(spool_worker::ops::serve(
         listener,
         worker.db.clone(),
+        metrics_token,
         shutdown.clone(),
     ));
     spool_worker::run(worker, shutdown)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+use spool_shared::db::Timeouts;
 use spool_shared::egress::NetworkPolicy;
 use spool_shared::quota::admission::Admission;
 
@@ -19,8 +20,14 @@ pub struct Worker {
     pub db: PgPool,
     /// The claim's own connection ([`spool_shared::db::claim_pool`]).
     pub claims: PgPool,
+    /// Where this worker's next claim starts its window of tenants
+    /// ([`spool_shared::db::runs::claim`]'s `after_tenant`).
+    pub claim_cursor: Arc<tokio::sync::Mutex<Option<String>>>,
     /// The database URL (the lease keeper opens its own pool on its own thread).
     pub database_url: String,
+    /// The session timeouts of the claim's and the lease keeper's pools (the shared pool's are
+    /// set where it was made, [`spool_shared::db::connect`]).
+    pub db_timeouts: Timeouts,
     /// Settings.
     pub args: Arc<WorkerArgs>,
     /// This worker's name in `runs.lease_owner`: host, pid and a random suffix.
@@ -42,6 +49,7 @@ impl Worker {
     pub fn new(
         db: PgPool,
         database_url: String,
+        db_timeouts: Timeouts,
         args: WorkerArgs,
         streams: Streams,
     ) -> anyhow::Result<Self> {
@@ -51,11 +59,13 @@ impl Worker {
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let id = format!("{host}-{}-{}", std::process::id(), &suffix[..8]);
         let admission = Admission::new(streams.conn.clone(), &streams.keys);
-        let claims = spool_shared::db::claim_pool(&database_url, "spool-worker")?;
+        let claims = spool_shared::db::claim_pool(&database_url, "spool-worker", db_timeouts)?;
         Ok(Self {
             db,
             claims,
+            claim_cursor: Arc::default(),
             database_url,
+            db_timeouts,
             args: Arc::new(args),
             id,
             streams,

@@ -523,7 +523,7 @@ pub(crate) async fn patch_thread(
         (status = 204, description = "Erased."),
         Unauthenticated,
         (status = 404, description = "`thread_not_found` (also another owner's, or already erased), `not_found`", body = ErrorBody),
-        (status = 503, description = "`redis_unavailable`: nothing was erased; try again", body = ErrorBody),
+        (status = 503, description = "`redis_unavailable`, `erasure_timed_out` (its locks or statements took too long): nothing was erased; try again after `Retry-After`", body = ErrorBody),
     )
 )]
 pub(crate) async fn delete_thread(

@@ -6,6 +6,11 @@
 //! may still publish raised for good (so their workers publish nothing more and the stream is
 //! not born again), then the rows go in the same transaction. If Redis fails, nothing is
 //! erased; if Postgres fails after Redis, the fences are lifted again.
+//!
+//! The transaction is bounded ([`threads::ERASURE_LOCK_TIMEOUT`],
+//! [`threads::ERASURE_STATEMENT_TIMEOUT`]): an erasure that cannot take its locks or finish in
+//! time is rolled back whole and answered 503 `erasure_timed_out` with `Retry-After`, rather
+//! than hold the thread's rows locked (and a request's connection) without bound.
 
 use spool_shared::ThreadId;
 use spool_shared::db;
@@ -25,7 +30,8 @@ pub(crate) async fn erase_thread(
 ) -> Result<(), ApiError> {
     let mut tx = state.db.begin().await?;
     let erasing = threads::lock_for_erasure(&mut tx, thread_id, caller.scope())
-        .await?
+        .await
+        .map_err(erasure_error)?
         .ok_or_else(thread_not_found)?;
     // Redis first, under the thread's lock: if it fails, nothing is erased and the client can
     // try again; once it succeeds, the active run's worker can publish nothing more.
@@ -62,7 +68,7 @@ pub(crate) async fn erase_thread(
             tracing::error!(error = %redis_err, thread.id = %thread_id,
                 "erasure failed after its stream was erased; the fences of its runs stay up");
         }
-        return Err(err.into());
+        return Err(erasure_error(err));
     }
     // The erased active runs hold no room in their quotas any more.
     for (run, tenant, quota) in &erasing.admitted {
@@ -75,4 +81,20 @@ pub(crate) async fn erase_thread(
     }
     tracing::info!(thread.id = %thread_id, runs = erasing.runs.len(), "thread erased");
     Ok(())
+}
+
+/// A database error of the erasure as the client's answer: a lock or statement timeout is a
+/// 503 to retry (the transaction was rolled back: nothing was erased).
+fn erasure_error(err: sqlx::Error) -> ApiError {
+    if db::is_timeout(&err) {
+        tracing::warn!(error = %err, "erasure timed out; rolled back");
+        return ApiError::Unavailable {
+            code: "erasure_timed_out",
+            message: "the thread is being written to and could not be erased in time; \
+                      nothing was erased: try again"
+                .into(),
+            retry_after: 1,
+        };
+    }
+    err.into()
 }

@@ -103,6 +103,7 @@ impl TestApp {
             shutdown: shutdown.clone(),
             jwt: Arc::new(JwtKeys::new(&SecretString::from(JWT_SECRET.to_owned()))),
             config: Arc::new(ApiConfig {
+                metrics_token: None,
                 max_input_bytes: 32 * 1024,
                 max_body_bytes: 1 << 20,
                 max_streams_per_user: 100,
@@ -258,9 +259,14 @@ impl TestApp {
             self.retention,
         )
         .expect("redis");
-        let worker =
-            spool_worker::Worker::new(self.db.pool.clone(), self.db.url.clone(), args, streams)
-                .expect("worker");
+        let worker = spool_worker::Worker::new(
+            self.db.pool.clone(),
+            self.db.url.clone(),
+            spool_shared::db::Timeouts::default(),
+            args,
+            streams,
+        )
+        .expect("worker");
         let shutdown = self.worker_shutdown.clone();
         self.workers.spawn(async move {
             let _ = spool_worker::run(worker, shutdown).await;

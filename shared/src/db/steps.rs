@@ -361,6 +361,38 @@ pub async fn load(
         .await
 }
 
+/// A page of the run's saved steps: at most `limit` of those numbered after `after`, in order.
+pub async fn page(
+    executor: impl PgExecutor<'_>,
+    workflow_id: WorkflowId,
+    after: i32,
+    limit: i64,
+) -> sqlx::Result<Vec<Step>> {
+    sqlx::query_as(
+        "SELECT step, attempt, created_at, data FROM run_steps
+          WHERE workflow_id = $1 AND step > $2 ORDER BY step LIMIT $3",
+    )
+    .bind(workflow_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(executor)
+    .await
+}
+
+/// The number of the run's last saved step (0 if none): one probe of the primary key.
+pub async fn last_number(
+    executor: impl PgExecutor<'_>,
+    workflow_id: WorkflowId,
+) -> sqlx::Result<i32> {
+    let last: Option<i32> = sqlx::query_scalar(
+        "SELECT step FROM run_steps WHERE workflow_id = $1 ORDER BY step DESC LIMIT 1",
+    )
+    .bind(workflow_id)
+    .fetch_optional(executor)
+    .await?;
+    Ok(last.unwrap_or(0))
+}
+
 /// Saves a step, fenced on the attempt: `false` (nothing saved) if this attempt no longer holds
 /// the run. A step is saved twice: with its tool calls (before they run), then with their
 /// results; the second save replaces the first. The run row is locked `FOR SHARE`, so a

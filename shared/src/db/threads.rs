@@ -273,13 +273,38 @@ pub struct Erasing {
     pub admitted: Vec<(WorkflowId, String, crate::quota::RunQuota)>,
 }
 
-/// Locks the thread in `scope` for erasure (in the caller's transaction): a message racing
-/// the erasure waits for it and is then refused. `None` if there is no such thread.
+/// The longest an erasure's statement waits for one lock (`SET LOCAL lock_timeout`): a worker's
+/// write to the thread's active run, or the heartbeat that renews it, holds the run's row for
+/// a moment; longer than this, the erasure gives up (nothing erased) and the client retries.
+pub const ERASURE_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The longest one of an erasure's statements runs (`SET LOCAL statement_timeout`): it deletes
+/// one thread's rows, by index, so this is far more than a thread of thousands of messages
+/// needs; past it the erasure gives up rather than hold the thread's locks longer.
+pub const ERASURE_STATEMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Locks the thread in `scope` for erasure (in the caller's transaction, which it bounds by
+/// [`ERASURE_LOCK_TIMEOUT`] and [`ERASURE_STATEMENT_TIMEOUT`]): a message racing the erasure
+/// waits for it and is then refused. `None` if there is no such thread. A timeout is an error
+/// that [`crate::db::is_timeout`] recognises: the transaction must be rolled back and the
+/// erasure tried again.
+///
+/// The erasure holds the row of the thread's active run locked until it commits. The lease
+/// renewal of the worker that holds the run skips a locked row rather than wait for it
+/// ([`crate::db::runs::heartbeat`]), so the erasure never holds up the renewal of the other
+/// runs that worker holds, other tenants' included.
 pub async fn lock_for_erasure(
     conn: &mut PgConnection,
     id: ThreadId,
     scope: Scope<'_>,
 ) -> sqlx::Result<Option<Erasing>> {
+    sqlx::query(
+        "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)",
+    )
+    .bind(format!("{}ms", ERASURE_LOCK_TIMEOUT.as_millis()))
+    .bind(format!("{}ms", ERASURE_STATEMENT_TIMEOUT.as_millis()))
+    .execute(&mut *conn)
+    .await?;
     let mut query = sqlx::QueryBuilder::new("SELECT t.id FROM threads t WHERE t.id = ");
     query.push_bind(id);
     query.push(" AND t.erased_at IS NULL");

@@ -14,5 +14,7 @@ mod providers;
 mod queue;
 mod quotas;
 mod stack;
+mod stalls;
 mod stream;
+mod timeline;
 mod tls;

@@ -349,3 +349,67 @@ async fn retention_windows_set_in_the_environment_expire_keys_and_steps() {
     .await;
     assert_eq!(keys, ["fresh"], "a key within its 2 hours stays");
 }
+
+#[tokio::test]
+async fn with_a_metrics_token_metrics_answer_only_the_bearer_of_it() {
+    let secret = "a-metrics-token-for-the-scraper";
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_METRICS_TOKEN", secret)],
+    )
+    .await;
+    let scrape = async |bearer: Option<&str>| {
+        let mut request = stack.http.get(format!("{}/metrics", stack.base));
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        let response = request.send().await.expect("scrape");
+        (response.status(), response.text().await.expect("body"))
+    };
+    for bearer in [None, Some("wrong".to_owned()), Some(token("alice", "acme"))] {
+        let (status, body) = scrape(bearer.as_deref()).await;
+        assert_eq!(
+            status,
+            reqwest::StatusCode::UNAUTHORIZED,
+            "{bearer:?}: {body}"
+        );
+        let body: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(body["error"]["code"], "invalid_token");
+    }
+    let (status, body) = scrape(Some(secret)).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert!(body.contains("spool_queue_depth"), "{body}");
+}
+
+#[tokio::test]
+async fn with_a_metrics_token_a_worker_s_metrics_answer_only_the_bearer_of_it() {
+    let secret = "a-metrics-token-for-the-scraper";
+    let stack = Stack::start().await;
+    let worker = stack.worker(&[("SPOOL_METRICS_TOKEN", secret)]).await;
+    let addr = poll_until("the metrics port to be logged", TIMEOUT, || async {
+        worker.logged("metrics and health listening", "addr")
+    })
+    .await;
+    let get = async |path: &str, bearer: Option<&str>| {
+        let mut request = stack.http.get(format!("http://{addr}{path}"));
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        let response = request.send().await.expect("ops");
+        (response.status(), response.text().await.expect("body"))
+    };
+    for bearer in [None, Some("wrong")] {
+        let (status, body) = get("/metrics", bearer).await;
+        assert_eq!(
+            status,
+            reqwest::StatusCode::UNAUTHORIZED,
+            "{bearer:?}: {body}"
+        );
+        assert!(body.contains("invalid_token"), "{body}");
+    }
+    let (status, body) = get("/metrics", Some(secret)).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert!(body.contains("spool_queue_depth"), "{body}");
+    // The probes stay open.
+    assert_eq!(get("/healthz", None).await.0, reqwest::StatusCode::OK);
+}

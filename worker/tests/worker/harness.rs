@@ -90,9 +90,16 @@ impl Harness {
             Duration::from_secs(3600),
         )
         .expect("redis");
-        let keeper = LeaseKeeper::start(&db.url, args.lease.lease(), args.lease.heartbeat())
-            .expect("lease keeper");
-        let worker = Worker::new(db.pool.clone(), db.url.clone(), args, streams).expect("worker");
+        let timeouts = spool_shared::db::Timeouts::default();
+        let keeper = LeaseKeeper::start(
+            &db.url,
+            timeouts,
+            args.lease.lease(),
+            args.lease.heartbeat(),
+        )
+        .expect("lease keeper");
+        let worker =
+            Worker::new(db.pool.clone(), db.url.clone(), timeouts, args, streams).expect("worker");
         Self {
             db,
             worker,

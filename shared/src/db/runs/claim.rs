@@ -78,6 +78,8 @@ pub struct Claimed {
     #[sqlx(flatten)]
     run: Run,
     previous_status: RunStatus,
+    /// The last tenant the claim examined (see [`claim`]'s `after_tenant`).
+    window_end: Option<String>,
 }
 
 /// What a fenced write found: this attempt still held the run (the write happened), or it did
@@ -111,6 +113,12 @@ impl Claimed {
     /// The status before the claim: `running` means the previous holder's lease expired.
     pub fn previous_status(&self) -> RunStatus {
         self.previous_status
+    }
+
+    /// The last tenant the claim that took this run examined: where the worker's next claim
+    /// starts (`after_tenant`), so that its window of tenants rotates over all of them.
+    pub fn window_end(&self) -> Option<&str> {
+        self.window_end.as_deref()
     }
 
     /// Saves step `step` (1-based) of the run: once with its calls before they run, once more
@@ -254,6 +262,9 @@ impl Claimed {
     }
 }
 
+/// The most tenants with queued runs one claim examines (more when the claim has more room).
+pub(crate) const TENANTS_PER_CLAIM: u32 = 64;
+
 /// Claims up to `room` claimable runs for `worker` in one statement: first running runs whose
 /// lease has expired, paused runs whose pause has expired (so an unanswered approval or
 /// client tool is enforced even if no client ever calls again) and runs waiting for their
@@ -264,32 +275,62 @@ impl Claimed {
 /// `reclaims` for an expired lease), sets a fresh lease and marks each run's assistant message
 /// `streaming`. Fewer than `room` (none, say) when fewer were claimable or other workers hold
 /// the rest locked at that moment.
+///
+/// Queued runs are taken from a window of at most [`TENANTS_PER_CLAIM`] tenants (or `room`,
+/// if more): those after `after_tenant` in tenant order, then from the first on. A claim then
+/// costs the same with ten thousand tenants queueing as with ten (review B-L10). The worker
+/// passes the previous claim's [`Claimed::window_end`], so its windows rotate over every
+/// tenant with queued runs and each comes into one in turn; within a window the tenants with
+/// the fewest running runs go first. `None` starts from the first tenant.
 pub async fn claim(
     executor: impl PgExecutor<'_>,
     worker: &str,
     lease: Duration,
     room: u32,
+    after_tenant: Option<&str>,
 ) -> sqlx::Result<Vec<Claimed>> {
     sqlx::query_as(CLAIM)
         .bind(worker)
         .bind(interval(lease))
         .bind(i64::from(room))
+        // No tenant id is empty: '' is before them all.
+        .bind(after_tenant.unwrap_or(""))
+        .bind(i64::from(room.max(TENANTS_PER_CLAIM)))
         .fetch_all(executor)
         .await
 }
 
-/// The claim's statement (`$1` worker, `$2` lease, `$3` room): see [`claim`]. A constant of its
-/// own so a test can `EXPLAIN` it.
+/// The claim's statement (`$1` worker, `$2` lease, `$3` room, `$4` the tenant after which the
+/// window starts, `$5` the window's size): see [`claim`]. A constant of its own so a test can
+/// `EXPLAIN` it.
 const CLAIM: &str = concat!(
     "WITH RECURSIVE
-         -- Every tenant with a queued run: a loose index scan, one probe per tenant.
-         tenants (tenant_id) AS (
-             (SELECT tenant_id FROM runs WHERE status = 'queued' ORDER BY tenant_id LIMIT 1)
+         -- The window: at most $5 tenants with a queued run, those after $4 and then from the
+         -- first on, each numbered in that order (`n`). A loose index scan, one probe per
+         -- tenant; the second walk starts only if the first found fewer than $5.
+         after_cursor (tenant_id, n) AS (
+             (SELECT tenant_id, 1 FROM runs WHERE status = 'queued' AND tenant_id > $4
+               ORDER BY tenant_id LIMIT 1)
              UNION ALL
              SELECT (SELECT q.tenant_id FROM runs q
                       WHERE q.status = 'queued' AND q.tenant_id > t.tenant_id
-                      ORDER BY q.tenant_id LIMIT 1)
-               FROM tenants t WHERE t.tenant_id IS NOT NULL),
+                      ORDER BY q.tenant_id LIMIT 1), t.n + 1
+               FROM after_cursor t WHERE t.tenant_id IS NOT NULL AND t.n < $5),
+         from_first (tenant_id, n) AS (
+             (SELECT tenant_id, (SELECT count(tenant_id) FROM after_cursor) + 1 FROM runs
+               WHERE status = 'queued' AND tenant_id <= $4
+                 AND (SELECT count(tenant_id) FROM after_cursor) < $5
+               ORDER BY tenant_id LIMIT 1)
+             UNION ALL
+             SELECT (SELECT q.tenant_id FROM runs q
+                      WHERE q.status = 'queued' AND q.tenant_id > t.tenant_id
+                        AND q.tenant_id <= $4
+                      ORDER BY q.tenant_id LIMIT 1), t.n + 1
+               FROM from_first t WHERE t.tenant_id IS NOT NULL AND t.n < $5),
+         tenants (tenant_id, n) AS (
+             SELECT tenant_id, n FROM after_cursor WHERE tenant_id IS NOT NULL
+             UNION ALL
+             SELECT tenant_id, n FROM from_first WHERE tenant_id IS NOT NULL),
          -- Each tenant's oldest queued runs, ranked (more than there is room for: concurrent
          -- claims skip each other's locked rows and need the next ones); a run's turn is its
          -- tenant's running runs plus its rank.
@@ -380,22 +421,32 @@ const CLAIM: &str = concat!(
                 SET status = 'streaming', updated_at = now()
                FROM claimed c
               WHERE m.id = c.assistant_message_id)
-         SELECT * FROM claimed"
+         SELECT *, (SELECT tenant_id FROM tenants ORDER BY n DESC LIMIT 1) AS window_end
+           FROM claimed"
 );
 
-/// A lease the heartbeat renewed.
+/// A lease the heartbeat found still held: renewed, or skipped because another transaction
+/// had its row locked.
 #[derive(Clone, Copy, Debug, sqlx::FromRow)]
 pub struct Renewed {
     /// The run.
     pub id: WorkflowId,
-    /// The attempt whose lease was renewed.
+    /// The attempt that holds it.
     pub attempt: i32,
     /// Whether someone asked to cancel the run.
     pub cancel_requested: bool,
+    /// Whether the lease was renewed. `false`: the row was locked (an erasure of its thread, a
+    /// cancel in flight), so it was skipped rather than waited for; the attempt still holds
+    /// the run, and the next beat renews it.
+    pub renewed: bool,
 }
 
-/// Renews the leases of all `(run, attempt)` pairs still held, in one statement. A pair missing
-/// from the result has lost its lease (reclaimed, or no longer running): its worker must stop.
+/// Renews the leases of all `(run, attempt)` pairs still held, in one statement that never
+/// waits for a row lock. A pair missing from the result has lost its lease (reclaimed, or no
+/// longer running): its worker must stop. A pair whose row another transaction holds locked is
+/// skipped (`FOR NO KEY UPDATE SKIP LOCKED`) and comes back not [`Renewed::renewed`]: one locked
+/// row (a thread being erased) must not hold up the renewal of every other run the worker
+/// holds, other tenants' included (review B-H1).
 pub async fn heartbeat(
     executor: impl PgExecutor<'_>,
     held: &[(WorkflowId, i32)],
@@ -403,12 +454,26 @@ pub async fn heartbeat(
 ) -> sqlx::Result<Vec<Renewed>> {
     let ids: Vec<WorkflowId> = held.iter().map(|(id, _)| *id).collect();
     let attempts: Vec<i32> = held.iter().map(|(_, attempt)| *attempt).collect();
+    // The skipped rows are read without a lock, from the statement's snapshot: a plain read
+    // never waits.
     sqlx::query_as(
-        "UPDATE runs r
-            SET lease_expires_at = now() + $3, heartbeat_at = now()
-           FROM unnest($1::uuid[], $2::int[]) AS held(id, attempt)
-          WHERE r.id = held.id AND r.attempt = held.attempt AND r.status = 'running'
-      RETURNING r.id, r.attempt, r.cancel_requested_at IS NOT NULL AS cancel_requested",
+        "WITH held AS (SELECT * FROM unnest($1::uuid[], $2::int[]) AS held(id, attempt)),
+              free AS (
+                  SELECT r.id FROM runs r JOIN held ON r.id = held.id
+                   WHERE r.attempt = held.attempt AND r.status = 'running'
+                     FOR NO KEY UPDATE OF r SKIP LOCKED),
+              renewed AS (
+                  UPDATE runs r
+                     SET lease_expires_at = now() + $3, heartbeat_at = now()
+                    FROM free
+                   WHERE r.id = free.id
+               RETURNING r.id, r.attempt, r.cancel_requested_at IS NOT NULL AS cancel_requested)
+         SELECT id, attempt, cancel_requested, true AS renewed FROM renewed
+         UNION ALL
+         SELECT r.id, r.attempt, r.cancel_requested_at IS NOT NULL, false
+           FROM runs r JOIN held ON r.id = held.id
+          WHERE r.attempt = held.attempt AND r.status = 'running'
+            AND r.id NOT IN (SELECT id FROM renewed)",
     )
     .bind(ids)
     .bind(attempts)

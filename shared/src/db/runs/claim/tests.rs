@@ -61,7 +61,7 @@ fn completed(content: &str) -> Outcome<'_> {
 }
 
 async fn claim(db: &TestDb, lease: Duration) -> Option<Claimed> {
-    super::claim(&db.pool, WORKER, lease, 1)
+    super::claim(&db.pool, WORKER, lease, 1, None)
         .await
         .expect("claim")
         .pop()
@@ -150,6 +150,8 @@ async fn a_claim_reads_the_runs_it_may_take_not_those_that_ended() {
         .bind(WORKER)
         .bind(interval(HOUR))
         .bind(1_i64)
+        .bind("")
+        .bind(i64::from(TENANTS_PER_CLAIM))
         .fetch_one(&db.pool)
         .await
         .expect("explain the claim");
@@ -234,15 +236,16 @@ fn seq_scans(plan: &Value, relation: &str) -> usize {
 #[tokio::test]
 async fn a_claim_planned_while_the_table_was_small_does_not_read_all_of_it_once_it_grew() {
     let db = without_autovacuum().await;
-    let claims = crate::db::claim_pool(&db.url, "claims").expect("claim pool");
+    let claims = crate::db::claim_pool(&db.url, "claims", crate::db::Timeouts::default())
+        .expect("claim pool");
     let mut conn = claims.acquire().await.expect("connection");
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "PREPARE claim (text, interval, bigint) AS {CLAIM}"
+        "PREPARE claim (text, interval, bigint, text, bigint) AS {CLAIM}"
     )))
     .execute(&mut *conn)
     .await
     .expect("prepare");
-    let execute = format!("claim ('{WORKER}', interval '1 hour', 1)");
+    let execute = format!("claim ('{WORKER}', interval '1 hour', 1, '', 64)");
     // Postgres plans the first five executions for their parameters, then keeps one
     // generic plan: made here, on a table of a few runs.
     for _ in 0..8 {
@@ -269,12 +272,92 @@ async fn a_claim_planned_while_the_table_was_small_does_not_read_all_of_it_once_
     );
 }
 
+/// `tenants` tenants (`t0001`, `t0002`, ...) with `each` queued runs apiece (a thread each),
+/// in three statements.
+async fn many_tenants(db: &TestDb, tenants: i32, each: i32) {
+    for sql in [
+        "INSERT INTO threads (id, tenant_id, owner_id)
+         SELECT md5('t' || n || '.' || k)::uuid, 't' || lpad(n::text, 4, '0'), 'u'
+           FROM generate_series(1, $1) n, generate_series(1, $2) k",
+        "INSERT INTO messages (id, thread_id, role, status)
+         SELECT md5('m' || n || '.' || k)::uuid, md5('t' || n || '.' || k)::uuid, 'user',
+                'completed'
+           FROM generate_series(1, $1) n, generate_series(1, $2) k",
+        "INSERT INTO runs (id, thread_id, tenant_id, owner_id, user_message_id,
+                           assistant_message_id, queued_at)
+         SELECT md5('r' || n || '.' || k)::uuid, md5('t' || n || '.' || k)::uuid,
+                't' || lpad(n::text, 4, '0'), 'u', md5('m' || n || '.' || k)::uuid,
+                md5('m' || n || '.' || k)::uuid,
+                now() - interval '1 hour' + (k * $1 + n) * interval '1 ms'
+           FROM generate_series(1, $1) n, generate_series(1, $2) k",
+    ] {
+        sqlx::query(sql)
+            .bind(tenants)
+            .bind(each)
+            .execute(&db.pool)
+            .await
+            .expect("many tenants");
+    }
+}
+
+#[tokio::test]
+async fn a_claim_examines_a_bounded_window_of_tenants_and_in_turn_serves_every_one() {
+    let db = TestDb::new().await.expect("db");
+    let tenants = 500;
+    many_tenants(&db, tenants, 3).await;
+    sqlx::query("ANALYZE runs")
+        .execute(&db.pool)
+        .await
+        .expect("analyze");
+    // Bounded: one claim reads the entries of its window, not of every tenant's runs (which
+    // were 500 probes, then 500 tenants' queued runs: over 2,000 entries).
+    let (Json(plan),): (Json<Value>,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM}"
+    )))
+    .bind(WORKER)
+    .bind(interval(HOUR))
+    .bind(16_i64)
+    .bind("")
+    .bind(i64::from(TENANTS_PER_CLAIM))
+    .fetch_one(&db.pool)
+    .await
+    .expect("explain the claim");
+    let read = index_entries_read(&plan[0]["Plan"]);
+    eprintln!("a claim of 16 among {tenants} tenants read {read} index entries");
+    assert!(read <= 800.0, "the claim read {read} index entries");
+    // Every tenant served in turn: claims of 16 as a worker makes them, each starting after
+    // the previous one's window, serve each tenant's first run before many second ones.
+    let mut cursor: Option<String> = None;
+    let mut claims = 0;
+    loop {
+        let batch = super::claim(&db.pool, WORKER, HOUR, 16, cursor.as_deref())
+            .await
+            .expect("claim");
+        claims += 1;
+        assert_eq!(batch.len(), 16, "claim {claims} found 16 runs");
+        cursor = batch[0].window_end().map(str::to_owned);
+        let (served,): (i64,) =
+            sqlx::query_as("SELECT count(DISTINCT tenant_id) FROM runs WHERE status = 'running'")
+                .fetch_one(&db.pool)
+                .await
+                .expect("served");
+        if served == i64::from(tenants) {
+            eprintln!("{tenants} tenants served in {claims} claims of 16 (ideal: 32)");
+            break;
+        }
+        assert!(
+            claims < 48,
+            "{served} of {tenants} tenants served after {claims} claims"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_batch_takes_turns_between_tenants_and_marks_each_message_streaming() {
     let db = TestDb::new().await.expect("db");
     backlog(&db, "big", 1_000).await;
     let (small, message) = queued(&db).await;
-    let batch = super::claim(&db.pool, WORKER, HOUR, 3)
+    let batch = super::claim(&db.pool, WORKER, HOUR, 3, None)
         .await
         .expect("claim");
     let mut tenants: Vec<&str> = batch.iter().map(|c| c.run().tenant_id.as_str()).collect();
@@ -296,7 +379,7 @@ async fn a_batch_takes_turns_between_tenants_and_marks_each_message_streaming() 
         .expect("message");
     assert_eq!(status, "streaming", "the claim marks the answer streaming");
     // Room for more than is claimable: what there is, each run once.
-    let rest = super::claim(&db.pool, WORKER, HOUR, 2_000)
+    let rest = super::claim(&db.pool, WORKER, HOUR, 2_000, None)
         .await
         .expect("claim");
     assert_eq!(rest.len(), 998);
@@ -628,6 +711,58 @@ async fn a_pause_s_deadline_is_the_database_s_now_plus_its_timeout_and_it_expire
         ),
         (RunStatus::RequiresAction, true, None)
     );
+}
+
+#[tokio::test]
+async fn a_heartbeat_skips_a_row_an_erasure_holds_locked_and_renews_the_others_without_waiting() {
+    let db = TestDb::new().await.expect("db");
+    let pool = &db.pool;
+    let (erased, _) = queued(&db).await;
+    let (other, _) = queued(&db).await;
+    let claimed = super::claim(pool, WORKER, Duration::from_secs(60), 2, None)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let held = [(erased, 1), (other, 1)];
+    let thread = claimed
+        .iter()
+        .find(|c| c.run().id == erased)
+        .expect("claimed")
+        .run()
+        .thread_id;
+    // The erasure of the first run's thread, in flight: its rows locked and deleted.
+    let mut erasure = pool.begin().await.expect("begin");
+    crate::db::threads::lock_for_erasure(&mut erasure, thread, Scope::Tenant("acme"))
+        .await
+        .expect("lock")
+        .expect("the thread");
+    crate::db::threads::erase(&mut erasure, thread)
+        .await
+        .expect("erase");
+    // Far from a heartbeat's worth of waiting: the renewal answers at once.
+    let lease = Duration::from_secs(600);
+    let beat = tokio::time::timeout(Duration::from_secs(5), heartbeat(pool, &held, lease));
+    let renewed = beat.await.expect("the heartbeat waited").expect("hb");
+    let by_id = |id| renewed.iter().find(|r| r.id == id).map(|r| r.renewed);
+    assert_eq!(by_id(other), Some(true), "{renewed:?}");
+    assert_eq!(
+        by_id(erased),
+        Some(false),
+        "still held, not lost: {renewed:?}"
+    );
+    let (left,): (f64,) = sqlx::query_as(
+        "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM runs WHERE id = $1",
+    )
+    .bind(other)
+    .fetch_one(pool)
+    .await
+    .expect("lease");
+    assert!(left > 300.0, "renewed for the new lease: {left}");
+    // Once the erasure commits, the erased run's lease is lost; the other's is renewed.
+    erasure.commit().await.expect("commit");
+    let renewed = heartbeat(pool, &held, lease).await.expect("hb");
+    assert_eq!(renewed.len(), 1, "{renewed:?}");
+    assert_eq!((renewed[0].id, renewed[0].renewed), (other, true));
 }
 
 /// Waits until a statement whose text mentions `text` waits for a lock.
