@@ -126,6 +126,8 @@ pub fn router(state: AppState) -> Router {
                     span
                 }),
         )
+        // Outermost, so it sees every answer, the fallback's and the middleware's included.
+        .layer(axum::middleware::from_fn(crate::unread::close_when_unread))
         .with_state(state)
 }
 
