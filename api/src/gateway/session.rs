@@ -9,7 +9,7 @@
 //! quiet while its run is terminal in Postgres ends with `message_not_streaming`; and a paused
 //! run whose pause event was lost gets it rebuilt from Postgres (see [`Session::next`]).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -164,6 +164,9 @@ pub(crate) struct Session {
     thread_id: ThreadId,
     /// Whether the last event sent told the client what a paused run waits for.
     pause_shown: bool,
+    /// The pauses of child runs (agents as tools) the client was told of, by assistant message
+    /// and attempt (a run pauses at most once per attempt).
+    child_pauses_shown: HashSet<(String, i64)>,
     /// With no run active: the wait for the `done` of a run that has just finished (see
     /// [`super::flushing`] and [`super::unpublished`]).
     linger: Option<Linger>,
@@ -204,6 +207,7 @@ impl Session {
             watch: start.watch,
             thread_id,
             pause_shown: false,
+            child_pauses_shown: HashSet::new(),
             linger: start.linger,
             shutdown: state.shutdown.clone(),
             finished: false,
@@ -355,10 +359,20 @@ impl Session {
         {
             return None;
         }
+        let is_pause = [EventType::RequiresAction, EventType::ApprovalRequested]
+            .iter()
+            .any(|kind| entry.kind == kind.as_str());
         if entry.depth == 0 || matches!(&self.until, Until::DoneOf(m) if *m == entry.message_id) {
-            self.pause_shown = [EventType::RequiresAction, EventType::ApprovalRequested]
-                .iter()
-                .any(|kind| entry.kind == kind.as_str());
+            self.pause_shown = is_pause;
+        }
+        if is_pause && entry.depth > 0 {
+            // Rare (a child's pause), so reading its attempt from the JSON costs little.
+            let attempt = serde_json::from_str::<serde_json::Value>(&entry.json)
+                .ok()
+                .and_then(|event| event["attempt"].as_i64())
+                .unwrap_or_default();
+            self.child_pauses_shown
+                .insert((entry.message_id.clone(), attempt));
         }
         if entry.kind == EventType::Done.as_str() {
             // A child run's `done` ends only a session that follows that child's message.
@@ -371,7 +385,9 @@ impl Session {
     }
 
     /// The stream has gone quiet: if the watched run is over, `message_not_streaming` (its
-    /// `done` was lost); if it is paused and the client was not told, its pause event.
+    /// `done` was lost); if it is paused and the client was not told, its pause event; if it
+    /// waits for its child runs, the pause event of a paused child the client was not told of
+    /// (see [`Session::child_pause`]).
     async fn quiet(&mut self) -> Option<Item> {
         let run = self.watch?;
         let standing = match runs::standing(&self.db, run).await {
@@ -386,6 +402,9 @@ impl Session {
             self.finished = true;
             return Some(Item::NotStreaming { workflow_id: run });
         };
+        if standing.status == RunStatus::Waiting {
+            return self.child_pause(run).await;
+        }
         let paused = matches!(
             standing.status,
             RunStatus::RequiresAction | RunStatus::AwaitingApproval
@@ -406,6 +425,49 @@ impl Session {
         self.pause_shown = true;
         metrics::counter!("spool_sse_pauses_recovered_total").increment(1);
         tracing::info!(workflow.id = %run, "a paused run's event was missing; sent from Postgres");
+        Some(Item::Pause(Box::new(event)))
+    }
+
+    /// The watched run waits for its child runs: the pause event of the first paused run of its
+    /// tree the client was not told of, rebuilt from Postgres, as [`Session::quiet`] does for
+    /// the run itself. Otherwise a child's lost `requires_action` would leave the client waiting
+    /// for up to the child's `human_timeout`. The tree is bounded (`limits.max_tree_runs`).
+    async fn child_pause(&mut self, root: WorkflowId) -> Option<Item> {
+        let runs = match runs::active_descendants(&self.db, root).await {
+            Ok(runs) => runs,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading a waiting run's children failed");
+                return None;
+            }
+        };
+        let (child, data) = runs.into_iter().find_map(|child| {
+            let paused = matches!(
+                child.status,
+                RunStatus::RequiresAction | RunStatus::AwaitingApproval
+            );
+            let key = (
+                child.assistant_message_id.to_string(),
+                i64::from(child.attempt),
+            );
+            let data = child.pending_action.as_ref()?.0.event()?;
+            (paused && !self.child_pauses_shown.contains(&key)).then_some((child, data))
+        })?;
+        self.child_pauses_shown.insert((
+            child.assistant_message_id.to_string(),
+            i64::from(child.attempt),
+        ));
+        let event = Event {
+            v: envelope::VERSION,
+            thread_id: self.thread_id,
+            workflow_id: child.id,
+            message_id: child.assistant_message_id,
+            attempt: child.attempt,
+            depth: u32::try_from(child.depth).unwrap_or(0),
+            data,
+        };
+        metrics::counter!("spool_sse_pauses_recovered_total").increment(1);
+        tracing::info!(workflow.id = %child.id, "a child run's pause event was missing; sent \
+            from Postgres");
         Some(Item::Pause(Box::new(event)))
     }
 }
