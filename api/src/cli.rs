@@ -198,9 +198,8 @@ pub struct TokenArgs {
 }
 
 /// The shortest `SPOOL_JWT_SECRET`: HS256 wants a key of at least 256 bits (RFC 7518, 3.2).
-pub const MIN_SECRET_BYTES: usize = 32;
+pub const MIN_SECRET_BYTES: usize = spool_shared::config::MIN_SECRET_BYTES;
 
-/// The configured secret (if long enough), else the development one (`true`).
 /// `SPOOL_WRITE_TIMEOUT_SECS` as a timeout (0: none).
 fn write_timeout(secs: f64) -> anyhow::Result<Option<Duration>> {
     let timeout = Duration::try_from_secs_f64(secs).map_err(|_| {
@@ -209,15 +208,12 @@ fn write_timeout(secs: f64) -> anyhow::Result<Option<Duration>> {
     Ok((!timeout.is_zero()).then_some(timeout))
 }
 
+/// The configured secret (if it passes [`spool_shared::config::check_signing_secret`]), else
+/// the development one (`true`).
 fn secret_or_dev(secret: Option<SecretString>) -> anyhow::Result<(SecretString, bool)> {
     match secret {
         Some(secret) => {
-            let len = secret.expose_secret().len();
-            anyhow::ensure!(
-                len >= MIN_SECRET_BYTES,
-                "SPOOL_JWT_SECRET is {len} bytes; HS256 needs at least {MIN_SECRET_BYTES} \
-                 (generate one with `openssl rand -hex 32`)"
-            );
+            spool_shared::config::check_signing_secret("SPOOL_JWT_SECRET", secret.expose_secret())?;
             Ok((secret, false))
         }
         None => Ok((SecretString::from(DEV_SECRET.to_owned()), true)),
@@ -386,9 +382,21 @@ mod tests {
             err.contains("SPOOL_JWT_SECRET") && err.contains("9 bytes"),
             "{err}"
         );
-        let long = "k".repeat(MIN_SECRET_BYTES);
-        let (_, dev) = secret_or_dev(Some(SecretString::from(long))).expect("accepted");
+        let good = "3f9c1a0e7b5d4c2a8e6f1b3d5c7a9e0f".to_owned();
+        let (_, dev) = secret_or_dev(Some(SecretString::from(good))).expect("accepted");
         assert!(!dev);
+        for (guessable, says) in [
+            ("REPLACE_ME_WITH_32_RANDOM_BYTES_HEX", "REPLACE_ME"),
+            (&"k".repeat(MIN_SECRET_BYTES), "one character repeated"),
+        ] {
+            let err = secret_or_dev(Some(SecretString::from(guessable.to_owned())))
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                err.contains("SPOOL_JWT_SECRET") && err.contains(says),
+                "{err}"
+            );
+        }
         let (secret, dev) = secret_or_dev(None).expect("development secret");
         assert!(dev && secret.expose_secret().len() >= MIN_SECRET_BYTES);
     }
