@@ -25,7 +25,9 @@
 //!   unreachable then) still holds its id in the set. When a set is full, the take asks
 //!   Postgres about its 1,000 oldest members and removes those that ended, or that no run has
 //!   [`ORPHAN_AFTER_MS`] after their take (an enqueue that died before its commit), then tries
-//!   again. A lost release behind 1,000 older active runs holds its room until the counter is
+//!   again; at most once per counter every [`PRUNE_EVERY_MS`], so that refusals repeated in a
+//!   loop are answered by Redis alone. A release is retried a few times before it is left to a
+//!   prune. A lost release behind 1,000 older active runs holds its room until the counter is
 //!   next made from Postgres (below): at most a day.
 //! - A counter Redis does not hold (never used, or lost in a restart or failover) is made from
 //!   Postgres before the take ([`crate::db::quota::account`]): the active runs under it, the
@@ -70,6 +72,11 @@ static UNDO: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("undo.
 /// How long after its take a member of a set whose run Postgres does not have is presumed to be
 /// an enqueue still committing (afterwards: one that died, whose room is given back).
 pub const ORPHAN_AFTER_MS: i64 = 30_000;
+
+/// How often a full counter's set may be pruned: within this time after a prune, a take that
+/// finds the set full is refused by Redis alone. Otherwise a client retrying its 429s in a loop
+/// would make each refusal ask Postgres about a thousand runs (review B-M5).
+pub const PRUNE_EVERY_MS: i64 = 5_000;
 
 /// Why a run was not admitted.
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +182,12 @@ impl Admission {
                     now_ms,
                     members,
                 } => {
-                    let ended = ended(db.get().await?, now_ms, &members).await?;
+                    // No members: the set was pruned a moment ago, by this take or another.
+                    let ended = if members.is_empty() {
+                        Vec::new()
+                    } else {
+                        ended(db.get().await?, now_ms, &members).await?
+                    };
                     if ended.is_empty() {
                         let c = &quota.counters[counter];
                         return Err(refused("concurrency_limited", c, CONCURRENCY_RETRY_SECS));
@@ -232,6 +244,7 @@ impl Admission {
                         .unwrap_or_default(),
                 );
         }
+        invocation.arg(PRUNE_EVERY_MS);
         let answer: Vec<redis::Value> = invocation.invoke_async(&mut self.conn.clone()).await?;
         parse(&answer, quota.counters.len())
     }
@@ -290,8 +303,9 @@ impl Admission {
     }
 
     /// Gives back the room `run` holds in the counters of `quota` with a concurrency limit: the
-    /// run has ended (its count in the hour stays: it ran). Best effort: a release that fails
-    /// is made up for when the counter is next full.
+    /// run has ended (its count in the hour stays: it ran). Tried three times over about half a
+    /// second (a failover, a dropped connection); a release that still fails is made up for when
+    /// the counter is next full and pruned.
     pub async fn release(&self, tenant: &str, run: WorkflowId, quota: &RunQuota) {
         let mut pipe = redis::pipe();
         for counter in &quota.counters {
@@ -305,9 +319,20 @@ impl Admission {
         if pipe.is_empty() {
             return;
         }
-        if let Err(err) = pipe.query_async::<()>(&mut self.conn.clone()).await {
-            tracing::warn!(error = %err, workflow.id = %run,
-                "could not give back a run's quota room; it is pruned when its counter is full");
+        let mut wait = std::time::Duration::from_millis(100);
+        for attempt in 1..=3 {
+            match pipe.query_async::<()>(&mut self.conn.clone()).await {
+                Ok(()) => return,
+                Err(err) if attempt == 3 => {
+                    tracing::warn!(error = %err, workflow.id = %run,
+                        "could not give back a run's quota room; it is pruned when its counter \
+                         is full");
+                }
+                Err(_) => {
+                    tokio::time::sleep(wait).await;
+                    wait *= 4;
+                }
+            }
         }
     }
 
