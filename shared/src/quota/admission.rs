@@ -42,17 +42,22 @@
 //! - Tokens are charged in Postgres by the worker, which copies the day's total to the hash
 //!   ([`Admission::record_tokens`]); a copy lost with Redis is read back from Postgres.
 //!
-//! With quotas configured and Redis unreachable, enqueues are refused (503): a quota that cannot
-//! be counted is not skipped. Redis must not evict these keys (`maxmemory-policy noeviction`,
-//! as the streams need too): a set evicted without its hash would count no active runs until
-//! the counter is made again.
+//! With quotas configured and Redis unreachable, Postgres admits the run
+//! ([`crate::db::quota::admit`]: the counters locked in the enqueue's transaction, then counted
+//! from the runs): slower, but a Redis outage does not stop the write path, and a quota that
+//! cannot be counted in Redis is still not skipped. The counters admitted so are made again
+//! from Postgres once Redis answers ([`Admission::stale`]). A caller with no transaction to
+//! hold the locks gets [`AdmitError::Unavailable`] (503) and asks again in one (the API does).
+//! Redis must not evict these keys (`maxmemory-policy noeviction`, as the streams need too): a
+//! set evicted without its hash would count no active runs until the counter is made again.
 //!
 //! Written here (three short scripts) because no crate does this job: `governor` counts in process
 //! memory, which several API processes cannot share, and Redis rate limiters (the `redis-cell`
 //! module, or scripts like these) count one window per key, without sets of active runs that can be
 //! checked against Postgres, all-or-nothing across a run's counters, or a rebuild from Postgres.
 
-use std::sync::LazyLock;
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use redis::Script;
 use sqlx::PgConnection;
@@ -97,7 +102,15 @@ pub enum AdmitError {
 pub struct Admission {
     conn: RedisConn,
     prefix: String,
+    /// Counters (their hash keys) this process admitted runs under from Postgres while Redis
+    /// was unreachable: Redis's copies, if it kept them, miss those runs, so they are deleted
+    /// (and made again from Postgres) once Redis answers.
+    stale: Arc<Mutex<HashSet<String>>>,
 }
+
+/// The most counters [`Admission::stale`] remembers; past it, an outage's later counters are
+/// corrected by their sets' prunes and their windows' ends rather than by a rebuild.
+const MAX_STALE: usize = 10_000;
 
 /// What one take answered.
 enum Answer {
@@ -132,7 +145,51 @@ impl Admission {
         Self {
             conn,
             prefix: format!("{}:quota", keys.prefix()),
+            stale: Arc::default(),
         }
+    }
+
+    /// Notes that a run was admitted under the counters of `quota` from Postgres (Redis was
+    /// unreachable): they are made again from Postgres once Redis answers.
+    pub fn stale(&self, tenant: &str, quota: &RunQuota) {
+        let mut stale = self.stale.lock().unwrap_or_else(PoisonError::into_inner);
+        for counter in &quota.counters {
+            if stale.len() < MAX_STALE {
+                stale.insert(self.keys(tenant, counter).0);
+            }
+        }
+    }
+
+    /// Deletes the counters noted by [`Admission::stale`], so that the next take makes them
+    /// from Postgres; kept for the next try if Redis does not answer.
+    async fn forget_stale(&self) -> Result<(), redis::RedisError> {
+        let keys: Vec<String> = {
+            let mut stale = self.stale.lock().unwrap_or_else(PoisonError::into_inner);
+            if stale.is_empty() {
+                return Ok(());
+            }
+            stale.drain().collect()
+        };
+        let mut pipe = redis::pipe();
+        for hash in &keys {
+            // A hash and its set share a slot (one hash tag per tenant).
+            pipe.cmd("DEL")
+                .arg(hash)
+                .arg(format!("{hash}:active"))
+                .ignore();
+        }
+        if let Err(err) = pipe.query_async::<()>(&mut self.conn.clone()).await {
+            self.stale
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(keys);
+            return Err(err);
+        }
+        tracing::info!(
+            counters = keys.len(),
+            "quota counters admitted from Postgres during a Redis outage are made again"
+        );
+        Ok(())
     }
 
     /// The counter's hash and set of active runs.
@@ -162,6 +219,7 @@ impl Admission {
         // Each round either admits, refuses, or makes progress (a counter made, a set pruned);
         // a few rounds cover counters lost and pruned at once. A set that fills again as fast
         // as it is pruned is full.
+        self.forget_stale().await?;
         let mut full = None;
         for _ in 0..4 {
             match self.try_take(tenant, run, quota).await? {
