@@ -69,7 +69,7 @@ pub struct ServeArgs {
 
     /// Streams (SSE) one user may hold open on this process at once; one more gets 429
     /// `too_many_streams`. 0: no limit.
-    #[arg(long, env = "SPOOL_SSE_MAX_STREAMS_PER_USER", default_value_t = 100)]
+    #[arg(long, env = "SPOOL_SSE_MAX_STREAMS_PER_USER", default_value_t = 20)]
     pub sse_max_streams_per_user: usize,
 
     /// Seconds a write to a client may wait for the client to read before the connection is
