@@ -77,6 +77,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SPOOL_WRITE_TIMEOUT_SECS", default_value_t = 60.0)]
     pub write_timeout_secs: f64,
 
+    /// Bytes a second a client must take at least while the API's writes wait on it, measured
+    /// over 10 s; a slower one is disconnected (a stream resumes with Last-Event-ID). 0: none.
+    #[arg(long, env = "SPOOL_MIN_DRAIN_BYTES_PER_SEC", default_value_t = 1024)]
+    pub min_drain_bytes_per_sec: u64,
+
     /// Run this many workers inside the API process (a one-command local start).
     #[arg(long, env = "SPOOL_EMBEDDED_WORKERS", default_value_t = 0)]
     pub embedded_worker: usize,
@@ -302,6 +307,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_body_bytes: args.max_body_bytes,
             max_streams_per_user: args.sse_max_streams_per_user,
             write_timeout,
+            min_drain_bytes_per_sec: args.min_drain_bytes_per_sec,
             cors_origins: args.cors_origins.clone(),
             stream_retention: args.stream.retention(),
             quotas: args.quota.quotas(),

@@ -18,6 +18,7 @@
 pub mod app;
 pub mod auth;
 pub mod cli;
+mod drain;
 pub mod error;
 pub mod extract;
 pub mod gateway;
