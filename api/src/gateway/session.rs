@@ -33,10 +33,25 @@ use super::{StreamSlot, hub, unavailable};
 use crate::app::AppState;
 use crate::error::ApiError;
 
-/// Backlog entries read per round trip. Bounded by size, not only count: an entry can hold a
-/// whole tool result (50,000 characters, up to about 300 KB once JSON-escaped), so a page is
-/// at most about 20 MB in memory, held only while it is written out.
+/// The most backlog entries read per round trip.
 pub(crate) const PAGE: usize = 64;
+/// The bytes a session aims to hold of its backlog at once (review B-M3): an entry can hold a
+/// whole tool result (50,000 characters, up to about 300 KB once JSON-escaped), so 64 of them
+/// would be about 20 MB held while a slow client takes them. Each read asks for as many entries
+/// as the previous page's average size fits in this budget (at least one); the first asks for
+/// [`FIRST_PAGE`].
+const PAGE_BYTES: usize = 256 * 1024;
+/// Entries asked for by a session's first read, before it knows how large they are.
+const FIRST_PAGE: usize = 8;
+
+/// How many entries the next read asks for, after a page of `entries` entries and `bytes`
+/// bytes: as many as fit in [`PAGE_BYTES`] at that average size, from 1 to [`PAGE`].
+fn next_page(entries: usize, bytes: usize) -> usize {
+    match entries {
+        0 => FIRST_PAGE,
+        _ => (PAGE_BYTES / (bytes / entries).max(1)).clamp(1, PAGE),
+    }
+}
 /// The reconnection delay suggested to clients.
 const RETRY: Duration = Duration::from_secs(2);
 /// Comment interval that keeps proxies from closing idle streams.
@@ -174,6 +189,8 @@ pub(crate) struct Session {
     finished: bool,
     /// Whether [`Item::Live`] has been yielded.
     live: bool,
+    /// Entries the next backlog read asks for ([`next_page`]).
+    page: usize,
     /// Counts the stream against its user's limit and in `spool_sse_streams_open`.
     _slot: StreamSlot,
 }
@@ -212,6 +229,7 @@ impl Session {
             shutdown: state.shutdown.clone(),
             finished: false,
             live: false,
+            page: FIRST_PAGE,
             _slot: slot,
         })
     }
@@ -241,7 +259,9 @@ impl Session {
             if !self.caught_up {
                 match self.read_page().await {
                     Ok(page) => {
-                        self.caught_up = page.len() < PAGE;
+                        self.caught_up = page.len() < self.page;
+                        let bytes = page.iter().map(|e| e.json.len()).sum();
+                        self.page = next_page(page.len(), bytes);
                         self.backlog.extend(page);
                         continue;
                     }
@@ -314,9 +334,9 @@ impl Session {
     /// The next page of the backlog, continuing from the position.
     async fn read_page(&mut self) -> Result<Vec<StoredEvent>, ReadError> {
         if self.at_entry {
-            events::read_following(&mut self.conn, &self.key, self.position, PAGE).await
+            events::read_following(&mut self.conn, &self.key, self.position, self.page).await
         } else {
-            Ok(events::read_after(&mut self.conn, &self.key, self.position, PAGE).await?)
+            Ok(events::read_after(&mut self.conn, &self.key, self.position, self.page).await?)
         }
     }
 
@@ -469,5 +489,25 @@ impl Session {
         tracing::info!(workflow.id = %child.id, "a child run's pause event was missing; sent \
             from Postgres");
         Some(Item::Pause(Box::new(event)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backlog_page_holds_about_its_byte_budget_whatever_the_size_of_the_entries() {
+        assert_eq!(next_page(0, 0), FIRST_PAGE);
+        // Deltas of 200 bytes: the most entries a page takes.
+        assert_eq!(next_page(8, 8 * 200), PAGE);
+        // Tool results of 300 KB: one at a time, not 64 (about 20 MB).
+        assert_eq!(next_page(8, 8 * 300_000), 1);
+        // 40 KB entries: what fits in the budget.
+        let n = next_page(4, 4 * 40_000);
+        assert!(
+            n * 40_000 <= PAGE_BYTES && (n + 1) * 40_000 > PAGE_BYTES,
+            "{n}"
+        );
     }
 }
