@@ -25,6 +25,9 @@ pub struct ApiConfig {
     pub max_streams_per_user: usize,
     /// How long a write to a client may wait for the client to read (`None`: forever).
     pub write_timeout: Option<std::time::Duration>,
+    /// The slowest a client may take what the API writes to it, in bytes a second, when it is
+    /// the one holding the writes up (0: no minimum; see [`crate::drain`]).
+    pub min_drain_bytes_per_sec: u64,
     /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
     pub cors_origins: Vec<String>,
     /// How long events stay replayable after a run ends (for events the API publishes).
@@ -132,6 +135,8 @@ pub fn router(state: AppState) -> Router {
                     span
                 }),
         )
+        // Outermost, so it sees every answer, the fallback's and the middleware's included.
+        .layer(axum::middleware::from_fn(crate::unread::close_when_unread))
         .with_state(state)
 }
 
@@ -174,13 +179,19 @@ fn cors(origins: &[String]) -> CorsLayer {
 ///   the kernel's send buffer and its session forever, since such a client still answers TCP.
 ///   An idle stream writes nothing but a keep-alive comment every 15 s, which never waits.
 ///   `tokio-io-timeout` times each pending write; hyper has no such option.
+///
+/// - The minimum drain rate (`SPOOL_MIN_DRAIN_BYTES_PER_SEC`, [`crate::drain`]) closes one whose
+///   client takes its bytes, but too slowly for the write timeout to notice (review B-M3).
 struct Connections {
     listener: TcpListener,
     write_timeout: Option<std::time::Duration>,
+    min_drain: u64,
 }
 
 impl axum::serve::Listener for Connections {
-    type Io = std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<tokio::net::TcpStream>>>;
+    type Io = crate::drain::Drain<
+        std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<tokio::net::TcpStream>>>,
+    >;
     type Addr = std::net::SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -190,7 +201,7 @@ impl axum::serve::Listener for Connections {
         }
         let mut io = tokio_io_timeout::TimeoutStream::new(tcp);
         io.set_write_timeout(self.write_timeout);
-        (Box::pin(io), addr)
+        (crate::drain::Drain::new(Box::pin(io), self.min_drain), addr)
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
@@ -207,6 +218,7 @@ pub async fn serve(
     let listener = Connections {
         listener,
         write_timeout: state.config.write_timeout,
+        min_drain: state.config.min_drain_bytes_per_sec,
     };
     // `into_make_service`: each connection gets a clone of the router (an `Arc`). Serving the
     // `Router` itself rebuilds every route per connection (`with_state`), about 30 KiB that an

@@ -69,7 +69,7 @@ pub struct ServeArgs {
 
     /// Streams (SSE) one user may hold open on this process at once; one more gets 429
     /// `too_many_streams`. 0: no limit.
-    #[arg(long, env = "SPOOL_SSE_MAX_STREAMS_PER_USER", default_value_t = 100)]
+    #[arg(long, env = "SPOOL_SSE_MAX_STREAMS_PER_USER", default_value_t = 20)]
     pub sse_max_streams_per_user: usize,
 
     /// Seconds a write to a client may wait for the client to read before the connection is
@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// request to it is 401. Unset: `/metrics` is open (keep it off the public network).
     #[arg(long, env = "SPOOL_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<SecretString>,
+
+    /// Bytes a second a client must take at least while the API's writes wait on it, measured
+    /// over 10 s; a slower one is disconnected (a stream resumes with Last-Event-ID). 0: none.
+    #[arg(long, env = "SPOOL_MIN_DRAIN_BYTES_PER_SEC", default_value_t = 1024)]
+    pub min_drain_bytes_per_sec: u64,
 
     /// Run this many workers inside the API process (a one-command local start).
     #[arg(long, env = "SPOOL_EMBEDDED_WORKERS", default_value_t = 0)]
@@ -203,9 +208,8 @@ pub struct TokenArgs {
 }
 
 /// The shortest `SPOOL_JWT_SECRET`: HS256 wants a key of at least 256 bits (RFC 7518, 3.2).
-pub const MIN_SECRET_BYTES: usize = 32;
+pub const MIN_SECRET_BYTES: usize = spool_shared::config::MIN_SECRET_BYTES;
 
-/// The configured secret (if long enough), else the development one (`true`).
 /// `SPOOL_WRITE_TIMEOUT_SECS` as a timeout (0: none).
 fn write_timeout(secs: f64) -> anyhow::Result<Option<Duration>> {
     let timeout = Duration::try_from_secs_f64(secs).map_err(|_| {
@@ -225,15 +229,12 @@ fn metrics_token(token: Option<SecretString>) -> anyhow::Result<Option<SecretStr
     Ok(token)
 }
 
+/// The configured secret (if it passes [`spool_shared::config::check_signing_secret`]), else
+/// the development one (`true`).
 fn secret_or_dev(secret: Option<SecretString>) -> anyhow::Result<(SecretString, bool)> {
     match secret {
         Some(secret) => {
-            let len = secret.expose_secret().len();
-            anyhow::ensure!(
-                len >= MIN_SECRET_BYTES,
-                "SPOOL_JWT_SECRET is {len} bytes; HS256 needs at least {MIN_SECRET_BYTES} \
-                 (generate one with `openssl rand -hex 32`)"
-            );
+            spool_shared::config::check_signing_secret("SPOOL_JWT_SECRET", secret.expose_secret())?;
             Ok((secret, false))
         }
         None => Ok((SecretString::from(DEV_SECRET.to_owned()), true)),
@@ -322,6 +323,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_body_bytes: args.max_body_bytes,
             max_streams_per_user: args.sse_max_streams_per_user,
             write_timeout,
+            min_drain_bytes_per_sec: args.min_drain_bytes_per_sec,
             cors_origins: args.cors_origins.clone(),
             stream_retention: args.stream.retention(),
             quotas: args.quota.quotas(),
@@ -406,9 +408,21 @@ mod tests {
             err.contains("SPOOL_JWT_SECRET") && err.contains("9 bytes"),
             "{err}"
         );
-        let long = "k".repeat(MIN_SECRET_BYTES);
-        let (_, dev) = secret_or_dev(Some(SecretString::from(long))).expect("accepted");
+        let good = "3f9c1a0e7b5d4c2a8e6f1b3d5c7a9e0f".to_owned();
+        let (_, dev) = secret_or_dev(Some(SecretString::from(good))).expect("accepted");
         assert!(!dev);
+        for (guessable, says) in [
+            ("REPLACE_ME_WITH_32_RANDOM_BYTES_HEX", "REPLACE_ME"),
+            (&"k".repeat(MIN_SECRET_BYTES), "one character repeated"),
+        ] {
+            let err = secret_or_dev(Some(SecretString::from(guessable.to_owned())))
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                err.contains("SPOOL_JWT_SECRET") && err.contains(says),
+                "{err}"
+            );
+        }
         let (secret, dev) = secret_or_dev(None).expect("development secret");
         assert!(dev && secret.expose_secret().len() >= MIN_SECRET_BYTES);
     }

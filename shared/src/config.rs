@@ -301,6 +301,34 @@ pub fn bounded_secs(value: f64) -> Duration {
     Duration::try_from_secs_f64(value.clamp(0.0, MAX_SETTING_SECS)).unwrap_or_default()
 }
 
+/// The shortest HS256 signing secret: the key should have at least 256 bits (RFC 7518, 3.2).
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// Checks the HS256 signing secret of the setting `name`: at least [`MIN_SECRET_BYTES`] long,
+/// and not a value that is public or guessable though long enough: the placeholders of
+/// `deploy/k8s/secret.example.yaml` (`REPLACE_ME…`, 35 bytes) applied as they are, or one
+/// character repeated. The error names the setting and says how to make a good one.
+pub fn check_signing_secret(name: &str, secret: &str) -> anyhow::Result<()> {
+    let len = secret.len();
+    let how = "generate one with `openssl rand -hex 32`";
+    anyhow::ensure!(
+        len >= MIN_SECRET_BYTES,
+        "{name} is {len} bytes; HS256 needs at least {MIN_SECRET_BYTES} ({how})"
+    );
+    anyhow::ensure!(
+        !secret.to_ascii_uppercase().contains("REPLACE_ME"),
+        "{name} is still the example's placeholder (it contains `REPLACE_ME`), a value anyone \
+         can read; {how}"
+    );
+    let mut chars = secret.chars();
+    let first = chars.next();
+    anyhow::ensure!(
+        !chars.all(|c| Some(c) == first),
+        "{name} is one character repeated, which anyone can guess; {how}"
+    );
+    Ok(())
+}
+
 impl DbArgs {
     /// `SPOOL_DB_CHECK_IDLE_SECS` as a duration (0 to a day).
     pub fn check_idle(&self) -> anyhow::Result<Duration> {

@@ -15,8 +15,54 @@
 // needs an approval), sends a message, answers the client tool (its reply held until the
 // approval is asked for) and approves the call through the page, and prints {text, tools} of
 // the finished reply.
+//
+// Usage: node page_test.mjs --who BASE TOKEN OTHER_TOKEN
+// Signs in with /#token=TOKEN, then follows links with /#token=OTHER_TOKEN in the same tab:
+// once declining the page's question (the session stays), once by a fragment change while the
+// page is open (declined too), then accepting it. Prints who the page showed at each point and
+// the questions it asked.
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
+
+if (process.argv[2] === "--who") {
+  const [base, token, other] = process.argv.slice(3);
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox"],
+  });
+  try {
+    const page = await browser.newPage();
+    const errors = [];
+    page.on("pageerror", (err) => errors.push(String(err)));
+    const questions = [];
+    let answer = false;
+    page.on("dialog", async (dialog) => {
+      questions.push(dialog.message());
+      await (answer ? dialog.accept() : dialog.dismiss());
+    });
+    const who = async () => {
+      await page.locator("#app").waitFor({ state: "visible", timeout: 10000 });
+      return page.locator("#who").textContent();
+    };
+    await page.goto(`${base}/#token=${token}`);
+    const first = await who();
+    await page.goto(`${base}/?again#token=${other}`);
+    const declined = await who();
+    await page.evaluate((t) => { location.hash = `token=${t}`; }, other);
+    await page.waitForFunction(() => location.hash === "", null, { timeout: 10000 });
+    const fragmentDeclined = await who();
+    answer = true;
+    await page.goto(`${base}/?third#token=${other}`);
+    await page.waitForFunction(() => !document.querySelector("#who").textContent.includes("alice"),
+      null, { timeout: 10000 });
+    const accepted = await who();
+    console.log(JSON.stringify({ first, declined, fragmentDeclined, accepted, questions, errors }));
+  } finally {
+    await browser.close();
+  }
+  process.exit(0);
+}
 
 if (process.argv[2] === "--actions") {
   const [base, token, thread] = process.argv.slice(3);

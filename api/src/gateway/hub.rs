@@ -29,11 +29,23 @@ use spool_shared::ThreadId;
 use spool_shared::redis_conn::RedisConn;
 use spool_shared::stream::{self, EntryId, ReadError, StoredEvent, StreamKeys};
 
-/// Entries read per round trip: four sessions' pages ([`super::session::PAGE`]), since a feed keeps up
-/// with a whole thread's output (one event per delta: tens of thousands a second) and each read
-/// is a round trip; still bounded, since an entry may be a whole tool result (50,000
-/// characters).
+/// The most entries read per round trip: four sessions' pages ([`super::session::PAGE`]), since
+/// a feed keeps up with a whole thread's output (one event per delta: tens of thousands a
+/// second) and each read is a round trip.
 const PAGE: usize = 256;
+/// The bytes a feed aims to read at once (review B-M3): an entry may be a whole tool result
+/// (about 300 KB escaped), so 256 of them would be 77 MB. Each read asks for as many entries
+/// as the previous read's average size fits (at least one, at most [`PAGE`]).
+const PAGE_BYTES: usize = 1024 * 1024;
+
+/// How many entries a feed's next read asks for, after one of `entries` entries and `bytes`
+/// bytes (none: as many as [`PAGE`]).
+fn next_page(entries: usize, bytes: usize) -> usize {
+    match entries {
+        0 => PAGE,
+        _ => (PAGE_BYTES / (bytes / entries).max(1)).clamp(1, PAGE),
+    }
+}
 /// The kind of the entry a feed broadcasts when the entry it continued from is gone (trimmed,
 /// deleted, lost in a failover): its subscribers end with `stream_reset`.
 pub(crate) const GAP: &str = "spool_gap";
@@ -209,14 +221,15 @@ async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut las
     let key = inner.keys.events(thread);
     let mut conn = inner.conn.clone();
     let mut poll = POLL;
+    let mut count = PAGE;
     loop {
         loop {
             let read = if last == EntryId::default() {
-                stream::read_after(&mut conn, &key, last, PAGE)
+                stream::read_after(&mut conn, &key, last, count)
                     .await
                     .map_err(ReadError::from)
             } else {
-                stream::read_following(&mut conn, &key, last, PAGE).await
+                stream::read_following(&mut conn, &key, last, count).await
             };
             match read {
                 Err(ReadError::Gap(gap)) => {
@@ -237,7 +250,9 @@ async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut las
                     if !entries.is_empty() {
                         poll = POLL;
                     }
-                    let full = entries.len() == PAGE;
+                    let full = entries.len() == count;
+                    let bytes = entries.iter().map(|e| e.json.len()).sum();
+                    count = next_page(entries.len(), bytes);
                     for entry in entries {
                         last = entry.id;
                         if !entry.is_marker() {
@@ -302,5 +317,19 @@ async fn listen(inner: Arc<Inner>) {
             () = inner.shutdown.cancelled() => return,
         }
         delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_feed_reads_about_its_byte_budget_whatever_the_size_of_the_entries() {
+        assert_eq!(next_page(0, 0), PAGE);
+        assert_eq!(next_page(256, 256 * 200), PAGE);
+        // Tool results of 300 KB: three at a time, not 256 (77 MB).
+        assert_eq!(next_page(4, 4 * 300_000), 3);
+        assert_eq!(next_page(1, 5_000_000), 1);
     }
 }

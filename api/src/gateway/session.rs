@@ -9,7 +9,7 @@
 //! quiet while its run is terminal in Postgres ends with `message_not_streaming`; and a paused
 //! run whose pause event was lost gets it rebuilt from Postgres (see [`Session::next`]).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -33,10 +33,25 @@ use super::{StreamSlot, hub, unavailable};
 use crate::app::AppState;
 use crate::error::ApiError;
 
-/// Backlog entries read per round trip. Bounded by size, not only count: an entry can hold a
-/// whole tool result (50,000 characters, up to about 300 KB once JSON-escaped), so a page is
-/// at most about 20 MB in memory, held only while it is written out.
+/// The most backlog entries read per round trip.
 pub(crate) const PAGE: usize = 64;
+/// The bytes a session aims to hold of its backlog at once (review B-M3): an entry can hold a
+/// whole tool result (50,000 characters, up to about 300 KB once JSON-escaped), so 64 of them
+/// would be about 20 MB held while a slow client takes them. Each read asks for as many entries
+/// as the previous page's average size fits in this budget (at least one); the first asks for
+/// [`FIRST_PAGE`].
+const PAGE_BYTES: usize = 256 * 1024;
+/// Entries asked for by a session's first read, before it knows how large they are.
+const FIRST_PAGE: usize = 8;
+
+/// How many entries the next read asks for, after a page of `entries` entries and `bytes`
+/// bytes: as many as fit in [`PAGE_BYTES`] at that average size, from 1 to [`PAGE`].
+fn next_page(entries: usize, bytes: usize) -> usize {
+    match entries {
+        0 => FIRST_PAGE,
+        _ => (PAGE_BYTES / (bytes / entries).max(1)).clamp(1, PAGE),
+    }
+}
 /// The reconnection delay suggested to clients.
 const RETRY: Duration = Duration::from_secs(2);
 /// Comment interval that keeps proxies from closing idle streams.
@@ -164,6 +179,9 @@ pub(crate) struct Session {
     thread_id: ThreadId,
     /// Whether the last event sent told the client what a paused run waits for.
     pause_shown: bool,
+    /// The pauses of child runs (agents as tools) the client was told of, by assistant message
+    /// and attempt (a run pauses at most once per attempt).
+    child_pauses_shown: HashSet<(String, i64)>,
     /// With no run active: the wait for the `done` of a run that has just finished (see
     /// [`super::flushing`] and [`super::unpublished`]).
     linger: Option<Linger>,
@@ -171,6 +189,8 @@ pub(crate) struct Session {
     finished: bool,
     /// Whether [`Item::Live`] has been yielded.
     live: bool,
+    /// Entries the next backlog read asks for ([`next_page`]).
+    page: usize,
     /// Counts the stream against its user's limit and in `spool_sse_streams_open`.
     _slot: StreamSlot,
 }
@@ -204,10 +224,12 @@ impl Session {
             watch: start.watch,
             thread_id,
             pause_shown: false,
+            child_pauses_shown: HashSet::new(),
             linger: start.linger,
             shutdown: state.shutdown.clone(),
             finished: false,
             live: false,
+            page: FIRST_PAGE,
             _slot: slot,
         })
     }
@@ -237,7 +259,9 @@ impl Session {
             if !self.caught_up {
                 match self.read_page().await {
                     Ok(page) => {
-                        self.caught_up = page.len() < PAGE;
+                        self.caught_up = page.len() < self.page;
+                        let bytes = page.iter().map(|e| e.json.len()).sum();
+                        self.page = next_page(page.len(), bytes);
                         self.backlog.extend(page);
                         continue;
                     }
@@ -310,9 +334,9 @@ impl Session {
     /// The next page of the backlog, continuing from the position.
     async fn read_page(&mut self) -> Result<Vec<StoredEvent>, ReadError> {
         if self.at_entry {
-            events::read_following(&mut self.conn, &self.key, self.position, PAGE).await
+            events::read_following(&mut self.conn, &self.key, self.position, self.page).await
         } else {
-            Ok(events::read_after(&mut self.conn, &self.key, self.position, PAGE).await?)
+            Ok(events::read_after(&mut self.conn, &self.key, self.position, self.page).await?)
         }
     }
 
@@ -360,10 +384,20 @@ impl Session {
         {
             return None;
         }
+        let is_pause = [EventType::RequiresAction, EventType::ApprovalRequested]
+            .iter()
+            .any(|kind| entry.kind == kind.as_str());
         if entry.depth == 0 || matches!(&self.until, Until::DoneOf(m) if *m == entry.message_id) {
-            self.pause_shown = [EventType::RequiresAction, EventType::ApprovalRequested]
-                .iter()
-                .any(|kind| entry.kind == kind.as_str());
+            self.pause_shown = is_pause;
+        }
+        if is_pause && entry.depth > 0 {
+            // Rare (a child's pause), so reading its attempt from the JSON costs little.
+            let attempt = serde_json::from_str::<serde_json::Value>(&entry.json)
+                .ok()
+                .and_then(|event| event["attempt"].as_i64())
+                .unwrap_or_default();
+            self.child_pauses_shown
+                .insert((entry.message_id.clone(), attempt));
         }
         if entry.kind == EventType::Done.as_str() {
             // A child run's `done` ends only a session that follows that child's message.
@@ -376,7 +410,9 @@ impl Session {
     }
 
     /// The stream has gone quiet: if the watched run is over, `message_not_streaming` (its
-    /// `done` was lost); if it is paused and the client was not told, its pause event.
+    /// `done` was lost); if it is paused and the client was not told, its pause event; if it
+    /// waits for its child runs, the pause event of a paused child the client was not told of
+    /// (see [`Session::child_pause`]).
     async fn quiet(&mut self) -> Option<Item> {
         let run = self.watch?;
         let standing = match runs::standing(&self.db, run).await {
@@ -391,6 +427,9 @@ impl Session {
             self.finished = true;
             return Some(Item::NotStreaming { workflow_id: run });
         };
+        if standing.status == RunStatus::Waiting {
+            return self.child_pause(run).await;
+        }
         let paused = matches!(
             standing.status,
             RunStatus::RequiresAction | RunStatus::AwaitingApproval
@@ -412,5 +451,68 @@ impl Session {
         metrics::counter!("spool_sse_pauses_recovered_total").increment(1);
         tracing::info!(workflow.id = %run, "a paused run's event was missing; sent from Postgres");
         Some(Item::Pause(Box::new(event)))
+    }
+
+    /// The watched run waits for its child runs: the pause event of the first paused run of its
+    /// tree the client was not told of, rebuilt from Postgres, as [`Session::quiet`] does for
+    /// the run itself. Otherwise a child's lost `requires_action` would leave the client waiting
+    /// for up to the child's `human_timeout`. The tree is bounded (`limits.max_tree_runs`).
+    async fn child_pause(&mut self, root: WorkflowId) -> Option<Item> {
+        let runs = match runs::active_descendants(&self.db, root).await {
+            Ok(runs) => runs,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading a waiting run's children failed");
+                return None;
+            }
+        };
+        let (child, data) = runs.into_iter().find_map(|child| {
+            let paused = matches!(
+                child.status,
+                RunStatus::RequiresAction | RunStatus::AwaitingApproval
+            );
+            let key = (
+                child.assistant_message_id.to_string(),
+                i64::from(child.attempt),
+            );
+            let data = child.pending_action.as_ref()?.0.event()?;
+            (paused && !self.child_pauses_shown.contains(&key)).then_some((child, data))
+        })?;
+        self.child_pauses_shown.insert((
+            child.assistant_message_id.to_string(),
+            i64::from(child.attempt),
+        ));
+        let event = Event {
+            v: envelope::VERSION,
+            thread_id: self.thread_id,
+            workflow_id: child.id,
+            message_id: child.assistant_message_id,
+            attempt: child.attempt,
+            depth: u32::try_from(child.depth).unwrap_or(0),
+            data,
+        };
+        metrics::counter!("spool_sse_pauses_recovered_total").increment(1);
+        tracing::info!(workflow.id = %child.id, "a child run's pause event was missing; sent \
+            from Postgres");
+        Some(Item::Pause(Box::new(event)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backlog_page_holds_about_its_byte_budget_whatever_the_size_of_the_entries() {
+        assert_eq!(next_page(0, 0), FIRST_PAGE);
+        // Deltas of 200 bytes: the most entries a page takes.
+        assert_eq!(next_page(8, 8 * 200), PAGE);
+        // Tool results of 300 KB: one at a time, not 64 (about 20 MB).
+        assert_eq!(next_page(8, 8 * 300_000), 1);
+        // 40 KB entries: what fits in the budget.
+        let n = next_page(4, 4 * 40_000);
+        assert!(
+            n * 40_000 <= PAGE_BYTES && (n + 1) * 40_000 > PAGE_BYTES,
+            "{n}"
+        );
     }
 }

@@ -318,17 +318,44 @@ async function send() {
   }
 }
 
-function start() {
-  const hash = new URLSearchParams(location.hash.slice(1));
-  if (hash.get("token")) {
-    sessionStorage.setItem("spool-token", hash.get("token"));
-    history.replaceState(null, "", location.pathname + location.search);
+// Who a token says it is, from its payload (unverified: for showing only; the server checks).
+function claims(t) {
+  try {
+    const payload = t.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    return JSON.parse(atob(payload)) || {};
+  } catch {
+    return {};
   }
+}
+
+function describe(t) {
+  const c = claims(t);
+  return `${c.sub ?? "unknown user"} (tenant ${c.tenant ?? "unknown"})`;
+}
+
+// A token in the link (`/#token=`) replaces a session's token only if the user agrees: anyone
+// can send a link, and one with their own token would sign the user into their account, where
+// what the user types can be read (login CSRF). True if the stored token changed.
+function tokenFromLink() {
+  const offered = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (!offered) return false;
+  history.replaceState(null, "", location.pathname + location.search);
+  const current = sessionStorage.getItem("spool-token");
+  if (current === offered) return false;
+  if (current && !confirm(`This link signs you in as ${describe(offered)}, `
+    + `replacing your session as ${describe(current)}. Switch accounts?`)) return false;
+  sessionStorage.setItem("spool-token", offered);
+  return true;
+}
+
+function start() {
+  tokenFromLink();
   token = sessionStorage.getItem("spool-token");
   if (!token) {
     signOut("Sign in with a token (spool-api token --sub U --tenant T).");
     return;
   }
+  $("who").textContent = `Signed in as ${describe(token)}`;
   $("signin").hidden = true;
   $("app").hidden = false;
   // Only a UUID: the id goes into API paths.
@@ -352,6 +379,10 @@ $("input").addEventListener("keydown", (e) => {
 $("composer").addEventListener("submit", (e) => {
   e.preventDefault();
   send();
+});
+// A link followed while the page is open changes only the fragment: asked about the same way.
+window.addEventListener("hashchange", () => {
+  if (tokenFromLink()) location.reload();
 });
 $("new-thread").onclick = () => openThread(crypto.randomUUID(), true);
 $("cancel").onclick = () => {

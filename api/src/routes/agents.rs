@@ -72,7 +72,15 @@ async fn validated(
     mut spec: AgentSpec,
     stored: Option<&AgentSpec>,
 ) -> Result<AgentSpec, ApiError> {
-    let mut errors = spec.keep_redacted(stored);
+    // A `<redacted>` with no value kept for its destination must be resent: its own code, so a
+    // client can tell it from a spec that is wrong (the other problems are listed with it).
+    let secrets = spec.keep_redacted(stored);
+    let code = if secrets.is_empty() {
+        "invalid_agent"
+    } else {
+        "secret_needs_reentry"
+    };
+    let mut errors = secrets;
     errors.extend(spec.validate());
     errors.extend(state.config.providers.problems(&spec));
     for (i, tool) in spec.tools.iter().enumerate() {
@@ -93,11 +101,7 @@ async fn validated(
     if errors.is_empty() {
         return Ok(spec);
     }
-    Err(ApiError::invalid_fields(
-        "invalid_agent",
-        "the agent",
-        errors,
-    ))
+    Err(ApiError::invalid_fields(code, "the agent", errors))
 }
 
 fn not_found() -> ApiError {
@@ -124,7 +128,7 @@ fn not_found() -> ApiError {
         BadBody,
         Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_agent` (with `errors: [{field, message}]`)", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`)", body = ErrorBody),
     )
 )]
 async fn post_agent(
@@ -198,7 +202,7 @@ async fn get_agent(
         Unauthenticated,
         (status = 403, description = "`admin_required`", body = ErrorBody),
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_agent` (with `errors: [{field, message}]`)", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`)", body = ErrorBody),
     )
 )]
 async fn put_agent(

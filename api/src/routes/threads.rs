@@ -322,8 +322,6 @@ async fn list_messages(
         (status = 429, description = "A quota refuses the run: `rate_limited` (runs per hour), `concurrency_limited` (active runs), `budget_exceeded` (daily tokens); with `scope`, `limit`, `agent_id` (an agent's own quota) and `retry_after`. Nothing is created.",
             body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds until the window or the UTC day ends (5 for `concurrency_limited`: a hint)."))),
-        (status = 503, description = "`quotas_unavailable`: a quota applies and its counters (Redis) cannot be reached. Nothing is created; try again.", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "1"))),
     )
 )]
 async fn post_user_message(

@@ -168,10 +168,21 @@ pub(crate) async fn enqueue_message(
         admission: &state.admission,
         overrides: overrides.as_ref(),
         history,
+        in_transaction: matches!(conn, Conn::Tx(_)),
     };
     // The pooled connection (if one was taken) goes back before an error is looked into,
     // which takes another.
-    let result = enqueue(&mut conn.lazy(&state.db), &message).await;
+    let mut result = enqueue(&mut conn.lazy(&state.db), &message).await;
+    if let (Err(EnqueueError::QuotasUnavailable(_)), Conn::Alone) = (&result, &conn) {
+        // Redis is unreachable: Postgres admits the run, in a transaction that holds the
+        // counters' locks to its commit (docs/operations.md, "Redis outages").
+        conn = Conn::Tx(state.db.begin().await?);
+        let message = NewMessage {
+            in_transaction: true,
+            ..message
+        };
+        result = enqueue(&mut conn.lazy(&state.db), &message).await;
+    }
     let enqueued = match result {
         Ok(enqueued) => enqueued,
         Err(EnqueueError::ThreadBusy) => {

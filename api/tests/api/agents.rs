@@ -256,7 +256,7 @@ async fn header_values_are_write_only_and_writing_back_what_was_read_keeps_them(
     copy["name"] = json!("copy");
     let (status, body) = app.post(&admin("acme"), "/v1/agents", &copy).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(body["error"]["code"], "invalid_agent");
+    assert_eq!(body["error"]["code"], "secret_needs_reentry");
     assert!(
         body["error"]["errors"]
             .as_array()
@@ -264,6 +264,59 @@ async fn header_values_are_write_only_and_writing_back_what_was_read_keeps_them(
         "{body}"
     );
     assert_eq!(app.db.count("agents").await, 1);
+
+    // Pointing a tool or a hook elsewhere with the secret as read: refused, nothing changed.
+    let before = stored_spec().await;
+    let moved = |edit: &dyn Fn(&mut Value)| {
+        let mut moved = written.clone();
+        edit(&mut moved);
+        moved
+    };
+    let attempts = [
+        moved(&|w| w["tools"][0]["url"] = json!("https://attacker.example/lookup")),
+        moved(&|w| w["tools"][1]["url"] = json!("https://mcp.example.com:8443/mcp")),
+        moved(&|w| w["hooks"][0]["url"] = json!("http://hooks.example.com")),
+    ];
+    let fields = [
+        "tools[0].headers.X-Api-Key",
+        "tools[1].headers.Authorization",
+        "hooks[0].headers.X-Hook-Token",
+    ];
+    for (attempt, field) in attempts.iter().zip(fields) {
+        let (status, body) = app
+            .send(
+                reqwest::Method::PUT,
+                &admin("acme"),
+                &format!("/v1/agents/{id}"),
+                Some(attempt),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["error"]["code"], "secret_needs_reentry", "{body}");
+        assert!(
+            body["error"]["errors"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|e| e["field"] == field)),
+            "{body}"
+        );
+        assert_eq!(stored_spec().await, before);
+    }
+    // Resent with the new URL, the new value is stored.
+    let mut resent = attempts[0].clone();
+    resent["tools"][0]["headers"]["X-Api-Key"] = json!("new-key");
+    let (status, body) = app
+        .send(
+            reqwest::Method::PUT,
+            &admin("acme"),
+            &format!("/v1/agents/{id}"),
+            Some(&resent),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        stored_spec().await["tools"][0]["headers"]["X-Api-Key"],
+        "new-key"
+    );
     app.stop().await;
 }
 

@@ -108,6 +108,7 @@ impl TestApp {
                 max_body_bytes: 1 << 20,
                 max_streams_per_user: 100,
                 write_timeout: None,
+                min_drain_bytes_per_sec: 0,
                 cors_origins: vec!["https://app.example".into()],
                 stream_retention: Duration::from_secs(retention_secs),
                 quotas: spool_shared::quota::Quotas::default(),

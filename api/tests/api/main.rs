@@ -7,6 +7,7 @@ mod common;
 mod control;
 mod enqueue;
 mod isolation;
+mod keepalive;
 mod metrics;
 mod openai;
 mod openapi;

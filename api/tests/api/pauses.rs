@@ -776,3 +776,101 @@ async fn a_follower_of_a_run_whose_pause_event_was_lost_is_told_from_postgres() 
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_follower_of_a_waiting_run_whose_childs_pause_event_was_lost_is_told_from_postgres() {
+    // The boss hands the question to its `ask_files` agent, whose client tool pauses it.
+    let names = |request: &Value| -> Vec<String> {
+        request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let fake = FakeLlm::start(move |request, _| {
+        let child = names(request).iter().any(|n| n == "read_local_file");
+        match (child, tool_results_in(request)) {
+            (true, 0) => {
+                fake_llm::tool_calls(&[("call_f", "read_local_file", r#"{"path": "a.txt"}"#)])
+            }
+            (false, 0) => {
+                fake_llm::tool_calls(&[("call_a", "ask_files", r#"{"input": "read a.txt"}"#)])
+            }
+            _ => fake_llm::text("done", 1),
+        }
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let files = app
+        .create_agent(
+            "acme",
+            &json!({"name": "files", "model": "gpt-4o-mini", "tools": [client_tool()]}),
+        )
+        .await;
+    let boss = app
+        .create_agent(
+            "acme",
+            &json!({"name": "boss", "model": "gpt-4o-mini", "tools": [
+                {"type": "agent", "name": "ask_files", "agent_id": files}]}),
+        )
+        .await;
+    let (thread, accepted) = ask(&app, &boss, "what is in a.txt?").await;
+    app.wait_run(&accepted, |s| s == "waiting").await;
+    // Lose the child's pause event, as a Redis outage past the publisher's last flush would.
+    let pause = poll_until(
+        "the child's pause event to be stored",
+        Duration::from_secs(10),
+        || async {
+            let stored = app.stored(thread).await;
+            stored
+                .into_iter()
+                .find(|(_, kind)| kind == "requires_action")
+        },
+    )
+    .await;
+    let key = app.keys.events(spool_shared::ThreadId(thread));
+    let _: i64 = redis::cmd("XDEL")
+        .arg(&key)
+        .arg(&pause.0)
+        .query_async(&mut app.streams.conn())
+        .await
+        .expect("xdel");
+
+    let alice = token("alice", "acme");
+    let mut reader = app.stream(&alice, thread, "", None).await;
+    let mut seen = Vec::new();
+    let told = loop {
+        // The gateway looks at Postgres once the stream has been quiet for 15 s.
+        let frame = reader
+            .next(Duration::from_secs(25))
+            .await
+            .unwrap_or_else(|| panic!("the stream went quiet after {seen:?}"));
+        if frame.event == "requires_action" {
+            break frame;
+        }
+        seen.push(frame.event);
+    };
+    let event = told.json();
+    assert_ne!(
+        event["workflow_id"], accepted["workflow_id"],
+        "the child's, not the boss's"
+    );
+    assert_eq!(event["depth"], 1);
+    assert_eq!(event["data"]["tool_calls"][0]["tool_call_id"], "call_f");
+    let (_, child) = app
+        .get(
+            &alice,
+            &format!(
+                "/v1/workflows/{}",
+                event["workflow_id"].as_str().unwrap_or("")
+            ),
+        )
+        .await;
+    assert_eq!(child["status"], "requires_action", "{child}");
+    assert!(
+        reader.next(Duration::from_millis(500)).await.is_none() && !reader.closed,
+        "told once; the stream stays open for the rest of the run"
+    );
+    app.stop().await;
+}

@@ -22,7 +22,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::agent::{AgentSpec, FieldError, RunOverrides};
-use crate::db::quota::Refusal;
+use crate::db::quota::{self, Refusal};
 use crate::db::runs::{self, NewRun};
 use crate::db::threads::{self, Owner};
 use crate::db::{LazyConn, agents, is_unique_violation, messages};
@@ -57,6 +57,10 @@ pub struct NewMessage<'a> {
     /// Earlier turns stored before the message, completed and without a run (a thread seeded
     /// with a conversation the client kept, as `POST /v1/chat/completions` sends it).
     pub history: &'a [(Role, String)],
+    /// Whether the enqueue runs in a transaction the caller commits: then, when Redis is
+    /// unreachable, Postgres admits the run ([`crate::db::quota::admit`], whose locks must last
+    /// to the commit) instead of the enqueue failing with [`EnqueueError::QuotasUnavailable`].
+    pub in_transaction: bool,
 }
 
 /// What the enqueue made.
@@ -145,9 +149,13 @@ pub async fn enqueue(
             admitted: None,
         };
         let tenant = &message.owner.tenant_id;
-        if let Some(quota) = quota {
-            let taken_ms = admit(db, message, enqueued.workflow_id, &quota).await?;
-            enqueued.admitted = Some((quota, taken_ms));
+        let mut quota = quota;
+        if let Some(run_quota) = quota.take() {
+            match admit(db, message, enqueued.workflow_id, &run_quota).await? {
+                Some(taken_ms) => enqueued.admitted = Some((run_quota, taken_ms)),
+                // Admitted by Postgres: nothing taken in Redis to give back.
+                None => quota = Some(run_quota),
+            }
         }
         let run = NewRun {
             id: enqueued.workflow_id,
@@ -159,7 +167,11 @@ pub async fn enqueue(
             assistant_message_id: enqueued.message_id,
             idempotency_key: message.idempotency_key,
             trace_context: message.trace_context,
-            quota: enqueued.admitted.as_ref().map(|(quota, _)| quota),
+            quota: enqueued
+                .admitted
+                .as_ref()
+                .map(|(quota, _)| quota)
+                .or(quota.as_ref()),
             overrides: message.overrides,
         };
         let inserted = match db.get().await {
@@ -198,33 +210,53 @@ pub async fn enqueue(
 }
 
 /// Takes room for run `id` of `message` in the counters of `quota` (see the module doc); when
-/// the room was taken.
+/// the room was taken in Redis, or `None` when Postgres admitted the run (Redis unreachable).
 async fn admit(
     db: &mut LazyConn<'_>,
     message: &NewMessage<'_>,
     id: WorkflowId,
     quota: &RunQuota,
-) -> Result<i64, EnqueueError> {
+) -> Result<Option<i64>, EnqueueError> {
     let tenant = &message.owner.tenant_id;
     match message.admission.take(db, tenant, id, quota).await {
-        Ok(taken_ms) => Ok(taken_ms),
-        // A message the thread itself refuses gets that answer, as it would without quotas: a
-        // thread of someone else's is not found, a busy one is busy (checked only when a quota
-        // refuses, so it costs the enqueue nothing otherwise).
-        Err(AdmitError::Refused(refusal)) => {
-            let conn = db.get().await?;
-            thread_agent(&mut *conn, message).await?;
-            if runs::find_active(&mut *conn, message.thread_id)
-                .await?
-                .is_some()
-            {
-                return Err(EnqueueError::ThreadBusy);
+        Ok(taken_ms) => Ok(Some(taken_ms)),
+        // A message the thread itself refuses gets that answer, as it would without quotas.
+        Err(AdmitError::Refused(refusal)) => refuse(db, message, refusal).await,
+        // Redis is unreachable: Postgres admits the run, when the enqueue's transaction can
+        // hold the counters' locks to its commit (otherwise the caller asks again in one).
+        Err(AdmitError::Unavailable(err)) if message.in_transaction => {
+            tracing::warn!(error = %err, "quota counters unreachable; admitting from Postgres");
+            metrics::counter!("spool_quota_admissions_from_postgres_total").increment(1);
+            match quota::admit(db.get().await?, tenant, quota).await? {
+                Ok(()) => {
+                    message.admission.stale(tenant, quota);
+                    Ok(None)
+                }
+                Err(refusal) => refuse(db, message, refusal).await,
             }
-            Err(EnqueueError::Refused(refusal))
         }
         Err(AdmitError::Unavailable(err)) => Err(EnqueueError::QuotasUnavailable(err)),
         Err(AdmitError::Db(err)) => Err(err.into()),
     }
+}
+
+/// A quota's refusal, unless the thread itself refuses the message: a thread of someone
+/// else's is not found, a busy one is busy (checked only when a quota refuses, so it costs the
+/// enqueue nothing otherwise).
+async fn refuse<T>(
+    db: &mut LazyConn<'_>,
+    message: &NewMessage<'_>,
+    refusal: Refusal,
+) -> Result<T, EnqueueError> {
+    let conn = db.get().await?;
+    thread_agent(&mut *conn, message).await?;
+    if runs::find_active(&mut *conn, message.thread_id)
+        .await?
+        .is_some()
+    {
+        return Err(EnqueueError::ThreadBusy);
+    }
+    Err(EnqueueError::Refused(refusal))
 }
 
 /// The agent of the owner's thread (`None`: the default), the message's for a thread not made
@@ -328,6 +360,7 @@ pub(crate) mod tests {
             admission,
             overrides: None,
             history: &[],
+            in_transaction: false,
         }
     }
 

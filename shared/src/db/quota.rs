@@ -279,6 +279,67 @@ pub async fn account(
     })
 }
 
+/// Admits a run against every counter of `quota` from Postgres's account alone: the degraded
+/// mode for when Redis, where admission counts ([`crate::quota::admission`]), is unreachable.
+/// Each counter is locked first (`pg_advisory_xact_lock`, in the counters' order, so two
+/// admissions never wait on each other crosswise), then counted ([`account`]) and checked. The
+/// locks last to the end of the caller's transaction, which must insert the run before it
+/// commits: so two admissions of one counter from Postgres never both pass its limit. Slower
+/// than Redis (two queries per counter, and the counter's admissions one at a time), which is
+/// why it is only the fallback.
+pub async fn admit(
+    conn: &mut PgConnection,
+    tenant: &str,
+    quota: &RunQuota,
+) -> sqlx::Result<Result<(), Refusal>> {
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    for counter in &quota.counters {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!(
+                "spool:quota:{tenant}\u{1f}{}\u{1f}{}",
+                counter.owner_id, counter.agent_id
+            ))
+            .execute(&mut *conn)
+            .await?;
+        let account = account(conn, tenant, counter).await?;
+        if let Some(refusal) = check(counter, &account, now_ms) {
+            return Ok(Err(refusal));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// What `counter`'s limits say of one more run, given its `account`: `None` if it may run.
+fn check(counter: &Counter, account: &Account, now_ms: i64) -> Option<Refusal> {
+    let limits = &counter.limits;
+    let refusal = |code, limit: u64, retry_after: i64| Refusal {
+        code,
+        scope: counter.scope(),
+        agent_id: counter.agent().map(str::to_owned),
+        limit,
+        retry_after: u32::try_from(retry_after.clamp(1, 86_400)).unwrap_or(1),
+    };
+    if let Some(budget) = limits.daily_token_budget
+        && u64::try_from(account.day_tokens).unwrap_or(0) >= budget
+    {
+        let day_ends = (account.day + 1) * 86_400;
+        return Some(refusal("budget_exceeded", budget, day_ends - now_ms / 1000));
+    }
+    if let Some(max) = limits.max_concurrent_runs
+        && account.active.len() >= usize::try_from(max).unwrap_or(usize::MAX)
+    {
+        let retry = i64::from(CONCURRENCY_RETRY_SECS);
+        return Some(refusal("concurrency_limited", u64::from(max), retry));
+    }
+    if let (Some(rate), Some((first_ms, runs))) = (limits.runs_per_hour, account.window)
+        && runs >= i64::from(rate)
+    {
+        let retry = (first_ms + 3_600_000 - now_ms + 999) / 1000;
+        return Some(refusal("rate_limited", u64::from(rate), retry));
+    }
+    None
+}
+
 /// The statuses of those of `ids` that exist.
 pub async fn statuses(
     conn: &mut PgConnection,

@@ -25,7 +25,9 @@
 //!   unreachable then) still holds its id in the set. When a set is full, the take asks
 //!   Postgres about its 1,000 oldest members and removes those that ended, or that no run has
 //!   [`ORPHAN_AFTER_MS`] after their take (an enqueue that died before its commit), then tries
-//!   again. A lost release behind 1,000 older active runs holds its room until the counter is
+//!   again; at most once per counter every [`PRUNE_EVERY_MS`], so that refusals repeated in a
+//!   loop are answered by Redis alone. A release is retried a few times before it is left to a
+//!   prune. A lost release behind 1,000 older active runs holds its room until the counter is
 //!   next made from Postgres (below): at most a day.
 //! - A counter Redis does not hold (never used, or lost in a restart or failover) is made from
 //!   Postgres before the take ([`crate::db::quota::account`]): the active runs under it, the
@@ -40,17 +42,22 @@
 //! - Tokens are charged in Postgres by the worker, which copies the day's total to the hash
 //!   ([`Admission::record_tokens`]); a copy lost with Redis is read back from Postgres.
 //!
-//! With quotas configured and Redis unreachable, enqueues are refused (503): a quota that cannot
-//! be counted is not skipped. Redis must not evict these keys (`maxmemory-policy noeviction`,
-//! as the streams need too): a set evicted without its hash would count no active runs until
-//! the counter is made again.
+//! With quotas configured and Redis unreachable, Postgres admits the run
+//! ([`crate::db::quota::admit`]: the counters locked in the enqueue's transaction, then counted
+//! from the runs): slower, but a Redis outage does not stop the write path, and a quota that
+//! cannot be counted in Redis is still not skipped. The counters admitted so are made again
+//! from Postgres once Redis answers ([`Admission::stale`]). A caller with no transaction to
+//! hold the locks gets [`AdmitError::Unavailable`] (503) and asks again in one (the API does).
+//! Redis must not evict these keys (`maxmemory-policy noeviction`, as the streams need too): a
+//! set evicted without its hash would count no active runs until the counter is made again.
 //!
 //! Written here (three short scripts) because no crate does this job: `governor` counts in process
 //! memory, which several API processes cannot share, and Redis rate limiters (the `redis-cell`
 //! module, or scripts like these) count one window per key, without sets of active runs that can be
 //! checked against Postgres, all-or-nothing across a run's counters, or a rebuild from Postgres.
 
-use std::sync::LazyLock;
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use redis::Script;
 use sqlx::PgConnection;
@@ -71,6 +78,11 @@ static UNDO: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("undo.
 /// an enqueue still committing (afterwards: one that died, whose room is given back).
 pub const ORPHAN_AFTER_MS: i64 = 30_000;
 
+/// How often a full counter's set may be pruned: within this time after a prune, a take that
+/// finds the set full is refused by Redis alone. Otherwise a client retrying its 429s in a loop
+/// would make each refusal ask Postgres about a thousand runs (review B-M5).
+pub const PRUNE_EVERY_MS: i64 = 5_000;
+
 /// Why a run was not admitted.
 #[derive(Debug, thiserror::Error)]
 pub enum AdmitError {
@@ -90,7 +102,15 @@ pub enum AdmitError {
 pub struct Admission {
     conn: RedisConn,
     prefix: String,
+    /// Counters (their hash keys) this process admitted runs under from Postgres while Redis
+    /// was unreachable: Redis's copies, if it kept them, miss those runs, so they are deleted
+    /// (and made again from Postgres) once Redis answers.
+    stale: Arc<Mutex<HashSet<String>>>,
 }
+
+/// The most counters [`Admission::stale`] remembers; past it, an outage's later counters are
+/// corrected by their sets' prunes and their windows' ends rather than by a rebuild.
+const MAX_STALE: usize = 10_000;
 
 /// What one take answered.
 enum Answer {
@@ -125,7 +145,51 @@ impl Admission {
         Self {
             conn,
             prefix: format!("{}:quota", keys.prefix()),
+            stale: Arc::default(),
         }
+    }
+
+    /// Notes that a run was admitted under the counters of `quota` from Postgres (Redis was
+    /// unreachable): they are made again from Postgres once Redis answers.
+    pub fn stale(&self, tenant: &str, quota: &RunQuota) {
+        let mut stale = self.stale.lock().unwrap_or_else(PoisonError::into_inner);
+        for counter in &quota.counters {
+            if stale.len() < MAX_STALE {
+                stale.insert(self.keys(tenant, counter).0);
+            }
+        }
+    }
+
+    /// Deletes the counters noted by [`Admission::stale`], so that the next take makes them
+    /// from Postgres; kept for the next try if Redis does not answer.
+    async fn forget_stale(&self) -> Result<(), redis::RedisError> {
+        let keys: Vec<String> = {
+            let mut stale = self.stale.lock().unwrap_or_else(PoisonError::into_inner);
+            if stale.is_empty() {
+                return Ok(());
+            }
+            stale.drain().collect()
+        };
+        let mut pipe = redis::pipe();
+        for hash in &keys {
+            // A hash and its set share a slot (one hash tag per tenant).
+            pipe.cmd("DEL")
+                .arg(hash)
+                .arg(format!("{hash}:active"))
+                .ignore();
+        }
+        if let Err(err) = pipe.query_async::<()>(&mut self.conn.clone()).await {
+            self.stale
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(keys);
+            return Err(err);
+        }
+        tracing::info!(
+            counters = keys.len(),
+            "quota counters admitted from Postgres during a Redis outage are made again"
+        );
+        Ok(())
     }
 
     /// The counter's hash and set of active runs.
@@ -155,6 +219,7 @@ impl Admission {
         // Each round either admits, refuses, or makes progress (a counter made, a set pruned);
         // a few rounds cover counters lost and pruned at once. A set that fills again as fast
         // as it is pruned is full.
+        self.forget_stale().await?;
         let mut full = None;
         for _ in 0..4 {
             match self.try_take(tenant, run, quota).await? {
@@ -175,7 +240,12 @@ impl Admission {
                     now_ms,
                     members,
                 } => {
-                    let ended = ended(db.get().await?, now_ms, &members).await?;
+                    // No members: the set was pruned a moment ago, by this take or another.
+                    let ended = if members.is_empty() {
+                        Vec::new()
+                    } else {
+                        ended(db.get().await?, now_ms, &members).await?
+                    };
                     if ended.is_empty() {
                         let c = &quota.counters[counter];
                         return Err(refused("concurrency_limited", c, CONCURRENCY_RETRY_SECS));
@@ -232,6 +302,7 @@ impl Admission {
                         .unwrap_or_default(),
                 );
         }
+        invocation.arg(PRUNE_EVERY_MS);
         let answer: Vec<redis::Value> = invocation.invoke_async(&mut self.conn.clone()).await?;
         parse(&answer, quota.counters.len())
     }
@@ -290,8 +361,9 @@ impl Admission {
     }
 
     /// Gives back the room `run` holds in the counters of `quota` with a concurrency limit: the
-    /// run has ended (its count in the hour stays: it ran). Best effort: a release that fails
-    /// is made up for when the counter is next full.
+    /// run has ended (its count in the hour stays: it ran). Tried three times over about half a
+    /// second (a failover, a dropped connection); a release that still fails is made up for when
+    /// the counter is next full and pruned.
     pub async fn release(&self, tenant: &str, run: WorkflowId, quota: &RunQuota) {
         let mut pipe = redis::pipe();
         for counter in &quota.counters {
@@ -305,9 +377,20 @@ impl Admission {
         if pipe.is_empty() {
             return;
         }
-        if let Err(err) = pipe.query_async::<()>(&mut self.conn.clone()).await {
-            tracing::warn!(error = %err, workflow.id = %run,
-                "could not give back a run's quota room; it is pruned when its counter is full");
+        let mut wait = std::time::Duration::from_millis(100);
+        for attempt in 1..=3 {
+            match pipe.query_async::<()>(&mut self.conn.clone()).await {
+                Ok(()) => return,
+                Err(err) if attempt == 3 => {
+                    tracing::warn!(error = %err, workflow.id = %run,
+                        "could not give back a run's quota room; it is pruned when its counter \
+                         is full");
+                }
+                Err(_) => {
+                    tokio::time::sleep(wait).await;
+                    wait *= 4;
+                }
+            }
         }
     }
 

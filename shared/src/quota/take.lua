@@ -4,18 +4,20 @@
 --       number, `t` tokens of that day) then its set of active runs (run id -> take time ms).
 --       One hash tag (the tenant): one Cluster slot.
 -- ARGV: the run id, then for each counter its runs per hour, concurrent runs and daily tokens
---       limits ('' when not set).
+--       limits ('' when not set), then how often a full set may be pruned (ms).
 -- Answers {'ok', Redis's time (ms)}; {'load', i, ...} when counters' hashes are missing (never made, or lost with
 -- Redis: the caller rebuilds them from Postgres, then asks again); or the refusal: {code, i,
 -- seconds to wait (0: unknown)}, and for `concurrency_limited` also Redis's time (ms) and the
 -- oldest members of the full set with their take times, so the caller can prune runs that
--- ended.
+-- ended. A full set is offered for pruning at most once per interval (`p` in the hash: when it
+-- last was); within it the refusal comes with no members, and costs Postgres nothing.
 local t = redis.call('TIME')
 local secs = tonumber(t[1])
 local now = secs * 1000 + math.floor(tonumber(t[2]) / 1000)
 local day = math.floor(secs / 86400)
 local hour = 3600000
 local counters = #KEYS / 2
+local prune_every = tonumber(ARGV[3 * counters + 2])
 
 -- A counter's hash always holds `d` (load.lua makes it so): without it, the counter is missing.
 local missing = {'load'}
@@ -46,6 +48,11 @@ for i = 1, counters do
   end
   if conc ~= '' and card >= tonumber(conc) then
     local answer = {'concurrency_limited', i, 0, now}
+    local pruned = tonumber(redis.call('HGET', KEYS[2 * i - 1], 'p'))
+    if pruned ~= nil and now - pruned < prune_every then
+      return answer
+    end
+    redis.call('HSET', KEYS[2 * i - 1], 'p', string.format('%.0f', now))
     local oldest = redis.call('ZRANGE', active, 0, 999, 'WITHSCORES')
     for j = 1, #oldest do
       answer[#answer + 1] = oldest[j]

@@ -13,6 +13,7 @@ mod page;
 mod providers;
 mod queue;
 mod quotas;
+mod secrets;
 mod stack;
 mod stalls;
 mod stream;

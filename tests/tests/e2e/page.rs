@@ -1,7 +1,8 @@
 //! The chat page at `/` in Chromium (`tests/peers/page_test.mjs`, playwright-core driving
 //! Debian's `chromium`): a reply streams through a dropped network and a worker killed with
 //! `kill -9`, another through a reload, a third is cancelled, and a refused token shows the
-//! sign-in form.
+//! sign-in form; who is signed in is shown, and a link's token replaces a session's only when
+//! the user agrees.
 
 use std::process::Stdio;
 
@@ -188,4 +189,57 @@ async fn the_page_answers_a_client_tool_and_an_approval_in_chromium() {
         parts.contains("the notes"),
         "the client's output reached the run: {parts}"
     );
+}
+
+/// Who is signed in is shown, and a link with another token (login CSRF: someone else's
+/// account) replaces a session's token only when the user agrees (review B-L2).
+#[tokio::test]
+async fn the_page_shows_who_is_signed_in_and_asks_before_a_link_replaces_the_session() {
+    let dir = spool_tests::peers::node_peers().expect("npm peers");
+    let stack = Stack::start().await;
+    let output = tokio::time::timeout(
+        TIMEOUT * 2,
+        tokio::process::Command::new("node")
+            .arg(dir.join("page_test.mjs"))
+            .args(["--who", &stack.base])
+            .arg(token("alice", "acme"))
+            .arg(token("mallory", "evil"))
+            .current_dir(&dir)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the page test to finish")
+    .expect("node");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
+    let says = |key: &str, text: &str| shown[key].as_str().is_some_and(|s| s.contains(text));
+    assert!(says("first", "alice") && says("first", "acme"), "{shown}");
+    assert!(
+        says("declined", "alice"),
+        "declining keeps the session: {shown}"
+    );
+    assert!(says("fragmentDeclined", "alice"), "{shown}");
+    assert!(
+        says("accepted", "mallory") && says("accepted", "evil"),
+        "{shown}"
+    );
+    let questions = shown["questions"].as_array().expect("questions");
+    assert_eq!(
+        questions.len(),
+        3,
+        "asked each time a session existed: {shown}"
+    );
+    assert!(
+        questions.iter().all(|q| {
+            let q = q.as_str().unwrap_or_default();
+            q.contains("mallory") && q.contains("alice")
+        }),
+        "{shown}"
+    );
+    assert_eq!(shown["errors"], serde_json::json!([]), "no script errors");
 }

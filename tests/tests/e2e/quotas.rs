@@ -393,7 +393,7 @@ async fn counters_redis_lost_are_rebuilt_from_postgres_and_both_apis_still_hold_
 }
 
 #[tokio::test]
-async fn with_redis_unreachable_a_quota_refuses_with_503_and_nothing_is_made() {
+async fn with_redis_unreachable_postgres_admits_and_the_limits_still_hold_across_processes() {
     let db = spool_tests::TestDb::new().await.expect("test database");
     // A loopback port with nobody listening.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -404,26 +404,56 @@ async fn with_redis_unreachable_a_quota_refuses_with_503_and_nothing_is_made() {
         redis_url: &redis_url,
         redis_prefix: "spool",
     };
-    let (_limited, limited) = backing
-        .start_api(&[("SPOOL_QUOTA_USER_CONCURRENT_RUNS", "5")], TIMEOUT)
+    let quotas = [
+        ("SPOOL_QUOTA_USER_CONCURRENT_RUNS", "2"),
+        ("SPOOL_QUOTA_TENANT_RUNS_PER_HOUR", "5"),
+    ];
+    let (_one, one) = backing
+        .start_api(&quotas, TIMEOUT)
         .await
-        .expect("spool-api with a quota");
+        .expect("spool-api with quotas");
+    let (_two, two) = backing
+        .start_api(&quotas, TIMEOUT)
+        .await
+        .expect("a second spool-api");
     let http = reqwest::Client::new();
+    let runs = || async {
+        let (runs,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
+            .fetch_one(&db.pool)
+            .await
+            .expect("runs");
+        runs
+    };
+    // Alice's burst through both processes at once (no worker: her runs stay active): exactly
+    // her two concurrent runs pass.
     let alice = token("alice", "acme");
-    let (status, retry_after, body) = send(&http, &limited, &alice).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert_eq!(body["error"]["code"], "quotas_unavailable");
-    assert_eq!(retry_after, Some(1));
-    let (runs,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
-        .fetch_one(&db.pool)
-        .await
-        .expect("runs");
-    assert_eq!(runs, 0);
-    // Without a quota the enqueue needs only Postgres.
-    let (_free, free) = backing
-        .start_api(&[], TIMEOUT)
-        .await
-        .expect("spool-api without quotas");
-    let (status, _, body) = send(&http, &free, &alice).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let requests = (0..10).map(|i| {
+        let (http, base, alice) = (http.clone(), if i % 2 == 0 { &one } else { &two }, &alice);
+        async move { send(&http, base, alice).await }
+    });
+    let results = futures::future::join_all(requests).await;
+    let statuses: Vec<StatusCode> = results.iter().map(|(s, _, _)| *s).collect();
+    let passed = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::ACCEPTED)
+        .count();
+    assert_eq!(passed, 2, "{results:?}");
+    for (status, retry_after, body) in &results {
+        if *status != StatusCode::ACCEPTED {
+            assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+            assert_eq!(body["error"]["code"], "concurrency_limited", "{body}");
+            assert!(retry_after.is_some(), "{body}");
+        }
+    }
+    assert_eq!(runs().await, 2, "refused requests created nothing");
+    // The tenant's five runs an hour: bob's and carol's three more pass, the next is refused.
+    for user in ["bob", "bob", "carol"] {
+        let (status, _, body) = send(&http, &two, &token(user, "acme")).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    let (status, _, body) = send(&http, &one, &token("carol", "acme")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    assert_eq!(body["error"]["scope"], "tenant", "{body}");
+    assert_eq!(runs().await, 5);
 }

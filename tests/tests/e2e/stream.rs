@@ -848,3 +848,85 @@ fn sample(kind: EventType) -> Data {
         other => panic!("no sample of {other:?}"),
     }
 }
+
+/// Review B-M3: a client that takes what the API writes, but too slowly for the write timeout
+/// to notice (a few hundred bytes at a time), is disconnected once a window shows it under
+/// `SPOOL_MIN_DRAIN_BYTES_PER_SEC`; a client that reads at once gets everything.
+#[tokio::test]
+async fn a_client_that_drains_under_the_minimum_rate_is_disconnected() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_MIN_DRAIN_BYTES_PER_SEC", "50000")],
+    )
+    .await;
+    let addr: std::net::SocketAddr = stack
+        .base
+        .trim_start_matches("http://")
+        .parse()
+        .expect("addr");
+    // An answer larger than the kernel's socket buffers hold (up to 4 MB on Linux), so that
+    // the API itself holds what the client has not taken: 80 agents of 60 KB each.
+    for i in 0..80 {
+        let instructions = "x".repeat(60_000);
+        stack
+            .create_agent(&json!({"name": format!("big{i}"), "model": "demo",
+                "instructions": instructions}))
+            .await;
+    }
+    let request = format!(
+        "GET /v1/agents HTTP/1.1\r\nHost: spool\r\nAuthorization: Bearer {}\r\n\
+         Connection: close\r\n\r\n",
+        token("alice", "acme")
+    );
+    // A small receive buffer, so the API's writes wait on this client soon.
+    let connect = || async {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("rcvbuf");
+        let mut conn = socket.connect(addr).await.expect("connect");
+        conn.write_all(request.as_bytes()).await.expect("request");
+        conn
+    };
+    // Read at once: the whole list (some 4.8 MB), then the close.
+    let mut fast = connect().await;
+    let mut whole = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), fast.read_to_end(&mut whole))
+        .await
+        .expect("the document in time")
+        .expect("read");
+    assert!(whole.len() > 4_500_000, "{} bytes", whole.len());
+    let drops = || async {
+        let text = reqwest::get(format!("{}/metrics", stack.base))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("spool_http_slow_client_drops_total"))?;
+        line.split_whitespace().last()?.parse::<f64>().ok()
+    };
+    assert_eq!(
+        drops().await.unwrap_or(0.0),
+        0.0,
+        "the fast client was not dropped"
+    );
+    // About 2.5 KB a second, a twentieth of the minimum. The API closes its side once a window
+    // shows it (the kernel still delivers what it had buffered, so the client cannot tell yet).
+    let mut slow = connect().await;
+    let reader = tokio::spawn(async move {
+        let mut chunk = [0; 256];
+        while let Ok(1..) = slow.read(&mut chunk).await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    poll_until(
+        "the slow client to be dropped",
+        Duration::from_secs(40),
+        || async { drops().await.filter(|n| *n >= 1.0) },
+    )
+    .await;
+    reader.abort();
+}

@@ -20,9 +20,14 @@ const READ: Duration = Duration::from_secs(15);
 #[tokio::test]
 async fn a_thousand_clients_resuming_at_random_each_get_every_event_once_in_order() {
     let _turn = SERIAL.lock().await;
-    let stack = Stack::start().await;
+    // A user per thread, 25 streams each: more than SPOOL_SSE_MAX_STREAMS_PER_USER's default
+    // (20), which a thousand clients of one process is the case for raising.
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_SSE_MAX_STREAMS_PER_USER", "25")],
+    )
+    .await;
     let started = Instant::now();
-    // A user per thread (25 streams each, within SPOOL_SSE_MAX_STREAMS_PER_USER's default).
     let users: Vec<String> = (0..THREADS)
         .map(|i| token(&format!("user{i}"), "acme"))
         .collect();

@@ -163,6 +163,7 @@ impl Harness {
             admission: &self.worker.admission,
             overrides: None,
             history: &[],
+            in_transaction: true,
         };
         let mut tx = self.db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut spool_shared::db::LazyConn::Held(&mut tx), &message)

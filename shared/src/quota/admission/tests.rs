@@ -68,6 +68,17 @@ async fn lose(admission: &Admission, counter: &Counter) {
         .expect("del");
 }
 
+/// Moves the counter's last prune back past [`PRUNE_EVERY_MS`], as if that time had passed.
+async fn age_the_prune(admission: &Admission, counter: &Counter) {
+    redis::cmd("HSET")
+        .arg(admission.keys("acme", counter).0)
+        .arg("p")
+        .arg(chrono::Utc::now().timestamp_millis() - PRUNE_EVERY_MS - 1_000)
+        .query_async::<()>(&mut admission.conn.clone())
+        .await
+        .expect("age the prune");
+}
+
 async fn members(admission: &Admission, counter: &Counter) -> Vec<String> {
     redis::cmd("ZRANGE")
         .arg(admission.keys("acme", counter).1)
@@ -151,12 +162,14 @@ async fn counters_redis_lost_are_made_again_from_postgres() {
     // Both runs are active: the concurrency limit holds after the loss.
     let third = enqueue_under(&db, &admission, "alice", &quotas).await;
     assert_eq!(code(&third), "concurrency_limited");
-    // One ends; its room is free (the rebuilt set is pruned), and the hour's third run passes.
+    // One ends; once the prune interval is over, its room is free (the rebuilt set is
+    // pruned), and the hour's third run passes.
     sqlx::query("UPDATE runs SET status = 'cancelled', finished_at = now() WHERE id = $1")
         .bind(first.workflow_id)
         .execute(&db.pool)
         .await
         .expect("cancel");
+    age_the_prune(&admission, &counter).await;
     enqueue_under(&db, &admission, "alice", &quotas)
         .await
         .expect("third of the hour");
@@ -236,6 +249,42 @@ async fn a_full_counter_prunes_ended_runs_and_dead_enqueues_but_not_one_committi
     enqueue_under(&db, &admission, "alice", &quotas)
         .await
         .expect("released room");
+}
+
+#[tokio::test]
+async fn a_full_counter_is_pruned_at_most_once_per_interval_and_refused_by_redis_otherwise() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        max_concurrent_runs: Some(2),
+        ..QuotaLimits::default()
+    });
+    let counter = alices(&quotas);
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let run = enqueue_under(&db, &admission, "alice", &quotas).await;
+        runs.push(run.expect("admitted").workflow_id);
+    }
+    // Full: the first refusal prunes (nothing has ended), and the next ones do not.
+    for _ in 0..10 {
+        let over = enqueue_under(&db, &admission, "alice", &quotas).await;
+        assert_eq!(code(&over), "concurrency_limited");
+    }
+    // Both runs end on a path that gave nothing back: within the interval, still refused, since
+    // no refusal asks Postgres again.
+    sqlx::query("UPDATE runs SET status = 'failed', finished_at = now() WHERE id = ANY($1)")
+        .bind(&runs)
+        .execute(&db.pool)
+        .await
+        .expect("fail");
+    let over = enqueue_under(&db, &admission, "alice", &quotas).await;
+    assert_eq!(code(&over), "concurrency_limited");
+    assert_eq!(members(&admission, &counter).await.len(), 2);
+    // The interval over (the last prune moved back in time), the next take prunes and gets in.
+    age_the_prune(&admission, &counter).await;
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("pruned room");
 }
 
 #[tokio::test]

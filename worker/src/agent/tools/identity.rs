@@ -34,7 +34,7 @@ pub const IDENTITY_HEADER: &str = "x-spool-identity";
 /// How long a token is valid.
 pub const TOKEN_TTL_SECS: i64 = 300;
 /// The shortest secret accepted: HS256 wants a key of at least 256 bits.
-pub const MIN_SECRET_BYTES: usize = 32;
+pub const MIN_SECRET_BYTES: usize = spool_shared::config::MIN_SECRET_BYTES;
 
 /// Signs identity tokens with `SPOOL_TOOL_IDENTITY_SECRET`; one per worker.
 pub struct IdentitySigner {
@@ -44,15 +44,12 @@ pub struct IdentitySigner {
 impl IdentitySigner {
     /// A signer with `secret`, which must be at least [`MIN_SECRET_BYTES`] long.
     pub fn new(secret: &SecretString) -> anyhow::Result<Self> {
-        let secret = secret.expose_secret().as_bytes();
-        anyhow::ensure!(
-            secret.len() >= MIN_SECRET_BYTES,
-            "SPOOL_TOOL_IDENTITY_SECRET is {} bytes; HS256 needs at least {MIN_SECRET_BYTES} \
-             (generate one with `openssl rand -hex 32`)",
-            secret.len()
-        );
+        spool_shared::config::check_signing_secret(
+            "SPOOL_TOOL_IDENTITY_SECRET",
+            secret.expose_secret(),
+        )?;
         Ok(Self {
-            key: EncodingKey::from_secret(secret),
+            key: EncodingKey::from_secret(secret.expose_secret().as_bytes()),
         })
     }
 }

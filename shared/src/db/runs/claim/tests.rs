@@ -38,6 +38,7 @@ async fn queued(db: &TestDb) -> (WorkflowId, MessageId) {
         admission: &crate::db::enqueue::tests::admission(),
         overrides: None,
         history: &[],
+        in_transaction: false,
     };
     let mut tx = db.pool.begin().await.expect("begin");
     let enqueued = enqueue(&mut crate::db::LazyConn::Held(&mut tx), &message)
