@@ -35,6 +35,8 @@ pub struct ApiConfig {
     pub providers: spool_shared::provider::Providers,
     /// The network policy webhook URLs must pass (as tools' URLs do in the worker).
     pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
+    /// The public identity keys `GET /.well-known/jwks.json` serves.
+    pub identity_jwks: spool_shared::identity::Jwks,
 }
 
 /// Everything a handler needs, cheap to clone.
@@ -62,6 +64,7 @@ pub struct AppState {
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(crate::openapi::base())
         .merge(routes::health::router())
+        .merge(routes::identity::router())
         .merge(routes::threads::router())
         .merge(routes::workflows::router())
         .merge(routes::agents::router())

@@ -1,7 +1,9 @@
 //! Authentication: HS256 JWTs signed with `SPOOL_JWT_SECRET`, claims `sub` (user), `tenant`,
 //! `exp` and optionally `admin`. The verified caller becomes an [`Owner`] that scopes every
 //! query. `GET .../stream` may pass the token as `?access_token=` (browsers' `EventSource`
-//! cannot set headers); that parameter is never logged.
+//! cannot set headers); that parameter is never logged. A token whose JOSE header says
+//! `typ: "spool-identity+jwt"` (what tools receive, `spool_shared::identity`) is refused with
+//! `identity_token_refused` whatever signed it, so a tool can never replay one at the API.
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
 
 use spool_shared::db::threads::Owner;
+use spool_shared::identity::IDENTITY_TYP;
 
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -64,14 +67,33 @@ impl JwtKeys {
         )?)
     }
 
-    /// Verifies a token and returns its claims.
+    /// Verifies a token and returns its claims. A refusal is logged with its reason, never
+    /// with the token.
     pub fn verify(&self, token: &str) -> Result<Claims, ApiError> {
+        let result = self.check(token);
+        if let Err(ApiError::Unauthorized { code, message }) = &result {
+            tracing::info!(auth.code = code, reason = %message, "bearer token refused");
+        }
+        result
+    }
+
+    fn check(&self, token: &str) -> Result<Claims, ApiError> {
+        // An identity token is for tools, never for the API, whoever signed it (review B-H2):
+        // refused by its header before any key is tried.
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|err| unauthorized("invalid_token", &format!("malformed token: {err}")))?;
+        if header.typ.as_deref() == Some(IDENTITY_TYP) {
+            return Err(unauthorized(
+                "identity_token_refused",
+                "an X-Spool-Identity token (typ spool-identity+jwt) is not an API token",
+            ));
+        }
         let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
             .map_err(|err| match err.kind() {
                 ErrorKind::ExpiredSignature => {
                     unauthorized("token_expired", "the token has expired")
                 }
-                _ => unauthorized("invalid_token", "the token is not valid"),
+                _ => unauthorized("invalid_token", &format!("the token is not valid: {err}")),
             })?
             .claims;
         if claims.sub.is_empty() || claims.tenant.is_empty() {
@@ -216,6 +238,22 @@ mod tests {
             forged,
             Err(ApiError::Unauthorized {
                 code: "invalid_token",
+                ..
+            })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn an_identity_typed_token_is_refused_even_when_the_secret_signed_it() -> anyhow::Result<()> {
+        let mut header = Header::new(Algorithm::HS256);
+        header.typ = Some(IDENTITY_TYP.to_owned());
+        let secret = EncodingKey::from_secret(b"k");
+        let token = jsonwebtoken::encode(&header, &claims(now() + 60), &secret)?;
+        assert!(matches!(
+            keys("k").verify(&token),
+            Err(ApiError::Unauthorized {
+                code: "identity_token_refused",
                 ..
             })
         ));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use secrecy::{ExposeSecret as _, SecretString};
+use secrecy::SecretString;
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::config::{DbArgs, RedisArgs, StreamArgs};
@@ -17,10 +17,7 @@ use spool_shared::telemetry::{self, LogFormat};
 
 use crate::app::{ApiConfig, AppState};
 use crate::auth::{Claims, JwtKeys};
-
-/// The secret used when `SPOOL_JWT_SECRET` is unset: fine on a laptop, refused on a public
-/// address.
-const DEV_SECRET: &str = "spool-insecure-development-secret";
+use spool_shared::identity::jwt_secret_or_dev;
 
 /// Spool's HTTP API and SSE gateway.
 #[derive(clap::Parser)]
@@ -46,10 +43,6 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SPOOL_API_ADDR", default_value = "127.0.0.1:8080")]
     pub addr: SocketAddr,
-
-    /// HS256 secret that signs tokens. Unset: an insecure development secret (loopback only).
-    #[arg(long, env = "SPOOL_JWT_SECRET", hide_env_values = true)]
-    pub jwt_secret: Option<SecretString>,
 
     /// Largest `input_text` accepted, in bytes.
     #[arg(long, env = "SPOOL_MAX_INPUT_BYTES", default_value_t = 32 * 1024)]
@@ -197,31 +190,12 @@ pub struct TokenArgs {
     pub jwt_secret: Option<SecretString>,
 }
 
-/// The shortest `SPOOL_JWT_SECRET`: HS256 wants a key of at least 256 bits (RFC 7518, 3.2).
-pub const MIN_SECRET_BYTES: usize = 32;
-
-/// The configured secret (if long enough), else the development one (`true`).
 /// `SPOOL_WRITE_TIMEOUT_SECS` as a timeout (0: none).
 fn write_timeout(secs: f64) -> anyhow::Result<Option<Duration>> {
     let timeout = Duration::try_from_secs_f64(secs).map_err(|_| {
         anyhow::anyhow!("SPOOL_WRITE_TIMEOUT_SECS must be zero or more, not {secs}")
     })?;
     Ok((!timeout.is_zero()).then_some(timeout))
-}
-
-fn secret_or_dev(secret: Option<SecretString>) -> anyhow::Result<(SecretString, bool)> {
-    match secret {
-        Some(secret) => {
-            let len = secret.expose_secret().len();
-            anyhow::ensure!(
-                len >= MIN_SECRET_BYTES,
-                "SPOOL_JWT_SECRET is {len} bytes; HS256 needs at least {MIN_SECRET_BYTES} \
-                 (generate one with `openssl rand -hex 32`)"
-            );
-            Ok((secret, false))
-        }
-        None => Ok((SecretString::from(DEV_SECRET.to_owned()), true)),
-    }
 }
 
 /// Runs the command.
@@ -251,7 +225,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cli::Token(args) => {
-            let (secret, _) = secret_or_dev(args.jwt_secret)?;
+            let (secret, _) = jwt_secret_or_dev(args.jwt_secret.as_ref())?;
             let exp = u64::try_from(chrono::Utc::now().timestamp())? + args.ttl;
             let claims = Claims {
                 sub: args.sub,
@@ -275,7 +249,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     spool_shared::metrics::install();
     args.worker.validate()?;
     let write_timeout = write_timeout(args.write_timeout_secs)?;
-    let (secret, dev_secret) = secret_or_dev(args.jwt_secret)?;
+    let (secret, dev_secret) = args.worker.identity.jwt_secret()?;
+    // Checked here as well as by the embedded workers: the API publishes these keys.
+    let identity_keys = args.worker.identity.identity_keys()?;
     if dev_secret {
         anyhow::ensure!(
             args.addr.ip().is_loopback(),
@@ -311,6 +287,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             quotas: args.quota.quotas(),
             providers: args.worker.providers.providers(),
             network_policy: Arc::new(args.worker.egress.policy()?),
+            identity_jwks: identity_keys.jwks(),
         }),
         runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
         wake: crate::wake::Wake::start(db.clone(), shutdown.clone()),
@@ -364,6 +341,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use secrecy::ExposeSecret as _;
 
     #[test]
     fn a_write_timeout_is_zero_or_more_seconds_and_zero_is_none() {
@@ -380,16 +358,17 @@ mod tests {
 
     #[test]
     fn a_jwt_secret_shorter_than_32_bytes_is_refused_with_the_variable_named() {
-        let short = secret_or_dev(Some(SecretString::from("too-short".to_owned())));
+        use spool_shared::identity::MIN_JWT_SECRET_BYTES as MIN_SECRET_BYTES;
+        let short = jwt_secret_or_dev(Some(&SecretString::from("too-short".to_owned())));
         let err = short.expect_err("refused").to_string();
         assert!(
             err.contains("SPOOL_JWT_SECRET") && err.contains("9 bytes"),
             "{err}"
         );
         let long = "k".repeat(MIN_SECRET_BYTES);
-        let (_, dev) = secret_or_dev(Some(SecretString::from(long))).expect("accepted");
+        let (_, dev) = jwt_secret_or_dev(Some(&SecretString::from(long))).expect("accepted");
         assert!(!dev);
-        let (secret, dev) = secret_or_dev(None).expect("development secret");
+        let (secret, dev) = jwt_secret_or_dev(None).expect("development secret");
         assert!(dev && secret.expose_secret().len() >= MIN_SECRET_BYTES);
     }
 

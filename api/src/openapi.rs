@@ -109,6 +109,7 @@ pub(crate) fn queued_status() -> Object {
         (name = "usage", description = "Tokens and runs by user, agent or model (admin)."),
         (name = "openai", description = "The OpenAI-compatible surface: the Responses API (background mode, `starting_after` resume), Chat Completions and models, for the official SDKs. Errors here are OpenAI's shape: `{\"error\": {\"message\", \"type\", \"code\", \"param\"}}`."),
         (name = "page", description = "The chat page at `/` and its two files (no auth: the page signs in with a token)."),
+        (name = "identity", description = "The public keys that verify `X-Spool-Identity`, the token tools, MCP servers and hooks receive."),
         (name = "health", description = "Liveness, readiness, metrics and this document."),
     )
 )]

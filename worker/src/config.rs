@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use spool_shared::config::{EgressArgs, LeaseArgs, ProviderArgs, bounded_secs, seconds};
+use spool_shared::config::{
+    EgressArgs, IdentityArgs, LeaseArgs, ProviderArgs, bounded_secs, seconds,
+};
 
 /// Settings of `spool-worker run` (and of `spool-api serve --embedded-worker`).
 #[derive(clap::Args, Clone, Debug)]
@@ -50,10 +52,9 @@ pub struct WorkerArgs {
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub providers: ProviderArgs,
 
-    /// HS256 secret (at least 32 bytes) that signs the `X-Spool-Identity` token every tool,
-    /// MCP and hook call carries. Unset: calls carry `X-Spool-Tenant` and `X-Spool-User` only.
-    #[arg(long, env = "SPOOL_TOOL_IDENTITY_SECRET", hide_env_values = true)]
-    pub tool_identity_secret: Option<secrecy::SecretString>,
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub identity: IdentityArgs,
 
     /// The default agent's model (with a provider; otherwise `demo`).
     #[arg(long, env = "SPOOL_LLM_MODEL", default_value = "gpt-4o-mini")]

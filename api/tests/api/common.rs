@@ -53,6 +53,8 @@ pub(crate) fn worker_args_with(
     let delay = demo_delay_ms.to_string();
     let mut args = vec![
         "worker",
+        "--jwt-secret",
+        JWT_SECRET,
         "--concurrency",
         "8",
         "--poll-interval-ms",
@@ -116,6 +118,7 @@ impl TestApp {
                 network_policy: Arc::new(
                     spool_shared::egress::NetworkPolicy::parse("127.0.0.0/8").expect("policy"),
                 ),
+                identity_jwks: args.identity.identity_keys().expect("identity keys").jwks(),
             }),
             runs: spool_api::watch::RunWatch::start(db.pool.clone(), shutdown.clone()),
             wake: spool_api::wake::Wake::start(db.pool.clone(), shutdown.clone()),

@@ -6,6 +6,7 @@ mod cancel;
 mod common;
 mod control;
 mod enqueue;
+mod identity;
 mod isolation;
 mod metrics;
 mod openai;
