@@ -95,6 +95,9 @@ impl WorkerArgs {
     /// Fails fast on settings that cannot work.
     pub fn validate(&self) -> anyhow::Result<()> {
         self.lease.validate()?;
+        // Before any connection: a key equal to the JWT secret, or one that does not parse,
+        // stops the process at once.
+        self.identity.identity_keys()?;
         anyhow::ensure!(
             self.concurrency >= 1,
             "SPOOL_WORKER_CONCURRENCY must be at least 1"

@@ -7,6 +7,7 @@ mod ai_sdk;
 mod cli;
 mod crash;
 mod docs;
+mod identity;
 mod openai;
 mod orchestration;
 mod page;
