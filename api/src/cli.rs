@@ -96,6 +96,10 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub auth: AuthArgs,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub worker: spool_worker::WorkerArgs,
 }
 
@@ -132,6 +136,80 @@ pub struct QuotaArgs {
     #[arg(long, env = "SPOOL_QUOTA_TENANT_DAILY_TOKENS",
           value_parser = limit("SPOOL_QUOTA_TENANT_DAILY_TOKENS", DAILY_TOKENS_RANGE))]
     pub quota_tenant_daily_tokens: Option<u64>,
+}
+
+/// An external identity provider whose tokens the API accepts beside its own HS256 ones
+/// (docs/security.md); unset: none.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AuthArgs {
+    /// URL of the provider's JSON Web Key Set (https, or http on loopback). Set: RS256, ES256
+    /// and EdDSA tokens it signed are accepted, with `SPOOL_AUTH_ISSUER` and
+    /// `SPOOL_AUTH_AUDIENCE` required.
+    #[arg(long, env = "SPOOL_AUTH_JWKS_URL")]
+    pub auth_jwks_url: Option<String>,
+
+    /// The `iss` the provider's tokens must carry.
+    #[arg(long, env = "SPOOL_AUTH_ISSUER")]
+    pub auth_issuer: Option<String>,
+
+    /// The `aud` the provider's tokens must carry (this API's identifier there).
+    #[arg(long, env = "SPOOL_AUTH_AUDIENCE")]
+    pub auth_audience: Option<String>,
+
+    /// The claim of the provider's tokens that names the tenant.
+    #[arg(long, env = "SPOOL_AUTH_TENANT_CLAIM", default_value = "tenant")]
+    pub auth_tenant_claim: String,
+
+    /// The claim that lists the caller's permissions (a JSON array or a space-separated
+    /// string, as OAuth's `scope`); `admin` among them makes an admin.
+    #[arg(
+        long,
+        env = "SPOOL_AUTH_PERMISSIONS_CLAIM",
+        default_value = "permissions"
+    )]
+    pub auth_permissions_claim: String,
+}
+
+impl AuthArgs {
+    /// The provider's settings, if one is configured; an error names the setting at fault.
+    pub fn external(&self) -> anyhow::Result<Option<crate::auth::ExternalSettings>> {
+        let set = |value: &Option<String>| {
+            value
+                .as_deref()
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let Some(url) = set(&self.auth_jwks_url) else {
+            return Ok(None);
+        };
+        let jwks_url = reqwest::Url::parse(&url)
+            .map_err(|err| anyhow::anyhow!("SPOOL_AUTH_JWKS_URL is not a URL ({err})"))?;
+        let loopback = match jwks_url.host_str() {
+            Some("localhost") => true,
+            Some(host) => host
+                .trim_matches(['[', ']'])
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()),
+            None => false,
+        };
+        anyhow::ensure!(
+            jwks_url.scheme() == "https" || (jwks_url.scheme() == "http" && loopback),
+            "SPOOL_AUTH_JWKS_URL must be https (http only on loopback), not {}",
+            jwks_url.scheme()
+        );
+        let issuer = set(&self.auth_issuer)
+            .ok_or_else(|| anyhow::anyhow!("SPOOL_AUTH_JWKS_URL needs SPOOL_AUTH_ISSUER"))?;
+        let audience = set(&self.auth_audience)
+            .ok_or_else(|| anyhow::anyhow!("SPOOL_AUTH_JWKS_URL needs SPOOL_AUTH_AUDIENCE"))?;
+        Ok(Some(crate::auth::ExternalSettings {
+            jwks_url,
+            issuer,
+            audience,
+            tenant_claim: self.auth_tenant_claim.clone(),
+            permissions_claim: self.auth_permissions_claim.clone(),
+        }))
+    }
 }
 
 /// A parser of a whole number in `range` whose errors name `variable`.
@@ -252,6 +330,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (secret, dev_secret) = args.worker.identity.jwt_secret()?;
     // Checked here as well as by the embedded workers: the API publishes these keys.
     let identity_keys = args.worker.identity.identity_keys()?;
+    let mut jwt = JwtKeys::new(&secret);
+    if let Some(external) = args.auth.external()? {
+        tracing::info!(jwks_url = %external.jwks_url, issuer = %external.issuer,
+            "accepting the tokens of an external identity provider");
+        jwt = jwt.with_external(crate::auth::ExternalAuth::new(external)?);
+    }
     if dev_secret {
         anyhow::ensure!(
             args.addr.ip().is_loopback(),
@@ -276,7 +360,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         db: db.clone(),
         streams,
         shutdown: shutdown.clone(),
-        jwt: Arc::new(JwtKeys::new(&secret)),
+        jwt: Arc::new(jwt),
         config: Arc::new(ApiConfig {
             max_input_bytes: args.max_input_bytes,
             max_body_bytes: args.max_body_bytes,
@@ -370,6 +454,36 @@ mod tests {
         assert!(!dev);
         let (secret, dev) = jwt_secret_or_dev(None).expect("development secret");
         assert!(dev && secret.expose_secret().len() >= MIN_SECRET_BYTES);
+    }
+
+    #[test]
+    fn an_external_jwks_url_must_be_https_or_loopback_http_with_issuer_and_audience() {
+        let auth = |url: &str| AuthArgs {
+            auth_jwks_url: Some(url.to_owned()),
+            auth_issuer: Some("https://idp/".to_owned()),
+            auth_audience: Some("spool".to_owned()),
+            ..AuthArgs::default()
+        };
+        for ok in [
+            "https://idp.example.com/jwks",
+            "http://127.0.0.1:9/jwks",
+            "http://[::1]:9/jwks",
+        ] {
+            assert!(auth(ok).external().expect(ok).is_some(), "{ok}");
+        }
+        for bad in [
+            "http://idp.example.com/jwks",
+            "ftp://127.0.0.1/",
+            "not a url",
+        ] {
+            let err = auth(bad).external().expect_err(bad).to_string();
+            assert!(err.contains("SPOOL_AUTH_JWKS_URL"), "{bad}: {err}");
+        }
+        let mut missing = auth("https://idp.example.com/jwks");
+        missing.auth_audience = None;
+        let err = missing.external().expect_err("refused").to_string();
+        assert!(err.contains("SPOOL_AUTH_AUDIENCE"), "{err}");
+        assert!(AuthArgs::default().external().expect("unset").is_none());
     }
 
     #[test]

@@ -88,6 +88,17 @@ impl TestApp {
         args: WorkerArgs,
         retention_secs: u64,
     ) -> Self {
+        let jwt = JwtKeys::new(&SecretString::from(JWT_SECRET.to_owned()));
+        Self::start_with_jwt(workers, args, retention_secs, jwt).await
+    }
+
+    /// The same, verifying tokens with `jwt` (an external identity provider, say).
+    pub(crate) async fn start_with_jwt(
+        workers: usize,
+        args: WorkerArgs,
+        retention_secs: u64,
+        jwt: JwtKeys,
+    ) -> Self {
         let db = TestDb::new().await.expect("test database");
         spool_shared::metrics::install();
         let shutdown = CancellationToken::new();
@@ -103,7 +114,7 @@ impl TestApp {
             db: db.pool.clone(),
             streams: streams.clone(),
             shutdown: shutdown.clone(),
-            jwt: Arc::new(JwtKeys::new(&SecretString::from(JWT_SECRET.to_owned()))),
+            jwt: Arc::new(jwt),
             config: Arc::new(ApiConfig {
                 max_input_bytes: 32 * 1024,
                 max_body_bytes: 1 << 20,

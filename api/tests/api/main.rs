@@ -6,6 +6,7 @@ mod cancel;
 mod common;
 mod control;
 mod enqueue;
+mod external_auth;
 mod identity;
 mod isolation;
 mod metrics;
