@@ -9,7 +9,7 @@ use uuid::Uuid;
 use spool_shared::identity::{IDENTITY_TYP, IdentityKeys};
 use spool_tests::{JWT_SECRET, identity_jwks};
 
-use crate::common::{TestApp, worker_args};
+use crate::common::{TestApp, worker_args, worker_args_with};
 
 #[tokio::test]
 async fn the_jwks_publishes_the_identity_key_every_process_derives_without_auth() {
@@ -59,5 +59,29 @@ async fn an_identity_token_as_a_bearer_is_401_identity_token_refused_and_changes
     for table in ["threads", "messages", "runs"] {
         assert_eq!(app.db.count(table).await, 0, "{table} must be empty");
     }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn after_a_rotation_the_jwks_publishes_the_new_key_first_and_the_retired_one_still() {
+    const OLD: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE";
+    const NEW: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI";
+    let rotated = ["--identity-key", NEW, "--identity-keys-retired", OLD];
+    let app = TestApp::start(0, worker_args_with(1, 0, &rotated)).await;
+    let response = app
+        .http
+        .get(app.url("/.well-known/jwks.json"))
+        .send()
+        .await
+        .expect("request");
+    let jwks: Value = response.json().await.expect("JSON");
+    let kids: Vec<Value> = jwks["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .map(|key| key["kid"].clone())
+        .collect();
+    let kid_of = |key: &str| identity_jwks(&["--identity-key", key])["keys"][0]["kid"].clone();
+    assert_eq!(kids, [kid_of(NEW), kid_of(OLD)]);
     app.stop().await;
 }
