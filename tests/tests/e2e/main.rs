@@ -4,6 +4,7 @@
 
 mod agent;
 mod ai_sdk;
+mod auth;
 mod cli;
 mod crash;
 mod docs;
