@@ -129,7 +129,9 @@ impl utoipa::Modify for Security {
                     .bearer_format("JWT")
                     .description(Some(
                         "An HS256 JWT with `sub`, `tenant` and `exp` (`admin: true` for agent \
-                         writes), e.g. from `spool-api token`.",
+                         writes), e.g. from `spool-api token`; or, with `SPOOL_AUTH_JWKS_URL` \
+                         set, an RS256, ES256 or EdDSA token of that identity provider. A token \
+                         typed `spool-identity+jwt` is refused (401 `identity_token_refused`).",
                     ))
                     .build(),
             ),
