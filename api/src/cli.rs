@@ -317,6 +317,17 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// What verifies bearer tokens: the HS256 secret, and the external provider if one is set.
+fn verifier(secret: &SecretString, auth: &AuthArgs) -> anyhow::Result<JwtKeys> {
+    let jwt = JwtKeys::new(secret);
+    let Some(external) = auth.external()? else {
+        return Ok(jwt);
+    };
+    tracing::info!(jwks_url = %external.jwks_url, issuer = %external.issuer,
+        "accepting the tokens of an external identity provider");
+    Ok(jwt.with_external(crate::auth::ExternalAuth::new(external)?))
+}
+
 /// `spool-api serve`: telemetry, the database, Redis and the hub, the state, the embedded
 /// workers, the listener, then serving until a signal. A little over 80 lines of setup, each
 /// step one statement, kept in order in one place rather than split across helpers that would
@@ -330,12 +341,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (secret, dev_secret) = args.worker.identity.jwt_secret()?;
     // Checked here as well as by the embedded workers: the API publishes these keys.
     let identity_keys = args.worker.identity.identity_keys()?;
-    let mut jwt = JwtKeys::new(&secret);
-    if let Some(external) = args.auth.external()? {
-        tracing::info!(jwks_url = %external.jwks_url, issuer = %external.issuer,
-            "accepting the tokens of an external identity provider");
-        jwt = jwt.with_external(crate::auth::ExternalAuth::new(external)?);
-    }
+    let jwt = verifier(&secret, &args.auth)?;
     if dev_secret {
         anyhow::ensure!(
             args.addr.ip().is_loopback(),
