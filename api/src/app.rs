@@ -44,6 +44,8 @@ pub struct ApiConfig {
     pub max_webhooks_per_tenant: u32,
     /// The bearer token `/metrics` requires (`SPOOL_METRICS_TOKEN`); `None`: open.
     pub metrics_token: Option<secrecy::SecretString>,
+    /// The public identity keys `GET /.well-known/jwks.json` serves.
+    pub identity_jwks: spool_shared::identity::Jwks,
 }
 
 /// Everything a handler needs, cheap to clone.
@@ -71,6 +73,7 @@ pub struct AppState {
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(crate::openapi::base())
         .merge(routes::health::router())
+        .merge(routes::identity::router())
         .merge(routes::threads::router())
         .merge(routes::workflows::router())
         .merge(routes::agents::router())

@@ -1,7 +1,10 @@
 //! Authentication: HS256 JWTs signed with `SPOOL_JWT_SECRET`, claims `sub` (user), `tenant`,
-//! `exp` and optionally `admin`. The verified caller becomes an [`Owner`] that scopes every
-//! query. `GET .../stream` may pass the token as `?access_token=` (browsers' `EventSource`
-//! cannot set headers); that parameter is never logged.
+//! `exp` and optionally `admin`; and, when `SPOOL_AUTH_JWKS_URL` is set, an external identity
+//! provider's RS256, ES256 or EdDSA tokens ([`external`]), told apart by the header's `alg`.
+//! The verified caller becomes an [`Owner`] that scopes every query. `GET .../stream` may pass the token as `?access_token=` (browsers' `EventSource`
+//! cannot set headers); that parameter is never logged. A token whose JOSE header says
+//! `typ: "spool-identity+jwt"` (what tools receive, `spool_shared::identity`) is refused with
+//! `identity_token_refused` whatever signed it, so a tool can never replay one at the API.
 
 use std::sync::Arc;
 
@@ -15,9 +18,14 @@ use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
 
 use spool_shared::db::threads::Owner;
+use spool_shared::identity::IDENTITY_TYP;
 
 use crate::app::AppState;
 use crate::error::ApiError;
+
+pub mod external;
+
+pub use external::{ExternalAuth, ExternalSettings};
 
 /// The claims Spool reads and writes.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -33,12 +41,14 @@ pub struct Claims {
     pub admin: bool,
 }
 
-/// Signing and verification keys for one secret.
+/// Signing and verification keys for one secret, and the external identity provider if one is
+/// configured.
 #[derive(Clone)]
 pub struct JwtKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
+    external: Option<Arc<ExternalAuth>>,
 }
 
 impl JwtKeys {
@@ -52,7 +62,39 @@ impl JwtKeys {
             encoding: EncodingKey::from_secret(bytes),
             decoding: DecodingKey::from_secret(bytes),
             validation,
+            external: None,
         }
+    }
+
+    /// The same keys, also accepting the tokens of `external` (any algorithm but HS256).
+    pub fn with_external(mut self, external: ExternalAuth) -> Self {
+        self.external = Some(Arc::new(external));
+        self
+    }
+
+    /// Authenticates a bearer token: HS256 with the secret, else (RS256, ES256, EdDSA) the
+    /// external provider's. A refusal is logged with its reason, never with the token.
+    pub async fn authenticate(&self, token: &str) -> Result<Caller, ApiError> {
+        let header = match jsonwebtoken::decode_header(token) {
+            Ok(header) => header,
+            // Checked again (and logged) by `verify`, which gives the same answer.
+            Err(_) => return self.verify(token).map(Caller::from_claims),
+        };
+        let Some(external) = self
+            .external
+            .as_ref()
+            .filter(|_| header.alg != Algorithm::HS256)
+        else {
+            return self.verify(token).map(Caller::from_claims);
+        };
+        let result = match identity_typed(&header) {
+            Err(refused) => Err(refused),
+            Ok(()) => external.verify(token, &header).await,
+        };
+        if let Err(ApiError::Unauthorized { code, message }) = &result {
+            tracing::info!(auth.code = code, reason = %message, "external token refused");
+        }
+        result.map(Caller::from_principal)
     }
 
     /// Signs a token for the claims.
@@ -64,14 +106,28 @@ impl JwtKeys {
         )?)
     }
 
-    /// Verifies a token and returns its claims.
+    /// Verifies a token and returns its claims. A refusal is logged with its reason, never
+    /// with the token.
     pub fn verify(&self, token: &str) -> Result<Claims, ApiError> {
+        let result = self.check(token);
+        if let Err(ApiError::Unauthorized { code, message }) = &result {
+            tracing::info!(auth.code = code, reason = %message, "bearer token refused");
+        }
+        result
+    }
+
+    fn check(&self, token: &str) -> Result<Claims, ApiError> {
+        // An identity token is for tools, never for the API, whoever signed it (review B-H2):
+        // refused by its header before any key is tried.
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|err| unauthorized("invalid_token", &format!("malformed token: {err}")))?;
+        identity_typed(&header)?;
         let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
             .map_err(|err| match err.kind() {
                 ErrorKind::ExpiredSignature => {
                     unauthorized("token_expired", "the token has expired")
                 }
-                _ => unauthorized("invalid_token", "the token is not valid"),
+                _ => unauthorized("invalid_token", &format!("the token is not valid: {err}")),
             })?
             .claims;
         if claims.sub.is_empty() || claims.tenant.is_empty() {
@@ -82,6 +138,17 @@ impl JwtKeys {
         }
         Ok(claims)
     }
+}
+
+/// Refuses a token typed as an identity token, whatever signed it.
+fn identity_typed(header: &Header) -> Result<(), ApiError> {
+    if header.typ.as_deref() == Some(IDENTITY_TYP) {
+        return Err(unauthorized(
+            "identity_token_refused",
+            "an X-Spool-Identity token (typ spool-identity+jwt) is not an API token",
+        ));
+    }
+    Ok(())
 }
 
 fn unauthorized(code: &'static str, message: &str) -> ApiError {
@@ -96,8 +163,13 @@ fn unauthorized(code: &'static str, message: &str) -> ApiError {
 pub struct Caller {
     /// Tenant and user: the scope of every query.
     pub owner: Owner,
-    /// Whether the caller may write agents.
+    /// Whether the caller may write agents (and see the tenant's runs): the `admin` claim, or
+    /// `admin` among an external token's permissions.
     pub admin: bool,
+    /// The permissions an external token's permissions claim lists (empty for HS256 tokens).
+    /// Only `admin` acts today; the finer permissions of DESIGN section 13 are carried for the
+    /// routes' checks to come.
+    pub permissions: Vec<String>,
 }
 
 impl Caller {
@@ -108,6 +180,18 @@ impl Caller {
                 user_id: claims.sub,
             },
             admin: claims.admin,
+            permissions: Vec::new(),
+        }
+    }
+
+    fn from_principal(principal: external::Principal) -> Self {
+        Self {
+            owner: Owner {
+                tenant_id: principal.tenant,
+                user_id: principal.sub,
+            },
+            admin: principal.permissions.iter().any(|p| p == "admin"),
+            permissions: principal.permissions,
         }
     }
 
@@ -136,17 +220,14 @@ impl Caller {
 
     /// Authenticates from the `Authorization` header, or from `access_token` in the query
     /// (for `EventSource`, which cannot set headers).
-    pub fn from_header_or_query(
+    pub async fn from_header_or_query(
         headers: &HeaderMap,
         keys: &JwtKeys,
         access_token: Option<&str>,
     ) -> Result<Self, ApiError> {
-        match bearer(headers)? {
-            Some(token) => keys.verify(token).map(Self::from_claims),
-            None => match access_token {
-                Some(token) => keys.verify(token).map(Self::from_claims),
-                None => Err(missing()),
-            },
+        match bearer(headers)?.or(access_token) {
+            Some(token) => keys.authenticate(token).await,
+            None => Err(missing()),
         }
     }
 }
@@ -179,7 +260,7 @@ impl FromRequestParts<AppState> for Caller {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let keys: &Arc<JwtKeys> = &state.jwt;
         let token = bearer(&parts.headers)?.ok_or_else(missing)?;
-        keys.verify(token).map(Self::from_claims)
+        keys.authenticate(token).await
     }
 }
 
@@ -216,6 +297,22 @@ mod tests {
             forged,
             Err(ApiError::Unauthorized {
                 code: "invalid_token",
+                ..
+            })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn an_identity_typed_token_is_refused_even_when_the_secret_signed_it() -> anyhow::Result<()> {
+        let mut header = Header::new(Algorithm::HS256);
+        header.typ = Some(IDENTITY_TYP.to_owned());
+        let secret = EncodingKey::from_secret(b"k");
+        let token = jsonwebtoken::encode(&header, &claims(now() + 60), &secret)?;
+        assert!(matches!(
+            keys("k").verify(&token),
+            Err(ApiError::Unauthorized {
+                code: "identity_token_refused",
                 ..
             })
         ));

@@ -17,10 +17,7 @@ use spool_shared::telemetry::{self, LogFormat};
 
 use crate::app::{ApiConfig, AppState};
 use crate::auth::{Claims, JwtKeys};
-
-/// The secret used when `SPOOL_JWT_SECRET` is unset: fine on a laptop, refused on a public
-/// address.
-const DEV_SECRET: &str = "spool-insecure-development-secret";
+use spool_shared::identity::jwt_secret_or_dev;
 
 /// Spool's HTTP API and SSE gateway.
 #[derive(clap::Parser)]
@@ -46,10 +43,6 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SPOOL_API_ADDR", default_value = "127.0.0.1:8080")]
     pub addr: SocketAddr,
-
-    /// HS256 secret that signs tokens. Unset: an insecure development secret (loopback only).
-    #[arg(long, env = "SPOOL_JWT_SECRET", hide_env_values = true)]
-    pub jwt_secret: Option<SecretString>,
 
     /// Largest `input_text` accepted, in bytes.
     #[arg(long, env = "SPOOL_MAX_INPUT_BYTES", default_value_t = 32 * 1024)]
@@ -113,6 +106,10 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub auth: AuthArgs,
+
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub worker: spool_worker::WorkerArgs,
 }
 
@@ -149,6 +146,80 @@ pub struct QuotaArgs {
     #[arg(long, env = "SPOOL_QUOTA_TENANT_DAILY_TOKENS",
           value_parser = limit("SPOOL_QUOTA_TENANT_DAILY_TOKENS", DAILY_TOKENS_RANGE))]
     pub quota_tenant_daily_tokens: Option<u64>,
+}
+
+/// An external identity provider whose tokens the API accepts beside its own HS256 ones
+/// (docs/security.md); unset: none.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AuthArgs {
+    /// URL of the provider's JSON Web Key Set (https, or http on loopback). Set: RS256, ES256
+    /// and EdDSA tokens it signed are accepted, with `SPOOL_AUTH_ISSUER` and
+    /// `SPOOL_AUTH_AUDIENCE` required.
+    #[arg(long, env = "SPOOL_AUTH_JWKS_URL")]
+    pub auth_jwks_url: Option<String>,
+
+    /// The `iss` the provider's tokens must carry.
+    #[arg(long, env = "SPOOL_AUTH_ISSUER")]
+    pub auth_issuer: Option<String>,
+
+    /// The `aud` the provider's tokens must carry (this API's identifier there).
+    #[arg(long, env = "SPOOL_AUTH_AUDIENCE")]
+    pub auth_audience: Option<String>,
+
+    /// The claim of the provider's tokens that names the tenant.
+    #[arg(long, env = "SPOOL_AUTH_TENANT_CLAIM", default_value = "tenant")]
+    pub auth_tenant_claim: String,
+
+    /// The claim that lists the caller's permissions (a JSON array or a space-separated
+    /// string, as OAuth's `scope`); `admin` among them makes an admin.
+    #[arg(
+        long,
+        env = "SPOOL_AUTH_PERMISSIONS_CLAIM",
+        default_value = "permissions"
+    )]
+    pub auth_permissions_claim: String,
+}
+
+impl AuthArgs {
+    /// The provider's settings, if one is configured; an error names the setting at fault.
+    pub fn external(&self) -> anyhow::Result<Option<crate::auth::ExternalSettings>> {
+        let set = |value: &Option<String>| {
+            value
+                .as_deref()
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let Some(url) = set(&self.auth_jwks_url) else {
+            return Ok(None);
+        };
+        let jwks_url = reqwest::Url::parse(&url)
+            .map_err(|err| anyhow::anyhow!("SPOOL_AUTH_JWKS_URL is not a URL ({err})"))?;
+        let loopback = match jwks_url.host_str() {
+            Some("localhost") => true,
+            Some(host) => host
+                .trim_matches(['[', ']'])
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()),
+            None => false,
+        };
+        anyhow::ensure!(
+            jwks_url.scheme() == "https" || (jwks_url.scheme() == "http" && loopback),
+            "SPOOL_AUTH_JWKS_URL must be https (http only on loopback), not {}",
+            jwks_url.scheme()
+        );
+        let issuer = set(&self.auth_issuer)
+            .ok_or_else(|| anyhow::anyhow!("SPOOL_AUTH_JWKS_URL needs SPOOL_AUTH_ISSUER"))?;
+        let audience = set(&self.auth_audience)
+            .ok_or_else(|| anyhow::anyhow!("SPOOL_AUTH_JWKS_URL needs SPOOL_AUTH_AUDIENCE"))?;
+        Ok(Some(crate::auth::ExternalSettings {
+            jwks_url,
+            issuer,
+            audience,
+            tenant_claim: self.auth_tenant_claim.clone(),
+            permissions_claim: self.auth_permissions_claim.clone(),
+        }))
+    }
 }
 
 /// A parser of a whole number in `range` whose errors name `variable`.
@@ -207,9 +278,6 @@ pub struct TokenArgs {
     pub jwt_secret: Option<SecretString>,
 }
 
-/// The shortest `SPOOL_JWT_SECRET`: HS256 wants a key of at least 256 bits (RFC 7518, 3.2).
-pub const MIN_SECRET_BYTES: usize = spool_shared::config::MIN_SECRET_BYTES;
-
 /// `SPOOL_WRITE_TIMEOUT_SECS` as a timeout (0: none).
 fn write_timeout(secs: f64) -> anyhow::Result<Option<Duration>> {
     let timeout = Duration::try_from_secs_f64(secs).map_err(|_| {
@@ -227,18 +295,6 @@ fn metrics_token(token: Option<SecretString>) -> anyhow::Result<Option<SecretStr
         );
     }
     Ok(token)
-}
-
-/// The configured secret (if it passes [`spool_shared::config::check_signing_secret`]), else
-/// the development one (`true`).
-fn secret_or_dev(secret: Option<SecretString>) -> anyhow::Result<(SecretString, bool)> {
-    match secret {
-        Some(secret) => {
-            spool_shared::config::check_signing_secret("SPOOL_JWT_SECRET", secret.expose_secret())?;
-            Ok((secret, false))
-        }
-        None => Ok((SecretString::from(DEV_SECRET.to_owned()), true)),
-    }
 }
 
 /// Runs the command.
@@ -268,7 +324,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cli::Token(args) => {
-            let (secret, _) = secret_or_dev(args.jwt_secret)?;
+            let (secret, _) = jwt_secret_or_dev(args.jwt_secret.as_ref())?;
             let exp = u64::try_from(chrono::Utc::now().timestamp())? + args.ttl;
             let claims = Claims {
                 sub: args.sub,
@@ -282,6 +338,17 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// What verifies bearer tokens: the HS256 secret, and the external provider if one is set.
+fn verifier(secret: &SecretString, auth: &AuthArgs) -> anyhow::Result<JwtKeys> {
+    let jwt = JwtKeys::new(secret);
+    let Some(external) = auth.external()? else {
+        return Ok(jwt);
+    };
+    tracing::info!(jwks_url = %external.jwks_url, issuer = %external.issuer,
+        "accepting the tokens of an external identity provider");
+    Ok(jwt.with_external(crate::auth::ExternalAuth::new(external)?))
+}
+
 /// `spool-api serve`: telemetry, the database, Redis and the hub, the state, the embedded
 /// workers, the listener, then serving until a signal. A little over 80 lines of setup, each
 /// step one statement, kept in order in one place rather than split across helpers that would
@@ -292,7 +359,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     spool_shared::metrics::install();
     args.worker.validate()?;
     let write_timeout = write_timeout(args.write_timeout_secs)?;
-    let (secret, dev_secret) = secret_or_dev(args.jwt_secret)?;
+    let (secret, dev_secret) = args.worker.identity.jwt_secret()?;
+    // Checked here as well as by the embedded workers: the API publishes these keys.
+    let identity_keys = args.worker.identity.identity_keys()?;
+    let jwt = verifier(&secret, &args.auth)?;
     if dev_secret {
         anyhow::ensure!(
             args.addr.ip().is_loopback(),
@@ -317,7 +387,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         db: db.clone(),
         streams,
         shutdown: shutdown.clone(),
-        jwt: Arc::new(JwtKeys::new(&secret)),
+        jwt: Arc::new(jwt),
         config: Arc::new(ApiConfig {
             max_input_bytes: args.max_input_bytes,
             max_body_bytes: args.max_body_bytes,
@@ -332,6 +402,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             retention: args.worker.retention.clone(),
             max_webhooks_per_tenant: args.worker.webhooks.webhooks_max_per_tenant,
             metrics_token: metrics_token(args.metrics_token)?,
+            identity_jwks: identity_keys.jwks(),
         }),
         runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
         wake: crate::wake::Wake::start(db.clone(), shutdown.clone()),
@@ -402,20 +473,21 @@ mod tests {
 
     #[test]
     fn a_jwt_secret_shorter_than_32_bytes_is_refused_with_the_variable_named() {
-        let short = secret_or_dev(Some(SecretString::from("too-short".to_owned())));
+        use spool_shared::identity::MIN_JWT_SECRET_BYTES as MIN_SECRET_BYTES;
+        let short = jwt_secret_or_dev(Some(&SecretString::from("too-short".to_owned())));
         let err = short.expect_err("refused").to_string();
         assert!(
             err.contains("SPOOL_JWT_SECRET") && err.contains("9 bytes"),
             "{err}"
         );
         let good = "3f9c1a0e7b5d4c2a8e6f1b3d5c7a9e0f".to_owned();
-        let (_, dev) = secret_or_dev(Some(SecretString::from(good))).expect("accepted");
+        let (_, dev) = jwt_secret_or_dev(Some(&SecretString::from(good))).expect("accepted");
         assert!(!dev);
         for (guessable, says) in [
             ("REPLACE_ME_WITH_32_RANDOM_BYTES_HEX", "REPLACE_ME"),
             (&"k".repeat(MIN_SECRET_BYTES), "one character repeated"),
         ] {
-            let err = secret_or_dev(Some(SecretString::from(guessable.to_owned())))
+            let err = jwt_secret_or_dev(Some(&SecretString::from(guessable.to_owned())))
                 .expect_err("refused")
                 .to_string();
             assert!(
@@ -423,8 +495,38 @@ mod tests {
                 "{err}"
             );
         }
-        let (secret, dev) = secret_or_dev(None).expect("development secret");
+        let (secret, dev) = jwt_secret_or_dev(None).expect("development secret");
         assert!(dev && secret.expose_secret().len() >= MIN_SECRET_BYTES);
+    }
+
+    #[test]
+    fn an_external_jwks_url_must_be_https_or_loopback_http_with_issuer_and_audience() {
+        let auth = |url: &str| AuthArgs {
+            auth_jwks_url: Some(url.to_owned()),
+            auth_issuer: Some("https://idp/".to_owned()),
+            auth_audience: Some("spool".to_owned()),
+            ..AuthArgs::default()
+        };
+        for ok in [
+            "https://idp.example.com/jwks",
+            "http://127.0.0.1:9/jwks",
+            "http://[::1]:9/jwks",
+        ] {
+            assert!(auth(ok).external().expect(ok).is_some(), "{ok}");
+        }
+        for bad in [
+            "http://idp.example.com/jwks",
+            "ftp://127.0.0.1/",
+            "not a url",
+        ] {
+            let err = auth(bad).external().expect_err(bad).to_string();
+            assert!(err.contains("SPOOL_AUTH_JWKS_URL"), "{bad}: {err}");
+        }
+        let mut missing = auth("https://idp.example.com/jwks");
+        missing.auth_audience = None;
+        let err = missing.external().expect_err("refused").to_string();
+        assert!(err.contains("SPOOL_AUTH_AUDIENCE"), "{err}");
+        assert!(AuthArgs::default().external().expect("unset").is_none());
     }
 
     #[test]

@@ -143,7 +143,8 @@ async fn stream_thread(
     ApiQuery(query): ApiQuery<StreamQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let caller = Caller::from_header_or_query(&headers, &state.jwt, query.access_token.as_deref())?;
+    let caller =
+        Caller::from_header_or_query(&headers, &state.jwt, query.access_token.as_deref()).await?;
     threads::find(&state.db, thread_id, caller.scope())
         .await?
         .ok_or_else(|| ApiError::not_found("thread_not_found", "no such thread"))?;

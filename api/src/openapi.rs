@@ -109,6 +109,7 @@ pub(crate) fn queued_status() -> Object {
         (name = "usage", description = "Tokens and runs by user, agent or model (admin)."),
         (name = "openai", description = "The OpenAI-compatible surface: the Responses API (background mode, `starting_after` resume), Chat Completions and models, for the official SDKs. Errors here are OpenAI's shape: `{\"error\": {\"message\", \"type\", \"code\", \"param\"}}`."),
         (name = "page", description = "The chat page at `/` and its two files (no auth: the page signs in with a token)."),
+        (name = "identity", description = "The public keys that verify `X-Spool-Identity`, the token tools, MCP servers and hooks receive."),
         (name = "health", description = "Liveness, readiness, metrics and this document."),
     )
 )]
@@ -128,7 +129,9 @@ impl utoipa::Modify for Security {
                     .bearer_format("JWT")
                     .description(Some(
                         "An HS256 JWT with `sub`, `tenant` and `exp` (`admin: true` for agent \
-                         writes), e.g. from `spool-api token`.",
+                         writes), e.g. from `spool-api token`; or, with `SPOOL_AUTH_JWKS_URL` \
+                         set, an RS256, ES256 or EdDSA token of that identity provider. A token \
+                         typed `spool-identity+jwt` is refused (401 `identity_token_refused`).",
                     ))
                     .build(),
             ),

@@ -2,6 +2,7 @@
 
 pub mod agents;
 pub mod health;
+pub mod identity;
 pub mod list;
 pub mod threads;
 pub mod usage;

@@ -98,6 +98,45 @@ impl ProviderArgs {
     }
 }
 
+/// The API's HS256 secret and the identity keys: read by the API (which verifies tokens and
+/// publishes the identity keys) and the worker (which signs identity tokens with a key derived
+/// from the secret when none is set), so every process agrees (see [`crate::identity`]).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct IdentityArgs {
+    /// HS256 secret (at least 32 bytes) that signs API tokens. Unset: an insecure development
+    /// secret (the API serves only on loopback with it).
+    #[arg(long, env = "SPOOL_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<secrecy::SecretString>,
+
+    /// Ed25519 private key (PKCS#8 PEM, or its 32-byte seed in base64url) that signs the
+    /// `X-Spool-Identity` token of tool, MCP and hook calls. Unset: derived from
+    /// `SPOOL_JWT_SECRET`. Must differ from `SPOOL_JWT_SECRET`.
+    #[arg(long, env = "SPOOL_IDENTITY_KEY", hide_env_values = true)]
+    pub identity_key: Option<secrecy::SecretString>,
+
+    /// Former identity keys (same formats, comma-separated) whose public keys stay published
+    /// at `/.well-known/jwks.json`, so tokens signed before a rotation keep verifying.
+    #[arg(long, env = "SPOOL_IDENTITY_KEYS_RETIRED", hide_env_values = true)]
+    pub identity_keys_retired: Option<secrecy::SecretString>,
+}
+
+impl IdentityArgs {
+    /// `SPOOL_JWT_SECRET` checked, else the development secret (`true`).
+    pub fn jwt_secret(&self) -> anyhow::Result<(secrecy::SecretString, bool)> {
+        crate::identity::jwt_secret_or_dev(self.jwt_secret.as_ref())
+    }
+
+    /// The identity keys these settings give; an error names the setting at fault.
+    pub fn identity_keys(&self) -> anyhow::Result<crate::identity::IdentityKeys> {
+        let (secret, _) = self.jwt_secret()?;
+        crate::identity::IdentityKeys::new(
+            &secret,
+            self.identity_key.as_ref(),
+            self.identity_keys_retired.as_ref(),
+        )
+    }
+}
+
 /// Lease and heartbeat timing of runs.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LeaseArgs {

@@ -15,6 +15,7 @@ pub mod config;
 pub mod db;
 pub mod egress;
 pub mod event;
+pub mod identity;
 pub mod ids;
 pub mod metrics;
 pub mod provider;

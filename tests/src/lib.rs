@@ -285,24 +285,47 @@ pub fn token_with(sub: &str, tenant: &str, admin: bool, ttl: i64, secret: &str) 
     .unwrap_or_default()
 }
 
-/// The `SPOOL_TOOL_IDENTITY_SECRET` of the tests that check tool identity.
-pub const TOOL_IDENTITY_SECRET: &str = "spool-test-tool-identity-secret-32b";
+/// The JSON Web Key Set a process with these identity settings publishes (what
+/// `GET /.well-known/jwks.json` serves): `--jwt-secret`, `--identity-key`, ... as flags.
+pub fn identity_jwks(flags: &[&str]) -> serde_json::Value {
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        identity: spool_shared::config::IdentityArgs,
+    }
+    let args = [&["identity"], flags].concat();
+    let keys = <Command as clap::Parser>::parse_from(args)
+        .identity
+        .identity_keys()
+        .expect("identity keys");
+    serde_json::to_value(keys.jwks()).unwrap_or_default()
+}
 
-/// Verifies an `X-Spool-Identity` token as a tool at `origin` would (HS256 with
-/// [`TOOL_IDENTITY_SECRET`], `iss` = `spool`, `aud` = `origin`, not expired); its claims, or
-/// why it was refused.
-pub fn verify_identity(token: &str, origin: &str) -> Result<serde_json::Value, String> {
-    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
+/// Verifies an `X-Spool-Identity` token as a tool at `origin` would: with the key of `jwks`
+/// whose `kid` the header names, EdDSA only, `typ` = `spool-identity+jwt`, `iss` = `spool`,
+/// `aud` = `origin`, not expired; its claims, or why it was refused.
+pub fn verify_identity(
+    token: &str,
+    origin: &str,
+    jwks: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let set: jsonwebtoken::jwk::JwkSet =
+        serde_json::from_value(jwks.clone()).map_err(|err| err.to_string())?;
+    let header = jsonwebtoken::decode_header(token).map_err(|err| err.to_string())?;
+    if header.typ.as_deref() != Some("spool-identity+jwt") {
+        return Err(format!("typ {:?}", header.typ));
+    }
+    let jwk = set
+        .find(header.kid.as_deref().unwrap_or_default())
+        .ok_or("no key with the token's kid")?;
+    let key = jsonwebtoken::DecodingKey::from_jwk(jwk).map_err(|err| err.to_string())?;
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::EdDSA);
     validation.set_audience(&[origin]);
     validation.set_issuer(&["spool"]);
     validation.set_required_spec_claims(&["exp", "aud", "iss", "sub"]);
-    jsonwebtoken::decode::<serde_json::Value>(
-        token,
-        &jsonwebtoken::DecodingKey::from_secret(TOOL_IDENTITY_SECRET.as_bytes()),
-        &validation,
-    )
-    .map(|data| data.claims)
-    .map_err(|err| err.to_string())
+    jsonwebtoken::decode::<serde_json::Value>(token, &key, &validation)
+        .map(|data| data.claims)
+        .map_err(|err| err.to_string())
 }
 
 /// A run's row, read directly from Postgres.

@@ -1,7 +1,8 @@
 //! Third-party peers the tests run against as real processes, pinned in `tests/peers/`:
 //! `@copilotkit/aimock` (`package.json` and its lock), a mock LLM upstream that speaks the
 //! OpenAI and Anthropic APIs; and the official `openai` Python SDK (`requirements.txt`, every
-//! package pinned), a client of Spool's OpenAI-compatible routes. They are installed (`npm ci`;
+//! package pinned), a client of Spool's OpenAI-compatible routes; and `jose`, the JWT library
+//! of docs/security.md's tool-side example. They are installed (`npm ci`;
 //! `pip install` into `tests/peers/.venv`) the first time a test needs them (this machine
 //! reaches the registries), so `cargo test --workspace` alone runs them.
 
@@ -26,6 +27,7 @@ fn installed() -> anyhow::Result<PathBuf> {
         "@copilotkit/aimock",
         "ai",
         "eventsource-parser",
+        "jose",
         "openai",
         "playwright-core",
     ];

@@ -92,7 +92,10 @@ impl Backing<'_> {
 impl Backing<'_> {
     /// Spawns `spool-worker run` with `settings` on top, without waiting for it.
     pub fn spawn_worker(&self, settings: &[(&str, &str)]) -> anyhow::Result<Process> {
-        Process::spawn("spool-worker", &["run"], &self.vars(&[], settings))
+        // The API's secret, as an operator gives every process: the identity key that
+        // workers sign with is derived from it.
+        let own = [("SPOOL_JWT_SECRET", crate::JWT_SECRET)];
+        Process::spawn("spool-worker", &["run"], &self.vars(&own, settings))
     }
 }
 

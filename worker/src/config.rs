@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use spool_shared::config::{
-    EgressArgs, LeaseArgs, ProviderArgs, RetentionArgs, WebhookArgs, bounded_secs, seconds,
+    EgressArgs, IdentityArgs, LeaseArgs, ProviderArgs, RetentionArgs, WebhookArgs, bounded_secs,
+    seconds,
 };
 
 /// Settings of `spool-worker run` (and of `spool-api serve --embedded-worker`).
@@ -52,10 +53,9 @@ pub struct WorkerArgs {
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub providers: ProviderArgs,
 
-    /// HS256 secret (at least 32 bytes) that signs the `X-Spool-Identity` token every tool,
-    /// MCP and hook call carries. Unset: calls carry `X-Spool-Tenant` and `X-Spool-User` only.
-    #[arg(long, env = "SPOOL_TOOL_IDENTITY_SECRET", hide_env_values = true)]
-    pub tool_identity_secret: Option<secrecy::SecretString>,
+    #[command(flatten)]
+    #[expect(missing_docs, reason = "flattened group; its fields are documented")]
+    pub identity: IdentityArgs,
 
     /// The default agent's model (with a provider; otherwise `demo`).
     #[arg(long, env = "SPOOL_LLM_MODEL", default_value = "gpt-4o-mini")]
@@ -106,6 +106,9 @@ impl WorkerArgs {
         self.lease.validate()?;
         self.retention.validate()?;
         self.webhooks.validate()?;
+        // Before any connection: a key equal to the JWT secret, or one that does not parse,
+        // stops the process at once.
+        self.identity.identity_keys()?;
         anyhow::ensure!(
             self.concurrency >= 1,
             "SPOOL_WORKER_CONCURRENCY must be at least 1"

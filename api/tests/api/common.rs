@@ -53,6 +53,8 @@ pub(crate) fn worker_args_with(
     let delay = demo_delay_ms.to_string();
     let mut args = vec![
         "worker",
+        "--jwt-secret",
+        JWT_SECRET,
         "--concurrency",
         "8",
         "--poll-interval-ms",
@@ -86,6 +88,17 @@ impl TestApp {
         args: WorkerArgs,
         retention_secs: u64,
     ) -> Self {
+        let jwt = JwtKeys::new(&SecretString::from(JWT_SECRET.to_owned()));
+        Self::start_with_jwt(workers, args, retention_secs, jwt).await
+    }
+
+    /// The same, verifying tokens with `jwt` (an external identity provider, say).
+    pub(crate) async fn start_with_jwt(
+        workers: usize,
+        args: WorkerArgs,
+        retention_secs: u64,
+        jwt: JwtKeys,
+    ) -> Self {
         let db = TestDb::new().await.expect("test database");
         spool_shared::metrics::install();
         let shutdown = CancellationToken::new();
@@ -101,7 +114,7 @@ impl TestApp {
             db: db.pool.clone(),
             streams: streams.clone(),
             shutdown: shutdown.clone(),
-            jwt: Arc::new(JwtKeys::new(&SecretString::from(JWT_SECRET.to_owned()))),
+            jwt: Arc::new(jwt),
             config: Arc::new(ApiConfig {
                 metrics_token: None,
                 max_input_bytes: 32 * 1024,
@@ -120,6 +133,7 @@ impl TestApp {
                 ),
                 retention: args.retention.clone(),
                 max_webhooks_per_tenant: args.webhooks.webhooks_max_per_tenant,
+                identity_jwks: args.identity.identity_keys().expect("identity keys").jwks(),
             }),
             runs: spool_api::watch::RunWatch::start(db.pool.clone(), shutdown.clone()),
             wake: spool_api::wake::Wake::start(db.pool.clone(), shutdown.clone()),

@@ -6,6 +6,8 @@ mod cancel;
 mod common;
 mod control;
 mod enqueue;
+mod external_auth;
+mod identity;
 mod isolation;
 mod keepalive;
 mod metrics;

@@ -20,6 +20,7 @@ use crate::common::{TestApp, app_with, ask, finished, worker_args};
 /// Every operation of the API, as `METHOD path`.
 const EXPECTED: &[&str] = &[
     "GET /",
+    "GET /.well-known/jwks.json",
     "GET /app.css",
     "GET /app.js",
     "GET /healthz",

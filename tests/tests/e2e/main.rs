@@ -4,9 +4,11 @@
 
 mod agent;
 mod ai_sdk;
+mod auth;
 mod cli;
 mod crash;
 mod docs;
+mod identity;
 mod openai;
 mod orchestration;
 mod page;

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use secrecy::ExposeSecret as _;
 use spool_shared::agent::AgentSpec;
 use spool_shared::db::runs::Run;
 
@@ -32,7 +31,7 @@ pub struct Engine {
     pub http: GuardedClients,
     /// How long one tool call may take.
     pub tool_timeout: Duration,
-    /// Signs the identity token of outbound calls, if a secret is configured.
+    /// Signs the identity token of outbound calls.
     identity: Option<Arc<IdentitySigner>>,
 }
 
@@ -70,19 +69,21 @@ impl Engine {
             super::llm::demo::MODEL_NAME
         };
         let http = GuardedClients::new(egress, args.tool_timeout())?;
-        // An empty variable means unset, as for the provider.
-        let identity = match &args.tool_identity_secret {
-            Some(secret) if !secret.expose_secret().is_empty() => {
-                Some(Arc::new(IdentitySigner::new(secret)?))
-            }
-            _ => {
-                tracing::info!(
-                    "SPOOL_TOOL_IDENTITY_SECRET is not set: tool, MCP and hook calls carry \
-                     X-Spool-Tenant and X-Spool-User but no signed X-Spool-Identity"
-                );
-                None
-            }
-        };
+        let identity = Some(Arc::new(IdentitySigner::new(
+            args.identity.identity_keys()?,
+        )));
+        if args.identity.jwt_secret.is_none() && args.identity.identity_key.is_none() {
+            tracing::warn!(
+                "neither SPOOL_IDENTITY_KEY nor SPOOL_JWT_SECRET is set: identity tokens are \
+                 signed with a key derived from the public development secret"
+            );
+        }
+        if std::env::var_os("SPOOL_TOOL_IDENTITY_SECRET").is_some() {
+            tracing::warn!(
+                "SPOOL_TOOL_IDENTITY_SECRET is no longer read: X-Spool-Identity is an EdDSA \
+                 token that tools verify with GET /.well-known/jwks.json (docs/security.md)"
+            );
+        }
         Ok(Self {
             demo: Arc::new(DemoModel {
                 tokens: args.demo_tokens,

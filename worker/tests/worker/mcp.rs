@@ -204,10 +204,12 @@ async fn connect(url: &str, timeout: Duration) -> anyhow::Result<(McpSession, Ve
     McpSession::connect(&server, &clients, &identity(), timeout).await
 }
 
-/// Alice of acme in run `wf`, signed with the tests' identity secret.
+/// Alice of acme in run `wf`, signed with the identity key of the default settings.
 fn identity() -> Identity {
-    let secret = secrecy::SecretString::from(spool_tests::TOOL_IDENTITY_SECRET.to_owned());
-    let signer = IdentitySigner::new(&secret).expect("signer");
+    let keys = spool_shared::config::IdentityArgs::default()
+        .identity_keys()
+        .expect("identity keys");
+    let signer = IdentitySigner::new(keys);
     Identity::new("acme", "alice", "wf", Some(Arc::new(signer)))
 }
 
@@ -270,7 +272,8 @@ async fn discovery_lists_namespaced_tools_with_their_schemas_and_read_only_flags
         let token = token
             .as_deref()
             .unwrap_or_else(|| panic!("{method} without a token"));
-        let claims = spool_tests::verify_identity(token, &origin).expect("a valid token");
+        let claims = spool_tests::verify_identity(token, &origin, &spool_tests::identity_jwks(&[]))
+            .expect("a valid token");
         assert_eq!(
             (claims["sub"].as_str(), claims["tenant"].as_str()),
             (Some("alice"), Some("acme"))

@@ -3,16 +3,17 @@
 //!
 //! - `X-Spool-Tenant` and `X-Spool-User`: the run's tenant and user, for logs and routing. They
 //!   are plain text: anyone who can reach the tool could send them, so they prove nothing.
-//! - `X-Spool-Identity`: a JWT (HS256, signed with `SPOOL_TOOL_IDENTITY_SECRET`) that proves
-//!   them. Claims: `iss` = `spool`, `sub` = the user, `tenant`, `aud` = the origin of the URL
-//!   called (`https://tools.example.com`, `http://127.0.0.1:8080`), `workflow_id`, `iat`, and
-//!   `exp` = `iat` + 5 minutes. A token is minted per request (per HTTP request of an MCP
-//!   session too), so a long session never carries an expired one, and one captured by a tool
-//!   is worth nothing at another origin.
+//! - `X-Spool-Identity`: an EdDSA JWT that proves them (JOSE header `typ` =
+//!   `spool-identity+jwt`, `kid`). Claims: `iss` = `spool`, `sub` = the user, `tenant`, `aud` =
+//!   the origin of the URL called (`https://tools.example.com`, `http://127.0.0.1:8080`),
+//!   `workflow_id`, `iat`, and `exp` = `iat` + 5 minutes. A token is minted per request (per
+//!   HTTP request of an MCP session too), so a long session never carries an expired one, and
+//!   one captured by a tool is worth nothing at another origin.
 //!
-//! Without the secret, calls carry the two plain headers and no token (the worker logs this at
-//! start). With it, a call never follows a redirect to another origin, as with configured
-//! headers: the token is a credential.
+//! Tools verify the token with the public keys the API publishes at
+//! `GET /.well-known/jwks.json` ([`spool_shared::identity`]): a tool can verify but never sign,
+//! so no tool can pass for a user at another tool (review B-H2). A call never follows a
+//! redirect to another origin, as with configured headers: the token is a credential.
 //!
 //! Values that are not visible ASCII (a user id with spaces or non-Latin letters) are
 //! percent-encoded in the plain headers; the token's claims hold them as they are.
@@ -22,8 +23,8 @@ use std::sync::Arc;
 use jsonwebtoken::{EncodingKey, Header};
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use secrecy::{ExposeSecret as _, SecretString};
 use serde::Serialize;
+use spool_shared::identity::{IDENTITY_ISSUER, IdentityKeys};
 
 /// `X-Spool-Tenant`.
 pub const TENANT_HEADER: &str = "x-spool-tenant";
@@ -33,24 +34,20 @@ pub const USER_HEADER: &str = "x-spool-user";
 pub const IDENTITY_HEADER: &str = "x-spool-identity";
 /// How long a token is valid.
 pub const TOKEN_TTL_SECS: i64 = 300;
-/// The shortest secret accepted: HS256 wants a key of at least 256 bits.
-pub const MIN_SECRET_BYTES: usize = spool_shared::config::MIN_SECRET_BYTES;
 
-/// Signs identity tokens with `SPOOL_TOOL_IDENTITY_SECRET`; one per worker.
+/// Signs identity tokens with the process's identity key; one per worker.
 pub struct IdentitySigner {
     key: EncodingKey,
+    header: Header,
 }
 
 impl IdentitySigner {
-    /// A signer with `secret`, which must be at least [`MIN_SECRET_BYTES`] long.
-    pub fn new(secret: &SecretString) -> anyhow::Result<Self> {
-        spool_shared::config::check_signing_secret(
-            "SPOOL_TOOL_IDENTITY_SECRET",
-            secret.expose_secret(),
-        )?;
-        Ok(Self {
-            key: EncodingKey::from_secret(secret.expose_secret().as_bytes()),
-        })
+    /// A signer with the current key of `keys`.
+    pub fn new(keys: IdentityKeys) -> Self {
+        Self {
+            key: keys.encoding_key(),
+            header: keys.header(),
+        }
     }
 }
 
@@ -124,7 +121,7 @@ impl Identity {
         let signer = self.signer.as_ref()?;
         let now = chrono::Utc::now().timestamp();
         let claims = Claims {
-            iss: "spool",
+            iss: IDENTITY_ISSUER,
             sub: &self.user,
             tenant: &self.tenant,
             aud: audience,
@@ -132,7 +129,7 @@ impl Identity {
             iat: now,
             exp: now + TOKEN_TTL_SECS,
         };
-        match jsonwebtoken::encode(&Header::default(), &claims, &signer.key) {
+        match jsonwebtoken::encode(&signer.header, &claims, &signer.key) {
             Ok(token) => Some(token),
             Err(err) => {
                 tracing::warn!(error = %err, "signing an identity token failed");
@@ -158,53 +155,91 @@ fn plain(value: &str) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use jsonwebtoken::{DecodingKey, Validation};
+    use jsonwebtoken::jwk::JwkSet;
+    use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+    use secrecy::SecretString;
 
-    const SECRET: &str = "a-tool-identity-secret-of-32-bytes!";
+    const JWT_SECRET: &str = "a-jwt-secret-that-is-32-bytes-long!";
+    /// 32 bytes of 0x01, base64url.
+    const OLD_KEY: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE";
+    /// 32 bytes of 0x02, base64url.
+    const NEW_KEY: &str = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI";
 
-    fn signed() -> Identity {
-        let signer = IdentitySigner::new(&SecretString::from(SECRET.to_owned())).expect("signer");
+    fn keys(key: Option<&str>, retired: Option<&str>) -> IdentityKeys {
+        let secret = |text: &str| SecretString::from(text.to_owned());
+        IdentityKeys::new(
+            &secret(JWT_SECRET),
+            key.map(secret).as_ref(),
+            retired.map(secret).as_ref(),
+        )
+        .expect("keys")
+    }
+
+    fn signed(keys: IdentityKeys) -> Identity {
+        let signer = IdentitySigner::new(keys);
         Identity::new("acme", "alice smith", "wf-1", Some(Arc::new(signer)))
     }
 
+    /// Verifies as a tool would: the key of the JWKS whose `kid` the header names.
+    fn verify(token: &str, jwks: &IdentityKeys, origin: &str) -> anyhow::Result<serde_json::Value> {
+        let set: JwkSet = serde_json::from_value(serde_json::to_value(jwks.jwks())?)?;
+        let header = jsonwebtoken::decode_header(token)?;
+        anyhow::ensure!(header.typ.as_deref() == Some("spool-identity+jwt"), "typ");
+        let kid = header.kid.unwrap_or_default();
+        let jwk = set
+            .find(&kid)
+            .ok_or_else(|| anyhow::anyhow!("unknown kid"))?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.set_audience(&[origin]);
+        validation.set_issuer(&["spool"]);
+        let key = DecodingKey::from_jwk(jwk)?;
+        Ok(jsonwebtoken::decode::<serde_json::Value>(token, &key, &validation)?.claims)
+    }
+
+    fn token(identity: &Identity, url: &str) -> String {
+        let headers = identity.headers(&Url::parse(url).expect("url"));
+        headers[IDENTITY_HEADER].to_str().expect("ascii").to_owned()
+    }
+
     #[test]
-    fn a_token_verifies_for_its_origin_only_and_expires_in_five_minutes() {
+    fn a_token_verifies_with_the_jwks_for_its_origin_only_and_never_with_the_jwt_secret() {
         let url = Url::parse("https://tools.example.com:8443/weather?q=1").expect("url");
-        let headers = signed().headers(&url);
+        let headers = signed(keys(None, None)).headers(&url);
         assert_eq!(headers[TENANT_HEADER], "acme");
         assert_eq!(headers[USER_HEADER], "alice%20smith");
         let token = headers[IDENTITY_HEADER].to_str().expect("ascii");
-        let key = DecodingKey::from_secret(SECRET.as_bytes());
-        let mut validation = Validation::new(jsonwebtoken::Algorithm::HS256);
-        validation.set_audience(&["https://tools.example.com:8443"]);
-        validation.set_issuer(&["spool"]);
-        let claims = jsonwebtoken::decode::<serde_json::Value>(token, &key, &validation)
-            .expect("valid for its origin")
-            .claims;
+        let claims = verify(token, &keys(None, None), "https://tools.example.com:8443")
+            .expect("valid for its origin");
         assert_eq!(claims["sub"], "alice smith");
         assert_eq!(claims["tenant"], "acme");
         assert_eq!(claims["workflow_id"], "wf-1");
         let ttl = claims["exp"].as_i64().unwrap_or(0) - claims["iat"].as_i64().unwrap_or(0);
         assert_eq!(ttl, TOKEN_TTL_SECS);
-        validation.set_audience(&["https://other.example.com"]);
+        assert!(verify(token, &keys(None, None), "https://other.example.com").is_err());
+        let mut hs256 = Validation::new(Algorithm::HS256);
+        hs256.set_audience(&["https://tools.example.com:8443"]);
+        let secret = DecodingKey::from_secret(JWT_SECRET.as_bytes());
         assert!(
-            jsonwebtoken::decode::<serde_json::Value>(token, &key, &validation).is_err(),
-            "another origin refuses it"
+            jsonwebtoken::decode::<serde_json::Value>(token, &secret, &hs256).is_err(),
+            "the JWT secret does not verify it"
         );
     }
 
     #[test]
-    fn without_a_secret_only_the_plain_headers_go_and_a_short_secret_is_refused() {
-        let url = Url::parse("http://127.0.0.1:9/x").expect("url");
-        let identity = Identity::new("acme", "bob", "wf", None);
-        let headers = identity.headers(&url);
-        assert!(!identity.signs());
-        assert_eq!(headers.len(), 2);
-        assert!(!headers.contains_key(IDENTITY_HEADER));
-        let err = IdentitySigner::new(&SecretString::from("short".to_owned()))
-            .err()
-            .expect("refused")
-            .to_string();
-        assert!(err.contains("SPOOL_TOOL_IDENTITY_SECRET"), "{err}");
+    fn after_a_rotation_the_new_key_signs_and_the_retired_one_still_verifies() {
+        let url = "http://127.0.0.1:9/x";
+        let before = token(&signed(keys(Some(OLD_KEY), None)), url);
+        let rotated = keys(Some(NEW_KEY), Some(OLD_KEY));
+        let after = token(&signed(keys(Some(NEW_KEY), None)), url);
+        let kid = |t: &str| jsonwebtoken::decode_header(t).expect("header").kid;
+        assert_eq!(kid(&after).as_deref(), Some(rotated.kid()));
+        assert_ne!(kid(&before), kid(&after));
+        for token in [&before, &after] {
+            verify(token, &rotated, "http://127.0.0.1:9").expect("both verify after rotation");
+        }
+        assert!(
+            verify(&before, &keys(Some(NEW_KEY), None), "http://127.0.0.1:9").is_err(),
+            "once no longer published, the old key's tokens are refused"
+        );
     }
 }
