@@ -20,11 +20,13 @@ const READ: Duration = Duration::from_secs(15);
 #[tokio::test]
 async fn a_thousand_clients_resuming_at_random_each_get_every_event_once_in_order() {
     let _turn = SERIAL.lock().await;
-    // A user per thread, 25 streams each: more than SPOOL_SSE_MAX_STREAMS_PER_USER's default
-    // (20), which a thousand clients of one process is the case for raising.
+    // A user per thread, 25 clients each: more than SPOOL_SSE_MAX_STREAMS_PER_USER's default
+    // (20), which a thousand clients of one process is the case for raising. Twice that: a
+    // client that drops its connection and resumes at once may hold its new slot before the
+    // server has noticed the old connection is gone.
     let stack = Stack::start_with(
         &spool_tests::redis_url(),
-        &[("SPOOL_SSE_MAX_STREAMS_PER_USER", "25")],
+        &[("SPOOL_SSE_MAX_STREAMS_PER_USER", "50")],
     )
     .await;
     let started = Instant::now();
