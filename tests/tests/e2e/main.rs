@@ -7,6 +7,7 @@ mod ai_sdk;
 mod cli;
 mod crash;
 mod docs;
+mod growth;
 mod openai;
 mod orchestration;
 mod page;
