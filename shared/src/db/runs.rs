@@ -345,12 +345,27 @@ pub async fn list(
     after: Option<Cursor>,
     limit: i64,
 ) -> sqlx::Result<Page<Run>> {
-    let mut query = sqlx::QueryBuilder::new(concat!(
+    let mut query = sqlx::QueryBuilder::new("");
+    push_list(&mut query, scope, filter, after, limit);
+    let rows: Vec<Run> = query.build_query_as().fetch_all(executor).await?;
+    Ok(page::page(rows, limit, |r| (r.created_at, r.id.0)))
+}
+
+/// Appends [`list`]'s statement to `query` (public so a test can `EXPLAIN` exactly what the
+/// list runs: `tests/tests/e2e/growth.rs`).
+pub fn push_list(
+    query: &mut sqlx::QueryBuilder<sqlx::Postgres>,
+    scope: Scope<'_>,
+    filter: &RunFilter,
+    after: Option<Cursor>,
+    limit: i64,
+) {
+    query.push(concat!(
         "SELECT ",
         columns!("r."),
         " FROM runs r WHERE true"
     ));
-    scope.push(&mut query, "r");
+    scope.push(query, "r");
     if let Some(thread_id) = filter.thread_id {
         query.push(" AND r.thread_id = ");
         query.push_bind(thread_id);
@@ -365,10 +380,8 @@ pub async fn list(
         query.push_bind(statuses);
         query.push(")");
     }
-    page::push_after(&mut query, "r", after);
-    page::push_order(&mut query, "r", limit);
-    let rows: Vec<Run> = query.build_query_as().fetch_all(executor).await?;
-    Ok(page::page(rows, limit, |r| (r.created_at, r.id.0)))
+    page::push_after(query, "r", after);
+    page::push_order(query, "r", limit);
 }
 
 /// The thread's active run, if any.

@@ -174,38 +174,82 @@ pub async fn list(
     after: Option<Cursor>,
     limit: i64,
 ) -> sqlx::Result<Page<Thread>> {
-    let mut query = sqlx::QueryBuilder::new(concat!(
+    let mut query = sqlx::QueryBuilder::new("");
+    push_list(&mut query, scope, filter, after, limit);
+    let rows: Vec<Thread> = query.build_query_as().fetch_all(executor).await?;
+    Ok(page::page(rows, limit, |t| (t.created_at, t.id.0)))
+}
+
+/// Appends [`list`]'s statement to `query` (public so a test can `EXPLAIN` exactly what the
+/// list runs: `tests/tests/e2e/growth.rs`).
+pub fn push_list(
+    query: &mut sqlx::QueryBuilder<sqlx::Postgres>,
+    scope: Scope<'_>,
+    filter: &ThreadFilter,
+    after: Option<Cursor>,
+    limit: i64,
+) {
+    query.push(concat!(
         "SELECT * FROM (SELECT ",
         columns!(),
         " FROM threads t WHERE t.erased_at IS NULL"
     ));
-    scope.push(&mut query, "t");
+    scope.push(query, "t");
     if let Some(agent_id) = filter.agent_id {
         query.push(" AND t.agent_id = ");
         query.push_bind(agent_id);
     }
     for (key, value) in &filter.metadata {
-        query.push(" AND t.metadata ->> ");
+        // Containment first, which the GIN index `threads_metadata_idx` answers, then the
+        // exact test ("compared as text", so `5` also matches a stored number 5).
+        query.push(" AND t.metadata @> ANY(");
+        query.push_bind(containing(key, value));
+        query.push("::text[]::jsonb[]) AND t.metadata ->> ");
         query.push_bind(key.clone());
         query.push(" = ");
         query.push_bind(value.clone());
     }
-    page::push_after(&mut query, "t", after);
+    page::push_after(query, "t", after);
     match filter.busy {
         // The status filter reads each row's active run, so it wraps the scan instead of
         // limiting it: the limit applies after it.
         Some(busy) => {
             query.push(") t WHERE (t.active_workflow_id IS NOT NULL) = ");
             query.push_bind(busy);
-            page::push_order(&mut query, "t", limit);
+            page::push_order(query, "t", limit);
         }
         None => {
-            page::push_order(&mut query, "t", limit);
+            page::push_order(query, "t", limit);
             query.push(") t");
         }
     }
-    let rows: Vec<Thread> = query.build_query_as().fetch_all(executor).await?;
-    Ok(page::page(rows, limit, |t| (t.created_at, t.id.0)))
+}
+
+/// The objects whose containment in a thread's metadata is necessary for `metadata ->> key =
+/// value`, as JSON text (Postgres parses them, numbers exactly): `{key: "value"}`, and when
+/// `value` is itself JSON other than a string (`5`, `true`, `{"a": 1}`), `{key: value}`. The
+/// text of a stored value equals `value` only if the value is one of those two (a JSON text
+/// parses back to the value it is the text of), so the list misses nothing.
+fn containing(key: &str, value: &str) -> Vec<String> {
+    let key = Value::from(key);
+    let mut objects = vec![format!("{{{key}: {}}}", Value::from(value))];
+    // Postgres refuses a NUL in jsonb, which serde_json accepts; no stored value holds one.
+    match serde_json::from_str::<Value>(value) {
+        Ok(parsed) if !parsed.is_string() && !holds_nul(&parsed) => {
+            objects.push(format!("{{{key}: {value}}}"));
+        }
+        _ => {}
+    }
+    objects
+}
+
+fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(text) => text.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(fields) => fields.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
 }
 
 /// What a PATCH changes.
@@ -371,4 +415,25 @@ pub async fn erase(conn: &mut PgConnection, id: ThreadId) -> sqlx::Result<()> {
     .execute(conn)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metadata_filter_contains_the_value_as_text_and_as_the_json_it_spells() {
+        assert_eq!(containing("topic", "even"), [r#"{"topic": "even"}"#]);
+        assert_eq!(containing("n", "3"), [r#"{"n": "3"}"#, r#"{"n": 3}"#]);
+        assert_eq!(
+            containing("k\"", r#"{"a": [1, true]}"#),
+            [
+                r#"{"k\"": "{\"a\": [1, true]}"}"#,
+                r#"{"k\"": {"a": [1, true]}}"#
+            ]
+        );
+        // A NUL no stored value can hold: only the text form, which Postgres parses.
+        assert_eq!(containing("k", r#""\u0000""#).len(), 1);
+        assert_eq!(containing("k", r#"["\u0000"]"#).len(), 1);
+    }
 }

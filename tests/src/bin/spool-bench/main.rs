@@ -10,6 +10,7 @@
 //! tests/bench.sh                 # release build, then the full suite (BENCHMARKS.md)
 //! spool-bench --smoke            # every scenario for about a second (CI)
 //! spool-bench p1 p3 --rounds 5   # some scenarios
+//! spool-bench p7 --rounds 1      # a million threads: each measure against an empty database
 //! ```
 //!
 //! The load generator shares the machine's cores with what it measures; each scenario's note
@@ -18,6 +19,7 @@
 mod baseline;
 mod count;
 mod cpu;
+mod growth;
 mod load;
 mod report;
 mod scenarios;
@@ -28,6 +30,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
+use spool_tests::growth::Size;
 
 use crate::report::Report;
 use crate::scenarios::Sizes;
@@ -46,6 +49,8 @@ enum Scenario {
     P5,
     /// kill -9 of a worker mid-run: time to the next event vs the lease.
     P6,
+    /// Months of data (a million threads): each measure against an empty database.
+    P7,
     /// Webhook deliveries/s vs runs completed/s; another tenant's delay beside blackholed
     /// endpoints.
     P8,
@@ -79,6 +84,10 @@ struct Cli {
     /// Redis) and write the hottest symbols to `<out>/perf/<scenario>.txt`.
     #[arg(long)]
     perf: bool,
+
+    /// Threads of P7's filled database (default 1,000,000; 2,000 with --smoke).
+    #[arg(long)]
+    growth_threads: Option<i64>,
 
     /// Where results.json and results.md go.
     #[arg(long, default_value = "bench-results")]
@@ -135,6 +144,23 @@ async fn main() -> anyhow::Result<()> {
         p5_runs: if smoke { 200 } else { 3000 },
         lease_secs: if smoke { 1.0 } else { 5.0 },
         perf: cli.perf.then(|| cli.out.join("perf")),
+        growth: growth::GrowthSizes {
+            fill: match (smoke, cli.growth_threads) {
+                (_, Some(threads)) => Size {
+                    threads,
+                    ..Size::MONTHS
+                },
+                (true, None) => Size {
+                    threads: 2_000,
+                    tenants: 20,
+                    users: 5,
+                },
+                (false, None) => Size::MONTHS,
+            },
+            depth: if smoke { 100 } else { 1000 },
+            turns: if smoke { 10 } else { 100 },
+            requests: if smoke { 20 } else { 200 },
+        },
     };
     let scenarios = if cli.scenarios.is_empty() {
         Scenario::value_variants().to_vec()
@@ -161,6 +187,7 @@ async fn main() -> anyhow::Result<()> {
             Scenario::P4 => scenarios::p4(&sizes, &mut report).await,
             Scenario::P5 => scenarios::p5(&sizes, &mut report).await,
             Scenario::P6 => scenarios::p6(&sizes, &mut report).await,
+            Scenario::P7 => growth::p7(&sizes, &mut report).await,
             Scenario::P8 => webhooks::p8(&sizes, &mut report).await,
         };
         if let Err(err) = result {

@@ -100,6 +100,18 @@ impl Figure {
         self
     }
 
+    /// Compares with a baseline where less is better (a latency, a duration); `max_ratio` is
+    /// the target.
+    pub(crate) fn at_most_times(self, name: &str, rounds: Vec<f64>, max_ratio: f64) -> Self {
+        let mut figure = self.against(name, rounds, None);
+        let ratio = (figure.baseline.as_ref())
+            .filter(|b| b.value > 0.0)
+            .map_or(f64::INFINITY, |b| b.ratio);
+        figure.target = Some(format!("≤ {max_ratio}× baseline"));
+        figure.met = Some(ratio <= max_ratio);
+        figure
+    }
+
     /// An absolute upper bound.
     pub(crate) fn at_most(mut self, limit: f64) -> Self {
         self.target = Some(format!("≤ {limit} {}", self.unit));

@@ -42,6 +42,8 @@ pub(crate) struct Sizes {
     pub(crate) lease_secs: f64,
     /// Where `perf record` profiles of the first round go, if anywhere.
     pub(crate) perf: Option<std::path::PathBuf>,
+    /// How big P7 is.
+    pub(crate) growth: crate::growth::GrowthSizes,
 }
 
 /// Our processes plus the Postgres and Redis servers, for `perf`.

@@ -164,6 +164,13 @@ impl Stack {
         Ok(self.workers.len() - 1)
     }
 
+    /// Stops every worker (`kill -9`, reaped): for measures that must run without them.
+    pub(crate) fn stop_workers(&mut self) {
+        for mut worker in self.workers.drain(..) {
+            worker.kill_and_reap(Duration::from_secs(5));
+        }
+    }
+
     /// `kill -9`s worker `index` and reaps it.
     pub(crate) async fn kill_worker(&mut self, index: usize) {
         self.workers[index].kill9().await;
