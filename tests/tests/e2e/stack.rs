@@ -335,3 +335,16 @@ pub(crate) async fn read_deltas(
     }
     frames
 }
+
+/// The text a client shows: deltas since the last `message_start` or `attempt_restarted`.
+pub(crate) fn shown_text(frames: &[spool_tests::sse::Frame]) -> String {
+    let mut text = String::new();
+    for frame in frames {
+        match frame.event.as_str() {
+            "message_start" | "attempt_restarted" => text.clear(),
+            "text_delta" => text.push_str(frame.json()["data"]["delta"].as_str().unwrap_or("")),
+            _ => {}
+        }
+    }
+    text
+}

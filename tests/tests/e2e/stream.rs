@@ -11,25 +11,12 @@ use spool_shared::status::RunStatus;
 use spool_shared::stream::{self, PublishError, StreamKeys};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 use spool_tests::servers::{OwnRedis, free_port};
-use spool_tests::sse::{Frame, SseReader};
+use spool_tests::sse::SseReader;
 use spool_tests::{poll_until, token};
 
-use crate::stack::{Stack, TIMEOUT, demo_reply, read_deltas, slow_reader};
+use crate::stack::{Stack, TIMEOUT, demo_reply, read_deltas, shown_text, slow_reader};
 
 const READ: Duration = Duration::from_secs(15);
-
-/// The text a client shows: deltas since the last `message_start` or `attempt_restarted`.
-fn shown_text(frames: &[Frame]) -> String {
-    let mut text = String::new();
-    for frame in frames {
-        match frame.event.as_str() {
-            "message_start" | "attempt_restarted" => text.clear(),
-            "text_delta" => text.push_str(frame.json()["data"]["delta"].as_str().unwrap_or("")),
-            _ => {}
-        }
-    }
-    text
-}
 
 #[tokio::test]
 async fn a_client_sees_attempt_restarted_then_the_whole_message_when_its_worker_is_killed() {

@@ -19,7 +19,7 @@ use spool_tests::token;
 
 use crate::SERIAL;
 use crate::restarts::{Load, TOKENS, WORKER, drive, settled};
-use crate::stack::{Stack, TIMEOUT, demo_reply};
+use crate::stack::{Stack, TIMEOUT, demo_reply, shown_text};
 
 /// Clients that post a message and follow its stream to the end, again and again.
 const FOLLOWERS: usize = 4;
@@ -36,19 +36,6 @@ enum Followed {
     Exact,
     /// The gateway said what followed may be lost (`stream_reset` / `message_not_streaming`).
     Reset,
-}
-
-/// The text a client shows: deltas since the last `message_start` or `attempt_restarted`.
-fn shown_text(frames: &[Frame]) -> String {
-    let mut text = String::new();
-    for frame in frames {
-        match frame.event.as_str() {
-            "message_start" | "attempt_restarted" => text.clear(),
-            "text_delta" => text.push_str(frame.json()["data"]["delta"].as_str().unwrap_or("")),
-            _ => {}
-        }
-    }
-    text
 }
 
 /// Follows `thread`'s stream as a client would, resuming after every dropped connection or
