@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{AgentSpec, FieldError, StepRule, ToolChoice};
+use super::{AgentSpec, ClientToolSpec, FieldError, StepRule, ToolChoice, ToolSpec};
 
 /// Steering posted with a pause's answer (`tool_outputs`): the next model call's tool choice
 /// and tools, rules for later steps (ahead of the agent's), and a tool choice for the rest of
@@ -36,6 +36,14 @@ pub struct RunOverrides {
     /// The run's system prompt in place of the agent's (posted with its message, by an admin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// Client tools the run offers beside the agent's (the function `tools` of an
+    /// OpenAI-compatible request): a call pauses the run as `requires_action`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_tools: Option<Vec<ClientToolSpec>>,
+    /// `false`: at most one tool call per model call (asked of the provider, and any further
+    /// call dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// The longest `instructions` a message may post, in bytes.
@@ -88,7 +96,30 @@ impl RunOverrides {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps.or(earlier.max_steps),
             instructions: self.instructions.or(earlier.instructions),
+            client_tools: self.client_tools.or(earlier.client_tools),
+            parallel_tool_calls: self.parallel_tool_calls.or(earlier.parallel_tool_calls),
         }
+    }
+
+    /// The client tools whose names the agent's own tools (or other client tools) already
+    /// use: the model could not tell them apart.
+    pub fn client_tool_collisions(&self, agent: &AgentSpec) -> Vec<FieldError> {
+        let mut seen: std::collections::HashSet<&str> =
+            agent.tools.iter().map(ToolSpec::name).collect();
+        let mut problems = Vec::new();
+        for (i, tool) in self.client_tools.iter().flatten().enumerate() {
+            if !seen.insert(tool.name.as_str()) {
+                problems.push(FieldError {
+                    field: format!("client_tools[{i}].name"),
+                    message: format!(
+                        "`{}` is the name of another tool of this run (the agent's or another \
+                         function)",
+                        tool.name
+                    ),
+                });
+            }
+        }
+        problems
     }
 
     /// Every step from `next_step` on whose rules, with these (accumulated) overrides applied
@@ -151,6 +182,9 @@ impl RunOverrides {
         }
         if let Some(instructions) = self.instructions {
             spec.instructions = instructions;
+        }
+        if let Some(tools) = self.client_tools {
+            spec.tools.extend(tools.into_iter().map(ToolSpec::Client));
         }
     }
 }
