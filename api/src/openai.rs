@@ -14,6 +14,7 @@
 
 pub mod chat;
 pub mod feed;
+pub mod functions;
 pub mod responses;
 pub mod schema;
 pub mod translate;
@@ -186,7 +187,7 @@ pub(crate) fn response_object(run: &Run, message: Option<&Message>, metadata: &V
 }
 
 /// A stored message's parts as Responses output items, with the ids the stream gave them.
-fn output_items(prefix: &str, parts: &[MessagePart]) -> Vec<Value> {
+pub(crate) fn output_items(prefix: &str, parts: &[MessagePart]) -> Vec<Value> {
     let mut items: Vec<Value> = Vec::new();
     for part in parts {
         match part {

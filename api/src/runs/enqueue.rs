@@ -58,6 +58,10 @@ pub struct UserMessageRequest {
     /// `admin_required` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// What the OpenAI-compatible routes post beside (their function tools, the tool choice of
+    /// the first step, the parallel flag); never read from a request body.
+    #[serde(skip)]
+    pub(crate) functions: Option<RunOverrides>,
 }
 
 impl UserMessageRequest {
@@ -71,7 +75,7 @@ impl UserMessageRequest {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps,
             instructions: self.instructions.clone(),
-            ..RunOverrides::default()
+            ..self.functions.clone().unwrap_or_default()
         };
         (overrides != RunOverrides::default()).then_some(overrides)
     }
