@@ -15,6 +15,8 @@
 pub mod chat;
 pub mod feed;
 pub mod functions;
+pub mod history;
+pub mod params;
 pub mod responses;
 pub mod schema;
 pub mod translate;

@@ -42,6 +42,7 @@ use crate::openai::feed::{Feed, Followed};
 use crate::openai::functions::{self, Api, Functions, Segments};
 use crate::openai::responses::{content_text, turns};
 use crate::openai::{DEFAULT_MODEL, find_run, model_of, resolve_model, wait_for_run};
+use crate::openai::{history, params};
 use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 use spool_shared::event::transcript::Pause;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -89,9 +90,8 @@ struct StreamOptions {
                 (crate::openai::schema::ChatCompletion = "application/json"),
                 (crate::openai::schema::ChatCompletionChunk = "text/event-stream"),
             )),
-        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`; function calling: `invalid_tools`, `unsupported_parameter` (a hosted tool or tool choice), `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`, `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`system` or `developer` messages without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        (status = 403, description = "`admin_required` (`system` or `developer` messages without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy`, `agent_disabled`, `run_not_finished` (the run waits for an approval)", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
@@ -109,6 +109,7 @@ pub(crate) async fn create_completion(
     if request.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("unsupported_n", "n must be 1").with("param", "n"));
     }
+    params::check_chat(&raw)?;
     let functions = Functions::parse(&raw, Api::Chat)?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
     let include_usage = request
@@ -126,6 +127,10 @@ pub(crate) async fn create_completion(
         return reply(&state, &caller, slot, run.id, segment, include_usage).await;
     }
     let turns = turns(&without_tool_turns(&request.messages), "messages")?;
+    if turns.instructions.is_some() {
+        let param = crate::openai::responses::instructions_item(&request.messages, "messages");
+        params::check_instructions(&caller, &param)?;
+    }
     if !functions.tools.is_empty() {
         let names = crate::openai::responses::agent_tool_names(&state, &caller, agent_id).await?;
         functions.check_names(&names)?;
@@ -143,8 +148,13 @@ pub(crate) async fn create_completion(
                 })
         })
         .transpose()?;
-    // A thread of its own keeps the conversation; a new one is seeded with it.
-    let (thread_id, history) = match thread {
+    // A thread of its own keeps the conversation; so does the thread of an earlier request
+    // whose conversation this one resends; else a new one is seeded with it.
+    let continued = match thread {
+        Some(thread) => Some(thread),
+        None => history::continued(&state, &caller, &request.messages).await?,
+    };
+    let (thread_id, history) = match continued {
         Some(thread) => (thread, Vec::new()),
         None => (ThreadId::new(), turns.history),
     };
@@ -170,6 +180,7 @@ pub(crate) async fn create_completion(
     ]);
     let enqueued =
         enqueue_message(&state, &caller, thread_id, &message, key, &hash, &history).await?;
+    history::remember(&state, &caller, &request.messages, thread_id).await?;
     reply(
         &state,
         &caller,

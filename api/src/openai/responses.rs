@@ -38,6 +38,7 @@ use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::gateway;
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::functions::{self, Api, Functions, ResponseRef};
+use crate::openai::params;
 use crate::openai::translate::ResponseEvents;
 use crate::openai::{find_run as find, resolve_model, response_not_found, wait_for_run};
 use crate::runs::cancel::cancel;
@@ -190,9 +191,8 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
                 (crate::openai::schema::ResponseObject = "application/json"),
                 (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
             )),
-        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`; function calling: `invalid_tools`, `unsupported_parameter` (a hosted tool or tool choice), `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`; `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`instructions`, `system` or `developer` input without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        (status = 403, description = "`admin_required` (`instructions`, `system` or `developer` input without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy` (the conversation has a run in progress), `agent_disabled`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
@@ -206,6 +206,7 @@ pub(crate) async fn create_response(
 ) -> Result<Response, ApiError> {
     let request: CreateResponse = serde_json::from_value(raw.clone())
         .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
+    params::check_responses(&raw)?;
     let functions = Functions::parse(&raw, Api::Responses)?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
     if let Some(Input::Items(items)) = &request.input
@@ -239,6 +240,12 @@ pub(crate) async fn create_response(
             );
         }
     };
+    if request.instructions.is_some() {
+        params::check_instructions(&caller, "instructions")?;
+    }
+    if turns.instructions.is_some() {
+        params::check_instructions(&caller, &instructions_param(&request.input, "input"))?;
+    }
     if !functions.tools.is_empty() {
         functions.check_names(&agent_tool_names(&state, &caller, agent_id).await?)?;
     }
@@ -394,6 +401,22 @@ fn answers(items: &[Value]) -> Result<Option<functions::Outputs>, ApiError> {
         .with("param", "input"));
     }
     Ok(Some(outputs))
+}
+
+/// Where `input` gives instructions: its first `system` or `developer` item.
+fn instructions_param(input: &Option<Input>, param: &str) -> String {
+    match input {
+        Some(Input::Items(items)) => instructions_item(items, param),
+        _ => param.to_owned(),
+    }
+}
+
+/// `{param}[i]` of the first `system` or `developer` message of `items`.
+pub(crate) fn instructions_item(items: &[Value], param: &str) -> String {
+    items
+        .iter()
+        .position(|item| matches!(item["role"].as_str(), Some("system" | "developer")))
+        .map_or_else(|| param.to_owned(), |i| format!("{param}[{i}]"))
 }
 
 /// `items` without the function calls and outputs of earlier turns (the thread keeps the

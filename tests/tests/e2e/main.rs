@@ -12,6 +12,7 @@ mod functions;
 mod growth;
 mod identity;
 mod openai;
+mod openai_refusals;
 mod orchestration;
 mod page;
 mod providers;
