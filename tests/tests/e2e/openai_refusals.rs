@@ -173,4 +173,28 @@ async fn a_chat_conversation_resent_with_its_answer_stays_on_one_thread() {
         .post(&alice, "/v1/chat/completions", &chat(edited))
         .await;
     assert_ne!(thread_of(&stack, &alice, &other).await, thread);
+
+    // Erasing the thread erases the hashes of its conversation too.
+    let hashes = |thread: String| {
+        let pool = stack.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM chat_histories WHERE thread_id = $1::uuid",
+            )
+            .bind(thread)
+            .fetch_one(&pool)
+            .await
+            .expect("count")
+        }
+    };
+    assert_eq!(hashes(thread.clone()).await, 2);
+    let erased = stack
+        .http
+        .delete(format!("{}/v1/threads/{thread}", stack.base))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .expect("erase");
+    assert_eq!(erased.status(), 204);
+    assert_eq!(hashes(thread).await, 0);
 }
