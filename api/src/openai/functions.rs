@@ -319,7 +319,19 @@ impl Segments {
     /// Loads a run's segments: the stored message's items once it has ended, else the items
     /// of its saved steps.
     pub(crate) async fn load(state: &AppState, run: &Run) -> Result<Self, ApiError> {
-        let saved = steps::load(&state.db, run.id).await?;
+        // A run without client tools never pauses for them: one segment, no steps to read.
+        let clients = !run_functions(run).is_empty()
+            || run.agent_spec.as_ref().is_some_and(|spec| {
+                spec.0
+                    .tools
+                    .iter()
+                    .any(|tool| matches!(tool, spool_shared::agent::ToolSpec::Client(_)))
+            });
+        let saved = if clients {
+            steps::load(&state.db, run.id).await?
+        } else {
+            Vec::new()
+        };
         let last = saved.last().map(|s| s.step);
         let mut pauses = Vec::new();
         let mut usage = Usage::default();
