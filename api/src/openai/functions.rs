@@ -514,7 +514,6 @@ pub(crate) async fn segment_response(
             response["usage"] = usage_json(Usage {
                 input_tokens: total.input_tokens.saturating_sub(earlier.input_tokens),
                 output_tokens: total.output_tokens.saturating_sub(earlier.output_tokens),
-                ..total
             });
         }
     } else if k > 0 && run.status == RunStatus::Queued && run.started_at.is_some() {
