@@ -319,4 +319,22 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn client_tools_join_the_run_and_may_not_take_an_agent_tools_name() {
+        let agent = spec(json!({"name": "a", "model": "m", "tools": [
+            {"type": "client", "name": "read"}]}));
+        let posted = overrides(json!({"client_tools": [{"name": "get_weather"},
+            {"name": "read"}], "parallel_tool_calls": false}));
+        let collisions = posted.client_tool_collisions(&agent);
+        assert_eq!(collisions.len(), 1);
+        assert_eq!(collisions[0].field, "client_tools[1].name");
+        // Kept at later pauses, and offered to the model.
+        let kept = RunOverrides::default().accumulate(Some(posted), 3);
+        assert_eq!(kept.parallel_tool_calls, Some(false));
+        let mut run = agent.clone();
+        kept.apply(&mut run);
+        let names: Vec<&str> = run.tools.iter().map(ToolSpec::name).collect();
+        assert_eq!(names, ["read", "get_weather", "read"]);
+    }
 }
