@@ -1,4 +1,4 @@
-//! The `spool-api` command line: `serve`, `migrate`, `token`.
+//! The `spool-api` command line: `serve`, `migrate`, `token`, `openapi`, `probe`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,6 +35,15 @@ pub enum Cli {
     Token(TokenArgs),
     /// Print the OpenAPI 3.1 document (what `GET /openapi.json` serves) and exit.
     Openapi,
+    /// GET a health URL and exit 0 on a 2xx answer, 1 otherwise: a container health check in
+    /// an image without a shell or an HTTP client (`spool-api probe http://127.0.0.1:8080/readyz`).
+    Probe {
+        /// The URL to GET, e.g. `http://127.0.0.1:9464/readyz` for a worker.
+        url: String,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 3.0)]
+        timeout_secs: f64,
+    },
 }
 
 /// Settings of `spool-api serve`.
@@ -309,6 +318,23 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => Err(err.into()),
                 _ => Ok(()),
             }
+        }
+        Cli::Probe { url, timeout_secs } => {
+            let timeout = Duration::try_from_secs_f64(timeout_secs)
+                .context("--timeout-secs must be a non-negative number")?;
+            let response = reqwest::Client::builder()
+                .timeout(timeout)
+                .build()?
+                .get(&url)
+                .send()
+                .await
+                .with_context(|| format!("GET {url}"))?;
+            anyhow::ensure!(
+                response.status().is_success(),
+                "GET {url}: {}",
+                response.status()
+            );
+            Ok(())
         }
         Cli::Migrate { db } => {
             let _telemetry = telemetry::init(LogFormat::Pretty, "spool-api");

@@ -378,3 +378,33 @@ async fn failed_paused_and_completed_runs_match_their_documented_schemas() {
     check(&document, "DeliveryList", &page);
     app.stop().await;
 }
+
+/// `openapi.json` at the repository root is what clients generate from and what reviewers
+/// diff: it must be the document the code serves, byte for byte (as `spool-api openapi`
+/// prints it). A change to a route or a schema that does not update the file fails here.
+#[test]
+fn the_committed_openapi_json_is_the_document_the_code_serves() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../openapi.json");
+    let generated = format!(
+        "{}\n",
+        spool_api::openapi::document()
+            .to_pretty_json()
+            .expect("the document serializes")
+    );
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if committed != generated {
+        let line = committed
+            .lines()
+            .zip(generated.lines())
+            .position(|(a, b)| a != b)
+            .map_or_else(
+                || committed.lines().count().min(generated.lines().count()) + 1,
+                |i| i + 1,
+            );
+        panic!(
+            "openapi.json differs from the document the code serves (first difference at line \
+             {line}). Regenerate it from the repository root with\n\n    \
+             cargo run -q -p spool-api -- openapi > openapi.json\n\nand commit it."
+        );
+    }
+}

@@ -22,3 +22,4 @@ mod stalls;
 mod stream;
 mod timeline;
 mod tls;
+mod versioning;
