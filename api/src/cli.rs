@@ -276,15 +276,34 @@ pub struct TokenArgs {
     /// The tenant (`tenant` claim).
     #[arg(long)]
     pub tenant: String,
-    /// May write agents.
+    /// Every permission (`admin: true`).
     #[arg(long)]
     pub admin: bool,
+    /// A permission the token holds (repeatable): `agents:read`, `agents:write`,
+    /// `tools:write`, `providers:write`, `runs:create`, `runs:read:tenant`, `webhooks:admin`,
+    /// `usage:read`, `api_keys:admin`, `admin`. Without any (and without `--admin`), the token
+    /// has `agents:read` and `runs:create`.
+    #[arg(long = "permission", value_name = "PERMISSION", value_parser = permission)]
+    pub permissions: Vec<String>,
     /// Seconds until the token expires.
     #[arg(long, default_value_t = 24 * 3600)]
     pub ttl: u64,
     /// HS256 secret (the same as the server's).
     #[arg(long, env = "SPOOL_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<SecretString>,
+}
+
+/// A `--permission`: one of [`crate::auth::Permission`]'s names.
+fn permission(name: &str) -> Result<String, String> {
+    crate::auth::Permission::parse(name)
+        .map(|p| p.as_str().to_owned())
+        .ok_or_else(|| {
+            let names: Vec<&str> = crate::auth::Permission::ALL
+                .iter()
+                .map(|p| p.as_str())
+                .collect();
+            format!("not a permission; one of {}", names.join(", "))
+        })
 }
 
 /// `SPOOL_WRITE_TIMEOUT_SECS` as a timeout (0: none).
@@ -357,6 +376,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 tenant: args.tenant,
                 exp,
                 admin: args.admin,
+                permissions: (!args.permissions.is_empty()).then_some(args.permissions),
             };
             println!("{}", JwtKeys::new(&secret).sign(&claims)?);
             Ok(())

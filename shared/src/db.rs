@@ -8,6 +8,7 @@
 //! suite exercises every statement against real Postgres anyway.
 
 pub mod agents;
+pub mod api_keys;
 pub mod enqueue;
 pub mod idempotency;
 pub mod messages;

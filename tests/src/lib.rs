@@ -287,6 +287,20 @@ pub fn token_with(sub: &str, tenant: &str, admin: bool, ttl: i64, secret: &str) 
     .unwrap_or_default()
 }
 
+/// A token for `sub` of `tenant`, valid for an hour, whose `permissions` claim lists exactly
+/// `permissions` (`[]`: none at all).
+pub fn token_with_permissions(sub: &str, tenant: &str, permissions: &[&str]) -> String {
+    let exp = chrono::Utc::now().timestamp() + 3600;
+    let claims =
+        serde_json::json!({"sub": sub, "tenant": tenant, "exp": exp, "permissions": permissions});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes()),
+    )
+    .unwrap_or_default()
+}
+
 /// The JSON Web Key Set a process with these identity settings publishes (what
 /// `GET /.well-known/jwks.json` serves): `--jwt-secret`, `--identity-key`, ... as flags.
 pub fn identity_jwks(flags: &[&str]) -> serde_json::Value {

@@ -31,7 +31,7 @@ use spool_shared::status::RunStatus;
 use spool_shared::{ThreadId, WorkflowId};
 
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
@@ -76,7 +76,7 @@ struct StreamOptions {
     post,
     path = "/v1/chat/completions",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     request_body = crate::openai::schema::ChatCompletionRequest,
     responses(
         (status = 200, description = "The completion (JSON), or its chunks (`stream: true`).",
@@ -86,7 +86,7 @@ struct StreamOptions {
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        (status = 403, description = "`admin_required` (`system` or `developer` messages without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks `runs:create`, or sends `system` or `developer` messages without `admin` (`permission` says which)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy`, `agent_disabled`, `run_not_finished` (the run paused for client tools or an approval)", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
@@ -99,6 +99,7 @@ pub(crate) async fn create_completion(
     headers: HeaderMap,
     ApiJson(raw): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let request: ChatRequest = serde_json::from_value(raw.clone())
         .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
     if request.n.is_some_and(|n| n != 1) {
@@ -339,16 +340,18 @@ impl Chunks {
     get,
     path = "/v1/models",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:read"])),
     responses(
         (status = 200, description = "The models.", body = crate::openai::schema::ModelList),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
     )
 )]
 pub(crate) async fn list_models(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require(Permission::AgentsRead)?;
     let agents = agents::list(&state.db, &caller.owner.tenant_id).await?;
     let mut data = vec![default_model()];
     data.extend(
@@ -373,12 +376,13 @@ fn default_model() -> Value {
     get,
     path = "/v1/models/{model}",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:read"])),
     params(("model" = String, Path, description = "An agent id, an agent name, or `spool-default`.")),
     responses(
         (status = 200, description = "The model.", body = crate::openai::schema::Model),
         (status = 400, description = "`ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`model_not_found`", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]
@@ -387,6 +391,7 @@ pub(crate) async fn get_model(
     caller: Caller,
     ApiPath(model): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require(Permission::AgentsRead)?;
     let Some(id) = resolve_model(&state, &caller, &model).await? else {
         return Ok(Json(default_model()));
     };

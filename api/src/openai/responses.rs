@@ -30,7 +30,7 @@ use spool_shared::status::Role;
 use spool_shared::{ThreadId, WorkflowId};
 
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::gateway;
@@ -178,7 +178,7 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
     post,
     path = "/v1/responses",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
         description = "A retry with the same key and body gets the first response, not a second run (`extra_headers=` in the SDKs).")),
     request_body = crate::openai::schema::CreateResponseRequest,
@@ -190,7 +190,7 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        (status = 403, description = "`admin_required` (`instructions`, `system` or `developer` input without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks `runs:create`, or sends `instructions`, `system` or `developer` input without `admin` (`permission` says which)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy` (the conversation has a run in progress), `agent_disabled`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
@@ -202,6 +202,7 @@ pub(crate) async fn create_response(
     headers: HeaderMap,
     ApiJson(raw): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let request: CreateResponse = serde_json::from_value(raw.clone())
         .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
@@ -313,7 +314,7 @@ pub(crate) struct GetResponseQuery {
     get,
     path = "/v1/responses/{response_id}",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(
         ("response_id" = WorkflowId, Path, description = "The response (its run's `workflow_id`)."),
         ("stream" = Option<bool>, Query, description = "Stream its events."),
@@ -326,6 +327,7 @@ pub(crate) struct GetResponseQuery {
                 (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
             )),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`response_not_found` (also another owner's)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 422, description = "`invalid_query`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 429, description = "`too_many_streams` (`stream=true` while the caller holds `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server)", body = crate::openai::schema::OpenAiErrorBody,
@@ -339,6 +341,7 @@ pub(crate) async fn get_response(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<GetResponseQuery>,
 ) -> Result<Response, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
     let run = find(&state, &caller, id).await?;
     if query.stream == Some(true) {
@@ -354,11 +357,12 @@ pub(crate) async fn get_response(
     post,
     path = "/v1/responses/{response_id}/cancel",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("response_id" = WorkflowId, Path, description = "The response.")),
     responses(
         (status = 200, description = "The response, cancelled or being cancelled.", body = crate::openai::schema::ResponseObject),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`response_not_found`", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]
@@ -367,6 +371,7 @@ pub(crate) async fn cancel_response(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
     // Cancel is the owner's (as on Spool's own route), admins included.
     runs::find(&state.db, id, &caller.owner)

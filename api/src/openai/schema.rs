@@ -16,9 +16,21 @@ use spool_shared::{ThreadId, WorkflowId};
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 401,
-    description = "`missing_token`, `invalid_token`, `token_expired`"
+    description = "`missing_token`, `invalid_token`, `token_expired`, `api_key_revoked`"
 )]
 pub struct OpenAiUnauthenticated(
+    #[expect(dead_code, reason = "documents the body")] OpenAiErrorBody,
+);
+
+/// The 403 of every OpenAI-compatible route, for its OpenAPI `responses(...)`: the
+/// operation's `security` names the permission.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 403,
+    description = "`forbidden` (`permission_error`): the token lacks the permission the \
+                   operation's `security` names (`permission` says which)"
+)]
+pub struct OpenAiMissingPermission(
     #[expect(dead_code, reason = "documents the body")] OpenAiErrorBody,
 );
 
@@ -154,8 +166,8 @@ pub struct CreateResponseRequest {
     pub model: String,
     /// What the user says.
     pub input: ResponseInput,
-    /// The system prompt of this run in place of the agent's (admin tokens only: 403
-    /// `admin_required` otherwise).
+    /// The system prompt of this run in place of the agent's (`admin` tokens only: 403
+    /// `forbidden` otherwise).
     pub instructions: Option<String>,
     /// The thread to continue (not with `previous_response_id`).
     pub conversation: Option<ConversationParam>,

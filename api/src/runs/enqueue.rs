@@ -24,7 +24,7 @@ use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use super::{stream_url, thread_not_found};
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -54,8 +54,8 @@ pub struct UserMessageRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 200)]
     pub max_steps: Option<u32>,
-    /// The system prompt of this run in place of the agent's (admin tokens only: 403
-    /// `admin_required` otherwise).
+    /// The system prompt of this run in place of the agent's (`admin` tokens only: 403
+    /// `forbidden` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
 }
@@ -238,7 +238,7 @@ fn check_message(
         check_input(text, state.config.max_input_bytes)?;
     }
     if request.instructions.is_some() {
-        caller.require_admin()?;
+        caller.require(Permission::Admin)?;
     }
     Ok(())
 }

@@ -35,6 +35,9 @@ const EXPECTED: &[&str] = &[
     "POST /v1/responses/{response_id}/cancel",
     "GET /v1/agents",
     "POST /v1/agents",
+    "GET /v1/api_keys",
+    "POST /v1/api_keys",
+    "DELETE /v1/api_keys/{api_key_id}",
     "DELETE /v1/agents/{agent_id}",
     "GET /v1/agents/{agent_id}",
     "PUT /v1/agents/{agent_id}",
@@ -162,13 +165,27 @@ async fn the_document_lists_exactly_the_routes_the_router_serves() {
         "routed, not documented: {undocumented:?}"
     );
 
-    // Every /v1 operation needs the bearer token; the stream also takes `access_token`.
+    // Every /v1 operation needs the bearer token (the stream also takes `access_token`), and
+    // each of its requirements names a permission (tests/api/permissions.rs checks that the
+    // router asks for exactly those).
     for operation in &documented {
         let (method, path) = operation.split_once(' ').expect("METHOD path");
         let op = &document["paths"][path][method.to_lowercase()];
         let security = op["security"].as_array().cloned().unwrap_or_default();
         if path.starts_with("/v1/") {
-            assert!(security.contains(&json!({"bearer": []})), "{operation}");
+            assert!(
+                security.iter().any(|r| r.get("bearer").is_some()),
+                "{operation}"
+            );
+            for requirement in &security {
+                let scheme = requirement.as_object().expect("a requirement");
+                assert!(
+                    scheme
+                        .values()
+                        .all(|p| p.as_array().is_some_and(|p| p.len() == 1)),
+                    "{operation}: each requirement names one permission: {requirement}"
+                );
+            }
         } else {
             assert!(security.is_empty(), "{operation} needs no auth");
         }
