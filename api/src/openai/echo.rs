@@ -8,9 +8,12 @@ use spool_shared::WorkflowId;
 use sqlx::PgPool;
 use sqlx::types::Json;
 
+/// A field's value when the request leaves it out.
+type Fallback = fn() -> Value;
+
 /// The request fields a response object shows, with their value when the request leaves them
 /// out (OpenAI's defaults, or what Spool does).
-const ECHOED: [(&str, fn() -> Value); 17] = [
+const ECHOED: [(&str, Fallback); 17] = [
     ("background", || json!(false)),
     ("instructions", || Value::Null),
     ("previous_response_id", || Value::Null),
