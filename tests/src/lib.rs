@@ -11,6 +11,7 @@
 //!
 //! Tests are quiet unless `TEST_LOG=1`.
 
+pub mod conform;
 pub mod fake_llm;
 pub mod growth;
 pub mod peers;

@@ -449,7 +449,10 @@ mod tests {
                 let entry = tokio::time::timeout(Duration::from_secs(20), fast.recv())
                     .await
                     .expect("the fast subscriber is fed in time");
-                assert!(entry.is_ok(), "the fast subscriber is not dropped: {entry:?}");
+                assert!(
+                    entry.is_ok(),
+                    "the fast subscriber is not dropped: {entry:?}"
+                );
                 got += 1;
             }
             got

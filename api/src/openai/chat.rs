@@ -36,8 +36,9 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
 use crate::openai::feed::{Feed, Followed};
+use crate::openai::format;
 use crate::openai::responses::turns;
-use crate::openai::{DEFAULT_MODEL, find_run, model_of, resolve_model, wait_for_run};
+use crate::openai::{DEFAULT_MODEL, chat_usage, find_run, model_of, resolve_model, wait_for_run};
 use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -125,6 +126,7 @@ pub(crate) async fn create_completion(
         Some(thread) => (thread, Vec::new()),
         None => (ThreadId::new(), turns.history),
     };
+    let response_format = format::from_chat(raw.get("response_format"))?;
     let message = UserMessageRequest {
         input_text: turns.input_text,
         agent_id,
@@ -133,6 +135,7 @@ pub(crate) async fn create_completion(
         active_tools: None,
         max_steps: None,
         instructions: turns.instructions,
+        response_format,
     };
     let key = idempotency_key(&headers)?;
     // A stream's slot before anything is enqueued: a refused stream creates nothing.
@@ -181,9 +184,16 @@ async fn completion(state: &AppState, run: &Run) -> Result<Response, ApiError> {
                     )
                 },
             );
-            let body = json!({"error": {"message": message, "type": "server_error",
+            // An answer that never validated against `response_format` is the request's
+            // fault as OpenAI sees it: 422 `invalid_output`.
+            let (status, kind) = if code == "invalid_output" {
+                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error")
+            } else {
+                (StatusCode::BAD_GATEWAY, "server_error")
+            };
+            let body = json!({"error": {"message": message, "type": kind,
                 "code": code, "param": null, "workflow_id": run.id}});
-            return Ok((StatusCode::BAD_GATEWAY, Json(body)).into_response());
+            return Ok((status, Json(body)).into_response());
         }
         _ => {
             return Err(ApiError::conflict(
@@ -210,12 +220,7 @@ async fn completion(state: &AppState, run: &Run) -> Result<Response, ApiError> {
             "finish_reason": "stop",
             "logprobs": null,
         }],
-        "usage": {
-            "prompt_tokens": usage.input_tokens,
-            "completion_tokens": usage.output_tokens,
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-        },
-        "system_fingerprint": null,
+        "usage": chat_usage(&usage),
     }))
     .into_response())
 }
@@ -235,8 +240,7 @@ struct Chunks {
 impl Chunks {
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
         let mut chunk = json!({"id": self.id, "object": "chat.completion.chunk",
-            "created": self.created, "model": self.model, "choices": choices,
-            "system_fingerprint": null});
+            "created": self.created, "model": self.model, "choices": choices});
         if let Some(usage) = usage {
             chunk["usage"] = usage;
         }
@@ -279,10 +283,7 @@ impl Chunks {
                 lines.push(self.delta(json!({}), Some("stop")).to_string());
                 if self.include_usage {
                     let usage = run.usage.as_ref().map(|u| u.0).unwrap_or_default();
-                    let (input, output) = (usage.input_tokens, usage.output_tokens);
-                    let usage = json!({"prompt_tokens": input, "completion_tokens": output,
-                        "total_tokens": input + output});
-                    lines.push(self.chunk(json!([]), Some(usage)).to_string());
+                    lines.push(self.chunk(json!([]), Some(chat_usage(&usage))).to_string());
                 }
                 lines.push("[DONE]".to_owned());
                 self.over = true;

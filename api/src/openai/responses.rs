@@ -34,7 +34,10 @@ use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::gateway;
+use crate::openai::conversations::parse_conversation;
+use crate::openai::echo;
 use crate::openai::feed::{Feed, Followed};
+use crate::openai::format;
 use crate::openai::translate::ResponseEvents;
 use crate::openai::{
     find_run as find, load_response, resolve_model, response_not_found, wait_for_run,
@@ -223,6 +226,7 @@ pub(crate) async fn create_response(
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
         (a, b) => a.or(b),
     };
+    let response_format = format::from_text(raw.get("text"))?;
     let message = UserMessageRequest {
         input_text: turns.input_text,
         agent_id,
@@ -231,6 +235,7 @@ pub(crate) async fn create_response(
         active_tools: None,
         max_steps: None,
         instructions,
+        response_format,
     };
     // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread
     // is not part of the request's identity (a new conversation gets a new id on each try).
@@ -255,6 +260,7 @@ pub(crate) async fn create_response(
     )
     .await?;
     let id = enqueued.workflow_id;
+    echo::save(&state.db, id, &echo::of_request(&raw)).await?;
     if let Some(slot) = slot {
         let run = find(&state, &caller, id).await?;
         return stream(&state, &caller, slot, run, None).await;
@@ -282,10 +288,10 @@ async fn thread_of(
         )
         .with("param", "conversation")),
         (Some(ConversationRef::Id(id) | ConversationRef::Object { id }), None) => {
-            id.parse().map_err(|_| {
+            parse_conversation(id).ok_or_else(|| {
                 ApiError::not_found(
                     "conversation_not_found",
-                    "a conversation is a thread id (a UUID)",
+                    "a conversation is `conv_...` or a thread id (a UUID)",
                 )
             })
         }
@@ -417,7 +423,9 @@ impl ResponseStream {
         let mut head = load_response(state, &run).await?;
         head["status"] = json!("queued");
         head["output"] = json!([]);
-        head["usage"] = Value::Null;
+        if let Some(head) = head.as_object_mut() {
+            head.remove("usage");
+        }
         head["error"] = Value::Null;
         head["completed_at"] = Value::Null;
         let mut events = ResponseEvents::new(head);

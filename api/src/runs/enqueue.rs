@@ -58,6 +58,10 @@ pub struct UserMessageRequest {
     /// `forbidden` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// The form of the final answer in place of the agent's `response_format` (set by the
+    /// OpenAI-compatible routes' `text.format` / `response_format`; not a field of this body).
+    #[serde(skip)]
+    pub response_format: Option<spool_shared::agent::ResponseFormat>,
 }
 
 impl UserMessageRequest {
@@ -71,6 +75,7 @@ impl UserMessageRequest {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps,
             instructions: self.instructions.clone(),
+            response_format: self.response_format.clone(),
             ..RunOverrides::default()
         };
         (overrides != RunOverrides::default()).then_some(overrides)

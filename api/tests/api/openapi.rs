@@ -30,6 +30,12 @@ const EXPECTED: &[&str] = &[
     "POST /v1/chat/completions",
     "GET /v1/models",
     "GET /v1/models/{model}",
+    "POST /v1/conversations",
+    "GET /v1/conversations/{conversation_id}",
+    "POST /v1/conversations/{conversation_id}",
+    "DELETE /v1/conversations/{conversation_id}",
+    "GET /v1/conversations/{conversation_id}/items",
+    "POST /v1/conversations/{conversation_id}/items",
     "POST /v1/responses",
     "GET /v1/responses/{response_id}",
     "POST /v1/responses/{response_id}/cancel",
@@ -190,9 +196,14 @@ async fn the_document_lists_exactly_the_routes_the_router_serves() {
             assert!(security.is_empty(), "{operation} needs no auth");
         }
         // Every error answer is documented with the one error body (OpenAI's on its routes).
-        let openai = ["/v1/responses", "/v1/chat/", "/v1/models"]
-            .iter()
-            .any(|prefix| path.starts_with(prefix));
+        let openai = [
+            "/v1/responses",
+            "/v1/chat/",
+            "/v1/models",
+            "/v1/conversations",
+        ]
+        .iter()
+        .any(|prefix| path.starts_with(prefix));
         let body = if openai {
             "#/components/schemas/OpenAiErrorBody"
         } else {

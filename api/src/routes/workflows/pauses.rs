@@ -136,6 +136,7 @@ pub(crate) async fn post_tool_outputs(
         defaults: request.defaults,
         max_steps: None,
         instructions: None,
+        response_format: None,
     };
     // Checked against the agent as the worker will run it: a tool the agent does not have
     // would otherwise fail the run at its next model call, after the outputs were accepted.
