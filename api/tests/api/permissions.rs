@@ -50,6 +50,9 @@ fn body(method: &str, path: &str) -> Option<Value> {
             json!({"model": "no-such-agent", "messages": [{"role": "user", "content": "hi"}]})
         }
         ("POST", "/v1/api_keys") => json!({"name": "k", "permissions": ["api_keys:admin"]}),
+        ("POST", "/v1/conversations") => json!({}),
+        ("POST", "/v1/conversations/{conversation_id}") => json!({"metadata": {}}),
+        ("POST", "/v1/conversations/{conversation_id}/items") => json!({"items": []}),
         _ => return None,
     };
     Some(body)
