@@ -130,7 +130,7 @@ pub struct AgentSpec {
 }
 
 /// The form of an agent's final answer (`response_format`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ResponseFormat {
     /// A JSON value valid against `schema` (sent to the provider as OpenAI's `json_schema`
@@ -161,6 +161,13 @@ impl ResponseFormat {
     pub fn schema(&self) -> &Value {
         let Self::JsonSchema { schema, .. } = self;
         schema
+    }
+
+    /// Why the schema does not compile, if it does not.
+    pub fn schema_error(&self) -> Option<String> {
+        jsonschema::validator_for(self.schema())
+            .err()
+            .map(|err| err.to_string())
     }
 
     /// `strict`, if set.

@@ -90,7 +90,8 @@ pub(crate) async fn run(a: &Attempt<'_>, spec: &AgentSpec) -> anyhow::Result<Loo
     // Boxed: the loop's future is most of an attempt's (about 16 KiB), once per run, so the
     // attempt's own future (and every caller's) stays small.
     match Box::pin(Loop::run(a, spec)).await {
-        Ok(end) | Err(Exit::End(end)) => Ok(end),
+        Ok(end) => Ok(end),
+        Err(Exit::End(end)) => Ok(*end),
         Err(Exit::Error(err)) => Err(err),
     }
 }

@@ -31,7 +31,7 @@ use spool_shared::status::RunStatus;
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::openai::{find_run, load_response, output_items, response_not_found};
+use crate::openai::{find_run, load_response, output_items, response_not_found, response_usage};
 use crate::routes::workflows::pauses::answer_client_tools;
 
 /// Which API's shapes a request uses.
@@ -506,15 +506,12 @@ pub(crate) async fn segment_response(
         response["completed_at"] = json!(pause.at);
         response["error"] = Value::Null;
         response["output"] = json!(segments.output(index));
-        response["usage"] = usage_json(pause.usage);
+        response["usage"] = response_usage(&pause.usage);
     } else if run.status.is_terminal() {
         response["output"] = json!(segments.output(index));
         if k > 0 {
             let total = run.usage.as_ref().map(|u| u.0).unwrap_or_default();
-            response["usage"] = usage_json(Usage {
-                input_tokens: total.input_tokens.saturating_sub(earlier.input_tokens),
-                output_tokens: total.output_tokens.saturating_sub(earlier.output_tokens),
-            });
+            response["usage"] = response_usage(&minus(total, earlier));
         }
     } else if k > 0 && run.status == RunStatus::Queued && run.started_at.is_some() {
         // Answered and waiting for a worker again.
@@ -523,14 +520,21 @@ pub(crate) async fn segment_response(
     Ok(response)
 }
 
-fn usage_json(usage: Usage) -> Value {
-    json!({
-        "input_tokens": usage.input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": usage.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.input_tokens + usage.output_tokens,
-    })
+/// `total` less `earlier`, counter by counter (the usage of a run's later segments).
+pub(crate) fn minus(total: Usage, earlier: Usage) -> Usage {
+    Usage {
+        input_tokens: total.input_tokens.saturating_sub(earlier.input_tokens),
+        output_tokens: total.output_tokens.saturating_sub(earlier.output_tokens),
+        cached_input_tokens: total
+            .cached_input_tokens
+            .saturating_sub(earlier.cached_input_tokens),
+        cache_write_tokens: total
+            .cache_write_tokens
+            .saturating_sub(earlier.cache_write_tokens),
+        reasoning_tokens: total
+            .reasoning_tokens
+            .saturating_sub(earlier.reasoning_tokens),
+    }
 }
 
 /// The caller's run whose response `id` names, if the run has that response; 404

@@ -9,7 +9,7 @@
 
 use serde_json::{Value, json};
 
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 
 /// The parameters of `POST /v1/responses` Spool takes.
@@ -122,7 +122,7 @@ pub(crate) fn check_chat(raw: &Value) -> Result<(), ApiError> {
 /// 400 `instructions_not_allowed` unless the caller may replace an agent's instructions (an
 /// admin token): `param` names where the request gives them.
 pub(crate) fn check_instructions(caller: &Caller, param: &str) -> Result<(), ApiError> {
-    if caller.admin {
+    if caller.holds(Permission::Admin) {
         return Ok(());
     }
     Err(ApiError::bad_request(

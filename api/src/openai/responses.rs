@@ -32,11 +32,14 @@ use spool_shared::status::Role;
 use spool_shared::{ThreadId, WorkflowId};
 
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::gateway;
+use crate::openai::conversations::parse_conversation;
+use crate::openai::echo;
 use crate::openai::feed::{Feed, Followed};
+use crate::openai::format;
 use crate::openai::functions::{self, Api, Functions, ResponseRef};
 use crate::openai::params;
 use crate::openai::translate::ResponseEvents;
@@ -181,7 +184,7 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
     post,
     path = "/v1/responses",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
         description = "A retry with the same key and body gets the first response, not a second run (`extra_headers=` in the SDKs).")),
     request_body = crate::openai::schema::CreateResponseRequest,
@@ -193,6 +196,7 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`; `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`instructions`, `system` or `developer` input without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy` (the conversation has a run in progress), `agent_disabled`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
@@ -204,6 +208,7 @@ pub(crate) async fn create_response(
     headers: HeaderMap,
     ApiJson(raw): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let request: CreateResponse = serde_json::from_value(raw.clone())
         .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
     params::check_responses(&raw)?;
@@ -254,6 +259,7 @@ pub(crate) async fn create_response(
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
         (a, b) => a.or(b),
     };
+    let response_format = format::from_text(raw.get("text"))?;
     let message = UserMessageRequest {
         input_text: turns.input_text,
         agent_id,
@@ -263,6 +269,7 @@ pub(crate) async fn create_response(
         max_steps: None,
         instructions,
         functions: functions.overrides(),
+        response_format,
     };
     // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread
     // is not part of the request's identity (a new conversation gets a new id on each try).
@@ -286,15 +293,9 @@ pub(crate) async fn create_response(
         &turns.history,
     )
     .await?;
-    respond(
-        &state,
-        &caller,
-        slot,
-        enqueued.workflow_id,
-        0,
-        request.background,
-    )
-    .await
+    let id = enqueued.workflow_id;
+    echo::save(&state.db, id, &echo::of_request(&raw)).await?;
+    respond(&state, &caller, slot, id, 0, request.background).await
 }
 
 /// The answer of a create: segment `segment` of the run streamed (with a `slot`), as it is
@@ -448,10 +449,10 @@ async fn thread_of(
         )
         .with("param", "conversation")),
         (Some(ConversationRef::Id(id) | ConversationRef::Object { id }), None) => {
-            id.parse().map_err(|_| {
+            parse_conversation(id).ok_or_else(|| {
                 ApiError::not_found(
                     "conversation_not_found",
-                    "a conversation is a thread id (a UUID)",
+                    "a conversation is `conv_...` or a thread id (a UUID)",
                 )
             })
         }
@@ -479,7 +480,7 @@ pub(crate) struct GetResponseQuery {
     get,
     path = "/v1/responses/{response_id}",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(
         ("response_id" = WorkflowId, Path, description = "The response (its run's `workflow_id`)."),
         ("stream" = Option<bool>, Query, description = "Stream its events."),
@@ -492,6 +493,7 @@ pub(crate) struct GetResponseQuery {
                 (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
             )),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`response_not_found` (also another owner's)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 422, description = "`invalid_query`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 429, description = "`too_many_streams` (`stream=true` while the caller holds `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server)", body = crate::openai::schema::OpenAiErrorBody,
@@ -505,6 +507,7 @@ pub(crate) async fn get_response(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<GetResponseQuery>,
 ) -> Result<Response, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let reference = ResponseRef::parse(&id)?;
     let run = find(&state, &caller, reference.workflow_id).await?;
     // 404 for a segment the run does not have.
@@ -523,11 +526,12 @@ pub(crate) async fn get_response(
     post,
     path = "/v1/responses/{response_id}/cancel",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("response_id" = WorkflowId, Path, description = "The response.")),
     responses(
         (status = 200, description = "The response, cancelled or being cancelled.", body = crate::openai::schema::ResponseObject),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`response_not_found`", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]
@@ -536,6 +540,7 @@ pub(crate) async fn cancel_response(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let reference = ResponseRef::parse(&id)?;
     let id = reference.workflow_id;
     // Cancel is the owner's (as on Spool's own route), admins included.
@@ -597,7 +602,9 @@ impl ResponseStream {
         let mut head = functions::segment_response(state, &run, segment).await?;
         head["status"] = json!("queued");
         head["output"] = json!([]);
-        head["usage"] = Value::Null;
+        if let Some(head) = head.as_object_mut() {
+            head.remove("usage");
+        }
         head["error"] = Value::Null;
         head["completed_at"] = Value::Null;
         let mut events = ResponseEvents::new(head);

@@ -24,7 +24,7 @@ use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use super::{stream_url, thread_not_found};
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -54,14 +54,18 @@ pub struct UserMessageRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 200)]
     pub max_steps: Option<u32>,
-    /// The system prompt of this run in place of the agent's (admin tokens only: 403
-    /// `admin_required` otherwise).
+    /// The system prompt of this run in place of the agent's (`admin` tokens only: 403
+    /// `forbidden` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
     /// What the OpenAI-compatible routes post beside (their function tools, the tool choice of
     /// the first step, the parallel flag); never read from a request body.
     #[serde(skip)]
     pub(crate) functions: Option<RunOverrides>,
+    /// The form of the final answer in place of the agent's `response_format` (set by the
+    /// OpenAI-compatible routes' `text.format` / `response_format`; not a field of this body).
+    #[serde(skip)]
+    pub response_format: Option<spool_shared::agent::ResponseFormat>,
 }
 
 impl UserMessageRequest {
@@ -75,6 +79,7 @@ impl UserMessageRequest {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps,
             instructions: self.instructions.clone(),
+            response_format: self.response_format.clone(),
             ..self.functions.clone().unwrap_or_default()
         };
         (overrides != RunOverrides::default()).then_some(overrides)
@@ -242,7 +247,7 @@ fn check_message(
         check_input(text, state.config.max_input_bytes)?;
     }
     if request.instructions.is_some() {
-        caller.require_admin()?;
+        caller.require(Permission::Admin)?;
     }
     Ok(())
 }

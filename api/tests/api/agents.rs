@@ -44,7 +44,8 @@ async fn agents_are_created_read_listed_replaced_and_deleted_by_admins() {
     let user = token("alice", "acme");
     let (status, body) = app.post(&user, "/v1/agents", &spec).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    assert_eq!(body["error"]["code"], "admin_required");
+    assert_eq!(body["error"]["code"], "forbidden");
+    assert_eq!(body["error"]["permission"], "agents:write");
     assert_eq!(app.db.count("agents").await, 0);
 
     let id = app.create_agent("acme", &spec).await;

@@ -11,7 +11,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{AgentSpec, ClientToolSpec, FieldError, StepRule, ToolChoice, ToolSpec};
+use super::{
+    AgentSpec, ClientToolSpec, FieldError, ResponseFormat, StepRule, ToolChoice, ToolSpec,
+};
 
 /// Steering posted with a pause's answer (`tool_outputs`): the next model call's tool choice
 /// and tools, rules for later steps (ahead of the agent's), and a tool choice for the rest of
@@ -44,6 +46,10 @@ pub struct RunOverrides {
     /// call dropped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
+    /// The form of the run's final answer in place of the agent's `response_format` (posted
+    /// through the OpenAI-compatible routes' `text.format` / `response_format`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
 }
 
 /// The longest `instructions` a message may post, in bytes.
@@ -98,6 +104,7 @@ impl RunOverrides {
             instructions: self.instructions.or(earlier.instructions),
             client_tools: self.client_tools.or(earlier.client_tools),
             parallel_tool_calls: self.parallel_tool_calls.or(earlier.parallel_tool_calls),
+            response_format: self.response_format.or(earlier.response_format),
         }
     }
 
@@ -185,6 +192,9 @@ impl RunOverrides {
         }
         if let Some(tools) = self.client_tools {
             spec.tools.extend(tools.into_iter().map(ToolSpec::Client));
+        }
+        if let Some(format) = self.response_format {
+            spec.response_format = Some(format);
         }
     }
 }

@@ -99,6 +99,44 @@ pub async fn list(
         .await
 }
 
+/// Up to `limit` top-level messages of the thread after the message `after` (in the order
+/// given: oldest first when `ascending`, else newest first), in that order. The caller has
+/// checked that the thread is the owner's.
+pub async fn page(
+    executor: impl PgExecutor<'_>,
+    thread_id: ThreadId,
+    limit: i64,
+    after: Option<MessageId>,
+    ascending: bool,
+) -> sqlx::Result<Vec<Message>> {
+    const ASC: &str = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM messages
+          WHERE thread_id = $1 AND depth = 0
+            AND ($3::uuid IS NULL
+                 OR seq > (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
+          ORDER BY seq ASC
+          LIMIT $2"
+    );
+    const DESC: &str = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM messages
+          WHERE thread_id = $1 AND depth = 0
+            AND ($3::uuid IS NULL
+                 OR seq < (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
+          ORDER BY seq DESC
+          LIMIT $2"
+    );
+    sqlx::query_as(if ascending { ASC } else { DESC })
+        .bind(thread_id)
+        .bind(limit)
+        .bind(after)
+        .fetch_all(executor)
+        .await
+}
+
 /// One message by id within a thread.
 pub async fn find_in_thread(
     executor: impl PgExecutor<'_>,

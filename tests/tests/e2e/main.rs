@@ -24,3 +24,4 @@ mod stalls;
 mod stream;
 mod timeline;
 mod tls;
+mod versioning;

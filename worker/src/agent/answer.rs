@@ -100,15 +100,15 @@ impl LoopEnd {
 /// anywhere.
 #[derive(Debug)]
 pub(crate) enum Exit {
-    /// The loop is over.
-    End(LoopEnd),
+    /// The loop is over (boxed: an answer is large, and every step returns an `Exit`).
+    End(Box<LoopEnd>),
     /// Something broke (Postgres unreachable, say).
     Error(anyhow::Error),
 }
 
 impl From<LoopEnd> for Exit {
     fn from(end: LoopEnd) -> Self {
-        Self::End(end)
+        Self::End(Box::new(end))
     }
 }
 

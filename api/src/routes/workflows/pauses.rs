@@ -25,8 +25,8 @@ use spool_shared::status::RunStatus;
 
 use super::{WorkflowResponse, accepted};
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::error::{ApiError, BadBody, ErrorBody, Unauthenticated};
+use crate::auth::{Caller, Permission};
+use crate::error::{ApiError, BadBody, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
 use crate::runs::{find_own, workflow_not_found};
 
@@ -87,13 +87,14 @@ fn not_waiting(run: &Run, expected: RunStatus) -> ApiError {
     post,
     path = "/v1/workflows/{workflow_id}/tool_outputs",
     tag = "workflows",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("workflow_id" = WorkflowId, Path, description = "The workflow (run).")),
     request_body = ToolOutputsRequest,
     responses(
         (status = 202, description = "The run, queued again.", body = WorkflowResponse),
         BadBody,
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`workflow_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`run_not_waiting`, with the run's `status`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `unknown_tool_call`, `missing_tool_outputs` (with `missing`), `invalid_overrides` (with `errors: [{field, message}]`)", body = ErrorBody),
@@ -105,6 +106,7 @@ pub(crate) async fn post_tool_outputs(
     ApiPath(id): ApiPath<WorkflowId>,
     ApiJson(request): ApiJson<ToolOutputsRequest>,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let outputs = request
         .tool_outputs
         .into_iter()
@@ -200,7 +202,7 @@ pub struct ApprovalRequest {
     post,
     path = "/v1/workflows/{workflow_id}/approvals/{tool_call_id}",
     tag = "workflows",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(
         ("workflow_id" = WorkflowId, Path, description = "The workflow (run)."),
         ("tool_call_id" = String, Path, description = "The tool call awaiting approval."),
@@ -210,6 +212,7 @@ pub struct ApprovalRequest {
         (status = 202, description = "The run, queued again.", body = WorkflowResponse),
         BadBody,
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`workflow_not_found`, `tool_call_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`run_not_waiting` (with `status`), `approval_expired`", body = ErrorBody),
         (status = 422, description = "`invalid_body`", body = ErrorBody),
@@ -221,6 +224,7 @@ pub(crate) async fn post_approval(
     ApiPath((id, tool_call_id)): ApiPath<(WorkflowId, String)>,
     ApiJson(request): ApiJson<ApprovalRequest>,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let mut paused = Paused::lock(&state, &caller, id, RunStatus::AwaitingApproval).await?;
     // Only the approval presented has a deadline running, and the database clock judges it.
     let presented = matches!(&paused.run.pending_action,
