@@ -314,7 +314,6 @@ async fn completion(state: &AppState, run: &Run, segment: u32) -> Result<Respons
                 "logprobs": null,
             }],
             "usage": chat_usage(&usage),
-            "system_fingerprint": null,
         }))
         .into_response());
     }

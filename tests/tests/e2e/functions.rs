@@ -138,7 +138,8 @@ async fn run_script(stack: &Stack, mut command: tokio::process::Command) {
 async fn the_python_sdk_runs_openais_function_calling_loop() {
     let python = spool_tests::peers::python().expect("the openai SDK (pip)");
     let fake = FakeLlm::start(functions_model(3, Duration::ZERO)).await;
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = crate::openai::conforming(&mut stack).await;
     let _worker = stack
         .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
         .await;
@@ -146,13 +147,15 @@ async fn the_python_sdk_runs_openais_function_calling_loop() {
     let mut command = tokio::process::Command::new(python);
     command.arg(script);
     run_script(&stack, command).await;
+    conform.check();
 }
 
 #[tokio::test]
 async fn the_node_sdk_runs_openais_function_calling_loop() {
     let dir = spool_tests::peers::node_peers().expect("npm peers");
     let fake = FakeLlm::start(functions_model(3, Duration::ZERO)).await;
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = crate::openai::conforming(&mut stack).await;
     let _worker = stack
         .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
         .await;
@@ -161,6 +164,7 @@ async fn the_node_sdk_runs_openais_function_calling_loop() {
         .arg(dir.join("openai_functions.mjs"))
         .current_dir(&dir);
     run_script(&stack, command).await;
+    conform.check();
 }
 
 fn text(events: &[Value]) -> String {
@@ -174,7 +178,8 @@ fn text(events: &[Value]) -> String {
 #[tokio::test]
 async fn a_worker_killed_between_the_call_and_the_output_loses_nothing() {
     let fake = FakeLlm::start(functions_model(30, Duration::from_millis(100))).await;
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = crate::openai::conforming(&mut stack).await;
     let llm = [("SPOOL_LLM_BASE_URL", fake.base_url.as_str())];
     let mut a = stack.worker(&llm).await;
     let alice = token("alice", "acme");
@@ -290,12 +295,14 @@ async fn a_worker_killed_between_the_call_and_the_output_loses_nothing() {
             .iter()
             .all(|r| { fake_llm::tool_results_in(r) == 0 || fake_llm::tool_results_in(r) == 2 })
     );
+    conform.check();
 }
 
 #[tokio::test]
 async fn function_call_outputs_that_do_not_fit_change_nothing() {
     let fake = FakeLlm::start(functions_model(2, Duration::ZERO)).await;
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = crate::openai::conforming(&mut stack).await;
     let _worker = stack
         .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
         .await;
@@ -412,4 +419,5 @@ async fn function_call_outputs_that_do_not_fit_change_nothing() {
         (status.as_u16(), again["error"]["code"].clone()),
         (400, json!("no_pending_call"))
     );
+    conform.check();
 }

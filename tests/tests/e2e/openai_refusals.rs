@@ -17,7 +17,8 @@ async fn threads(stack: &Stack, token: &str) -> usize {
 
 #[tokio::test]
 async fn parameters_spool_does_not_apply_and_instructions_it_may_not_take_are_named() {
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = crate::openai::conforming(&mut stack).await;
     let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "0")]).await;
     let alice = token("alice", "acme");
     let refusals = [
@@ -102,6 +103,7 @@ async fn parameters_spool_does_not_apply_and_instructions_it_may_not_take_are_na
         )
         .await;
     assert_eq!(status, 200, "{completion}");
+    conform.check();
 }
 
 /// The thread a completion ran on.
@@ -118,7 +120,8 @@ async fn thread_of(stack: &Stack, token: &str, completion: &Value) -> String {
 
 #[tokio::test]
 async fn a_chat_conversation_resent_with_its_answer_stays_on_one_thread() {
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = crate::openai::conforming(&mut stack).await;
     let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "0")]).await;
     let alice = token("alice", "acme");
     let chat = |messages: Value| json!({"model": "spool-default", "messages": messages});
@@ -197,4 +200,5 @@ async fn a_chat_conversation_resent_with_its_answer_stays_on_one_thread() {
         .expect("erase");
     assert_eq!(erased.status(), 204);
     assert_eq!(hashes(thread).await, 0);
+    conform.check();
 }
