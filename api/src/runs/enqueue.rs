@@ -248,10 +248,10 @@ fn enqueue_error(err: EnqueueError) -> ApiError {
     match err {
         EnqueueError::ThreadNotFound => thread_not_found(),
         EnqueueError::AgentNotFound => ApiError::not_found("agent_not_found", "no such agent"),
-        EnqueueError::AgentDisabled => ApiError::conflict(
-            "agent_disabled",
-            "the agent is disabled and takes no new runs",
-        ),
+        EnqueueError::AgentDisabled => ApiError::Forbidden {
+            code: "agent_disabled",
+            message: "the agent is disabled and takes no new runs".into(),
+        },
         EnqueueError::ThreadBusy => ApiError::conflict("thread_busy", "the thread is busy"),
         EnqueueError::Refused(refusal) => refused(&refusal),
         EnqueueError::QuotasUnavailable(err) => {
