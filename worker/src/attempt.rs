@@ -348,7 +348,7 @@ async fn end(
         a.events.send(data);
     }
     if let Some(spec) = spec {
-        Hooks::for_run(spec, a.engine, run).on_run_complete(status.as_str(), &answer.content);
+        Hooks::for_run(spec, a.engine, run).on_run_end(status, &answer.content);
     }
     Ok(Ended::Finished(status))
 }
