@@ -337,6 +337,10 @@ async fn end(
     if let Some(quota) = &run.quota {
         a.admission.release(&run.tenant_id, run.id, &quota.0).await;
     }
+    // The final step was saved with the run's end: its `step_end` comes now.
+    if let (Some(step), Some(number)) = (answer.final_step.as_deref(), answer.final_step_number) {
+        a.events.send(crate::agent::step::step_end(number, step));
+    }
     // `message_end` carries what the stored message says beyond its text.
     let end = MessageEnd {
         status,
