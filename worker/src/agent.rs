@@ -288,8 +288,7 @@ impl<'a> Loop<'a> {
         };
         self.spend(a, output.usage).await?;
         if output.tool_calls.is_empty() {
-            self.answer.final_step = Some(Box::new(output.saved(Vec::new(), Vec::new())));
-            self.answer.final_step_number = Some(step);
+            self.answer.final_step = Some(Box::new((step, output.saved(Vec::new(), Vec::new()))));
             return Err(self.final_answer(a, step, output.text).await);
         }
         if self.buffer {

@@ -325,7 +325,7 @@ async fn end(
         parts: &answer.parts,
         usage: answer.usage,
         error,
-        final_step: answer.final_step.as_deref(),
+        final_step: answer.final_step.as_deref().map(|(_, step)| step),
         output: answer.output.as_deref(),
         blocked: answer.blocked,
     };
@@ -338,8 +338,8 @@ async fn end(
         a.admission.release(&run.tenant_id, run.id, &quota.0).await;
     }
     // The final step was saved with the run's end: its `step_end` comes now.
-    if let (Some(step), Some(number)) = (answer.final_step.as_deref(), answer.final_step_number) {
-        a.events.send(crate::agent::step::step_end(number, step));
+    if let Some((number, step)) = answer.final_step.as_deref() {
+        a.events.send(crate::agent::step::step_end(*number, step));
     }
     // `message_end` carries what the stored message says beyond its text.
     let end = MessageEnd {

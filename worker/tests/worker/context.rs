@@ -480,8 +480,7 @@ async fn turns_beyond_history_depth_are_summarised_into_the_prompt_not_dropped()
     let last_summary = fake
         .requests()
         .into_iter()
-        .filter(summary_request)
-        .last()
+        .rfind(summary_request)
         .expect("a second summary call");
     let transcript = last_summary["messages"][1]["content"]
         .as_str()
