@@ -274,9 +274,6 @@ async fn attempt(
         }
         LoopEnd::Completed(mut answer) => {
             if !answer.citations.is_empty() {
-                a.events.send(Citations {
-                    citations: answer.citations.clone(),
-                });
                 answer.parts.push(MessagePart::Citations {
                     citations: answer.citations.clone(),
                 });
@@ -340,6 +337,12 @@ async fn end(
     // The final step was saved with the run's end: its `step_end` comes now.
     if let Some((number, step)) = answer.final_step.as_deref() {
         a.events.send(crate::agent::step::step_end(*number, step));
+    }
+    // Then the sources a completed answer cites, as the stored message holds them.
+    if status == RunStatus::Completed && !answer.citations.is_empty() {
+        a.events.send(Citations {
+            citations: answer.citations.clone(),
+        });
     }
     // `message_end` carries what the stored message says beyond its text.
     let end = MessageEnd {
