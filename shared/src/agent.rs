@@ -188,22 +188,29 @@ impl ResponseFormat {
             .unwrap_or(trimmed);
         let value: Value = serde_json::from_str(unfenced.trim())
             .map_err(|err| format!("the answer is not JSON: {err}"))?;
-        let validator = jsonschema::validator_for(self.schema())
-            .map_err(|err| format!("the schema does not compile: {err}"))?;
-        let problems: Vec<String> = validator
-            .iter_errors(&value)
-            .take(5)
-            .map(|err| {
-                let at = err.instance_path().to_string();
-                let at = if at.is_empty() { "/".to_owned() } else { at };
-                format!("at {at}: {err}")
-            })
-            .collect();
-        if problems.is_empty() {
-            Ok(value)
-        } else {
-            Err(problems.join("; "))
-        }
+        schema_problems(self.schema(), &value)?;
+        Ok(value)
+    }
+}
+
+/// Whether `value` validates against the JSON Schema `schema`; else what is wrong with it (at
+/// most five problems, each with where in the value).
+pub fn schema_problems(schema: &Value, value: &Value) -> Result<(), String> {
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|err| format!("the schema does not compile: {err}"))?;
+    let problems: Vec<String> = validator
+        .iter_errors(value)
+        .take(5)
+        .map(|err| {
+            let at = err.instance_path().to_string();
+            let at = if at.is_empty() { "/".to_owned() } else { at };
+            format!("at {at}: {err}")
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
     }
 }
 

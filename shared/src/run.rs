@@ -126,6 +126,16 @@ impl FailureCode {
             Self::ContextOverflow => "context_overflow",
         }
     }
+
+    /// Whether a client may retry later with a chance of success: the model was unavailable,
+    /// the run ran out of time or of attempts, or a budget was spent (it refills). Every other
+    /// failure would happen again.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::ModelUnavailable | Self::Timeout | Self::TooManyAttempts | Self::BudgetExceeded
+        )
+    }
 }
 
 /// A failed run's error: a code and a message for people.

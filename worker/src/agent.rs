@@ -49,7 +49,7 @@ use spool_shared::agent::{AgentSpec, HookEvent};
 use spool_shared::db::quota::Spent;
 use spool_shared::db::runs::Run;
 use spool_shared::db::{agents, messages};
-use spool_shared::event::MessageStart;
+use spool_shared::event::{MessageStart, StepStart};
 use spool_shared::run::{FailureCode, RunFailure, Usage};
 use spool_shared::status::RunStatus;
 
@@ -125,12 +125,16 @@ pub(crate) struct Loop<'a> {
     /// The thread's messages the start replays, and the summary it starts after.
     history: Vec<messages::HistoryMessage>,
     summary: Option<messages::Summary>,
+    /// Whether thread messages older than the replayed window follow the summary.
+    backlog: bool,
     /// Summaries written by this attempt (at most [`prompt::MAX_COMPACTIONS`]).
     compactions: u32,
     /// Why a summary of this attempt failed (none is tried again).
     summary_failed: Option<String>,
     /// Whether the results of the run's own steps were cut to fit the window (once).
     cut_own: bool,
+    /// Calls of a done tool whose arguments did not validate (the first is the repair round).
+    done_invalid: u32,
 }
 
 impl<'a> Loop<'a> {
@@ -146,6 +150,8 @@ impl<'a> Loop<'a> {
         } else {
             false
         };
+        // Turns beyond `history_depth` that no summary covers are summarised, not dropped.
+        state.absorb_backlog(a).await?;
         if let Some(unsettled) = unsettled {
             state.resume(a, next, unsettled, reshow).await?;
             next += 1;
@@ -189,6 +195,7 @@ impl<'a> Loop<'a> {
             input,
             history,
             summary,
+            backlog,
         } = prompt::start(a.db, run, &spec).await?;
         let prefix = conversation.len();
         conversation.append(&mut checkpoint.conversation);
@@ -227,9 +234,11 @@ impl<'a> Loop<'a> {
             prefix,
             history,
             summary,
+            backlog,
             compactions: 0,
             summary_failed: None,
             cut_own: false,
+            done_invalid: 0,
         };
         Ok((state, checkpoint))
     }
@@ -261,6 +270,10 @@ impl<'a> Loop<'a> {
             return Err(self.halted(halt));
         }
         self.within_budget()?;
+        a.events.send(StepStart {
+            step,
+            model: self.spec.model.clone(),
+        });
         let (mut output, offered) = loop {
             let request = self.request(step);
             let window = self.spec.context_window_tokens.map(|w| w as usize);
@@ -284,7 +297,7 @@ impl<'a> Loop<'a> {
             output.tool_calls.truncate(1);
         }
         if output.tool_calls.is_empty() {
-            self.answer.final_step = Some(Box::new(output.saved(Vec::new(), Vec::new())));
+            self.answer.final_step = Some(Box::new((step, output.saved(Vec::new(), Vec::new()))));
             return Err(self.final_answer(a, step, output.text).await);
         }
         if self.buffer {

@@ -107,6 +107,8 @@ impl ResponseEvents {
                 }))]
             }
             Shown::CallAnswered { .. }
+            | Shown::StepStarted(_)
+            | Shown::StepEnded(_)
             | Shown::Citations(_)
             | Shown::Paused(_)
             | Shown::Failed(_)

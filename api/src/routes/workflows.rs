@@ -65,6 +65,9 @@ pub struct WorkflowResponse {
     pub cancel_requested_at: Option<DateTime<Utc>>,
     /// Why cancellation was asked for (the `reason` given to cancel).
     pub cancel_reason: Option<String>,
+    /// Who asked for the cancellation (the user, for a run cancelled on request; `null` unless
+    /// cancellation was asked for).
+    pub cancelled_by: Option<String>,
     /// The run whose agent tool call started this one (`null` for a thread's own run).
     pub parent_workflow_id: Option<WorkflowId>,
     /// That tool call's id.
@@ -96,6 +99,7 @@ impl From<Run> for WorkflowResponse {
             pending_action: run.pending_action.map(|a| a.0),
             cancel_requested_at: run.cancel_requested_at,
             cancel_reason: run.cancel_reason,
+            cancelled_by: run.cancelled_by,
             parent_workflow_id: run.parent_workflow_id,
             parent_tool_call_id: run.parent_tool_call_id,
             depth: run.depth,

@@ -257,10 +257,11 @@ fn enqueue_error(err: EnqueueError) -> ApiError {
     match err {
         EnqueueError::ThreadNotFound => thread_not_found(),
         EnqueueError::AgentNotFound => ApiError::not_found("agent_not_found", "no such agent"),
-        EnqueueError::AgentDisabled => ApiError::conflict(
-            "agent_disabled",
-            "the agent is disabled and takes no new runs",
-        ),
+        EnqueueError::AgentDisabled => ApiError::Forbidden {
+            code: "agent_disabled",
+            message: "the agent is disabled and takes no new runs".into(),
+            details: serde_json::Map::new(),
+        },
         EnqueueError::ThreadBusy => ApiError::conflict("thread_busy", "the thread is busy"),
         EnqueueError::Refused(refusal) => refused(&refusal),
         EnqueueError::QuotasUnavailable(err) => {

@@ -420,7 +420,7 @@ async fn a_disabled_agent_refuses_new_runs_and_its_queued_ones_finish() {
             &json!({"input_text": "after", "agent_id": agent}),
         )
         .await;
-    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
     assert_eq!(refused["error"]["code"], "agent_disabled");
     let (_, runs_after) = app.get(&alice, "/v1/workflows").await;
     assert_eq!(runs_after["data"], runs_before, "nothing created");
@@ -432,7 +432,7 @@ async fn a_disabled_agent_refuses_new_runs_and_its_queued_ones_finish() {
         "the run enqueued before finishes"
     );
     let (status, refused) = app.send_message(&alice, thread, "its thread's agent").await;
-    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
     assert_eq!(refused["error"]["code"], "agent_disabled");
 
     // Enabled again, it answers.

@@ -160,9 +160,12 @@ async fn a_whole_run_streams_in_order_and_its_deltas_equal_the_persisted_message
     assert!(reader.closed, "the stream closes after done");
     let k = kinds(&frames);
     assert_eq!(k.first(), Some(&"message_start"));
-    assert_eq!(k[1], "text_start");
-    assert_eq!(&k[k.len() - 3..], ["text_end", "message_end", "done"]);
-    assert!(k[2..k.len() - 3].iter().all(|k| *k == "text_delta"));
+    assert_eq!(&k[1..3], ["step_start", "text_start"]);
+    assert_eq!(
+        &k[k.len() - 4..],
+        ["text_end", "step_end", "message_end", "done"]
+    );
+    assert!(k[3..k.len() - 4].iter().all(|k| *k == "text_delta"));
     let ids = ids(&frames);
     assert_eq!(ids.len(), frames.len(), "every stored event has an id");
     let parsed: Vec<EntryId> = ids.iter().map(|id| id.parse().expect("entry id")).collect();
@@ -290,7 +293,7 @@ async fn the_header_cursor_wins_over_the_query_cursor() {
         .stream(&alice, thread, "?last_entry_id=0-1", Some(text_end))
         .await;
     let frames = reader.collect(READ).await;
-    assert_eq!(kinds(&frames), ["message_end", "done"]);
+    assert_eq!(kinds(&frames), ["step_end", "message_end", "done"]);
     app.stop().await;
 }
 

@@ -8,6 +8,7 @@ mod auth;
 mod cli;
 mod crash;
 mod docs;
+mod done_tool;
 mod functions;
 mod growth;
 mod identity;
