@@ -93,9 +93,9 @@ struct StreamOptions {
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`, `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`system` or `developer` messages without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        crate::openai::schema::OpenAiMissingPermission,
+        (status = 403, description = "`forbidden`: the token lacks `runs:create` (`permission` says which); `agent_disabled`: the agent (the `model`) is disabled", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 409, description = "`thread_busy`, `agent_disabled`, `run_not_finished` (the run waits for an approval)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy`, `run_not_finished` (the run waits for an approval)", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
         (status = 502, description = "The run failed: its failure code (`model_unavailable`, `timeout`, ...) and `workflow_id`", body = crate::openai::schema::OpenAiErrorBody),
     )

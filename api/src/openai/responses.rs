@@ -196,9 +196,9 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`; `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`instructions`, `system` or `developer` input without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        crate::openai::schema::OpenAiMissingPermission,
+        (status = 403, description = "`forbidden`: the token lacks `runs:create` (`permission` says which); `agent_disabled`: the agent (the `model`) is disabled", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 409, description = "`thread_busy` (the conversation has a run in progress), `agent_disabled`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy` (the conversation has a run in progress)", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
     )
 )]
