@@ -75,6 +75,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .merge(routes::health::router())
         .merge(routes::identity::router())
         .merge(routes::threads::router())
+        .merge(crate::auth::stream_token::router())
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
         .merge(routes::webhooks::router())

@@ -24,6 +24,8 @@ use crate::app::AppState;
 use crate::error::ApiError;
 
 pub mod external;
+pub mod scoped;
+pub mod stream_token;
 
 pub use external::{ExternalAuth, ExternalSettings};
 
@@ -49,6 +51,8 @@ pub struct JwtKeys {
     decoding: DecodingKey,
     validation: Validation,
     external: Option<Arc<ExternalAuth>>,
+    /// The key of the API's own narrow tokens (stream tokens, public sessions).
+    pub(crate) scoped: scoped::ScopedKeys,
 }
 
 impl JwtKeys {
@@ -63,6 +67,7 @@ impl JwtKeys {
             decoding: DecodingKey::from_secret(bytes),
             validation,
             external: None,
+            scoped: scoped::ScopedKeys::new(bytes),
         }
     }
 
@@ -122,6 +127,7 @@ impl JwtKeys {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|err| unauthorized("invalid_token", &format!("malformed token: {err}")))?;
         identity_typed(&header)?;
+        scoped::refuse_scoped(&header)?;
         let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
             .map_err(|err| match err.kind() {
                 ErrorKind::ExpiredSignature => {
@@ -180,6 +186,16 @@ impl Caller {
                 user_id: claims.sub,
             },
             admin: claims.admin,
+            permissions: Vec::new(),
+        }
+    }
+
+    /// A caller with no right beyond its own threads: what a stream token or a public session
+    /// stands for, on the few routes that take them.
+    pub(crate) fn restricted(owner: Owner) -> Self {
+        Self {
+            owner,
+            admin: false,
             permissions: Vec::new(),
         }
     }

@@ -16,6 +16,7 @@ mod openapi;
 mod overrides;
 mod pauses;
 mod stream;
+mod stream_tokens;
 mod traces;
 mod usage;
 mod validation;

@@ -45,6 +45,7 @@ const EXPECTED: &[&str] = &[
     "PATCH /v1/threads/{thread_id}",
     "GET /v1/threads/{thread_id}/messages",
     "GET /v1/threads/{thread_id}/stream",
+    "POST /v1/threads/{thread_id}/stream_token",
     "POST /v1/threads/{thread_id}/user_message",
     "GET /v1/usage",
     "GET /v1/webhooks",
