@@ -76,6 +76,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .merge(routes::identity::router())
         .merge(routes::threads::router())
         .merge(crate::auth::stream_token::router())
+        .merge(crate::auth::public::router())
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
         .merge(routes::webhooks::router())
@@ -98,6 +99,10 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(cors(&state.config.cors_origins))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::public::cors,
+        ))
         .layer(
             TraceLayer::new_for_http()
                 .on_response(

@@ -24,6 +24,7 @@ use crate::app::AppState;
 use crate::error::ApiError;
 
 pub mod external;
+pub mod public;
 pub mod scoped;
 pub mod stream_token;
 

@@ -102,7 +102,8 @@ async fn post_stream_token(
 }
 
 /// The caller of `GET /v1/threads/{thread_id}/stream`, from the `Authorization` header or
-/// `?access_token=`: a stream token for this thread, or an ordinary token; 404 `thread_not_found` unless the thread is theirs to read.
+/// `?access_token=`: a stream token for this thread, a public session's token (its own
+/// threads), or an ordinary token; 404 `thread_not_found` unless the thread is theirs to read.
 pub(crate) async fn authorize_stream(
     state: &AppState,
     headers: &HeaderMap,
@@ -129,7 +130,11 @@ pub(crate) async fn authorize_stream(
             };
             (Caller::restricted(owner), claims.tenant_wide)
         }
-        _ => {
+        Some(Kind::Session) => (
+            super::public::authenticate(state, headers, token).await?.0,
+            false,
+        ),
+        None => {
             let caller = state.jwt.authenticate(token).await?;
             let tenant_wide = matches!(caller.scope(), Scope::Tenant(_));
             (caller, tenant_wide)

@@ -24,6 +24,7 @@ use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
 use crate::auth::Caller;
+use crate::auth::public::EndUser;
 use crate::error::ApiError;
 use crate::error::{BadBody, ErrorBody, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -128,9 +129,11 @@ impl From<Thread> for ThreadResponse {
 )]
 async fn post_thread(
     State(state): State<AppState>,
-    caller: Caller,
-    ApiJson(request): ApiJson<CreateThreadRequest>,
+    user: EndUser,
+    ApiJson(mut request): ApiJson<CreateThreadRequest>,
 ) -> Result<(StatusCode, Json<ThreadResponse>), ApiError> {
+    request.agent_id = user.agent(request.agent_id)?;
+    let caller = user.caller;
     check_agent(&state, &caller, request.agent_id).await?;
     let metadata = Value::Object(request.metadata.unwrap_or_default());
     let thread = threads::create(
@@ -160,7 +163,7 @@ async fn post_thread(
 )]
 async fn get_thread(
     State(state): State<AppState>,
-    caller: Caller,
+    EndUser { caller, .. }: EndUser,
     ApiPath(thread_id): ApiPath<ThreadId>,
 ) -> Result<Json<ThreadResponse>, ApiError> {
     let thread = threads::find(&state.db, thread_id, caller.scope())
@@ -260,7 +263,7 @@ pub struct MessagesResponse {
 )]
 async fn list_messages(
     State(state): State<AppState>,
-    caller: Caller,
+    EndUser { caller, .. }: EndUser,
     ApiPath(thread_id): ApiPath<ThreadId>,
     ApiQuery(query): ApiQuery<ListMessagesQuery>,
 ) -> Result<Json<MessagesResponse>, ApiError> {
@@ -326,11 +329,13 @@ async fn list_messages(
 )]
 async fn post_user_message(
     State(state): State<AppState>,
-    caller: Caller,
+    user: EndUser,
     ApiPath(thread_id): ApiPath<ThreadId>,
     headers: HeaderMap,
-    ApiJson(request): ApiJson<UserMessageRequest>,
+    ApiJson(mut request): ApiJson<UserMessageRequest>,
 ) -> Result<Response, ApiError> {
+    request.agent_id = user.agent(request.agent_id)?;
+    let caller = user.caller;
     let key = idempotency_key(&headers)?;
     let hash = idempotency::request_hash(&[
         caller.owner.user_id.as_bytes(),
@@ -390,7 +395,7 @@ pub struct ThreadList {
 )]
 pub(crate) async fn list_threads(
     State(state): State<AppState>,
-    caller: Caller,
+    EndUser { caller, .. }: EndUser,
     mut query: ListQuery,
 ) -> Result<Json<List<ThreadResponse>>, ApiError> {
     let mut filter = ThreadFilter::default();

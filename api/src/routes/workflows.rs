@@ -19,6 +19,7 @@ use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
 use crate::auth::Caller;
+use crate::auth::public::EndUser;
 use crate::error::ApiError;
 use crate::error::{ErrorBody, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
@@ -269,7 +270,7 @@ pub struct CancelRequest {
 )]
 async fn cancel_workflow(
     State(state): State<AppState>,
-    caller: Caller,
+    EndUser { caller, .. }: EndUser,
     ApiPath(id): ApiPath<WorkflowId>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {

@@ -128,9 +128,9 @@ pub(crate) async fn enqueue_message(
     let overrides = request.overrides();
     let owner = &caller.owner;
     let window = state.config.retention.idempotency();
+    // A missing (or private) agent is a 404 before a replay.
+    check_agent(state, caller, request.agent_id).await?;
     if let Some(key) = key {
-        // A missing agent is a 404 before a replay (without a key the enqueue finds out).
-        check_agent(state, caller, request.agent_id).await?;
         if let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key, window).await? {
             return replay(stored, hash);
         }
@@ -399,14 +399,17 @@ fn replay(stored: idempotency::Stored, hash: &str) -> Result<Enqueue, ApiError> 
     })
 }
 
-/// 404 `agent_not_found` unless the caller's tenant has the agent (if one is named).
+/// 404 `agent_not_found` unless the caller's tenant has the agent (if one is named) and the
+/// caller may use it (a `private` agent: only with `admin`).
 pub(crate) async fn check_agent(
     state: &AppState,
     caller: &Caller,
     agent_id: Option<AgentId>,
 ) -> Result<(), ApiError> {
     if let Some(agent_id) = agent_id
-        && !agents::exists(&state.db, agent_id, &caller.owner.tenant_id).await?
+        && !agents::find(&state.db, agent_id, &caller.owner.tenant_id)
+            .await?
+            .is_some_and(|agent| crate::auth::public::may_use(caller, &agent.spec.0))
     {
         return Err(ApiError::not_found("agent_not_found", "no such agent"));
     }

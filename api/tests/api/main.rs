@@ -15,6 +15,7 @@ mod openai;
 mod openapi;
 mod overrides;
 mod pauses;
+mod public_agents;
 mod stream;
 mod stream_tokens;
 mod traces;

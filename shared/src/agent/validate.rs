@@ -67,6 +67,7 @@ impl AgentSpec {
         self.validate_tools(&mut problems);
         self.validate_choices(&mut problems);
         self.validate_step_rules(&mut problems);
+        self.validate_origins(&mut problems);
         for (i, hook) in self.hooks.iter().enumerate() {
             validate_hook(i, hook, &mut problems);
         }
@@ -178,6 +179,26 @@ impl AgentSpec {
             if !range.contains(&value) {
                 let (low, high) = (range.start(), range.end());
                 problems.add(field, format!("must be between {low} and {high}"));
+            }
+        }
+    }
+
+    /// `cors_origins`: at most 20, each an origin (`https://host[:port]`, exactly as a browser
+    /// sends it in `Origin`).
+    fn validate_origins(&self, problems: &mut Problems) {
+        if self.cors_origins.len() > 20 {
+            problems.add("cors_origins", "at most 20 origins");
+        }
+        for (i, origin) in self.cors_origins.iter().enumerate() {
+            let exact = reqwest::Url::parse(origin).ok().filter(|url| {
+                matches!(url.scheme(), "http" | "https")
+                    && url.origin().ascii_serialization() == *origin
+            });
+            if exact.is_none() {
+                problems.add(
+                    format!("cors_origins[{i}]"),
+                    "must be an origin as browsers send it: `https://host` or `https://host:port`, no path or trailing slash",
+                );
             }
         }
     }
