@@ -30,6 +30,8 @@ pub struct ApiConfig {
     pub min_drain_bytes_per_sec: u64,
     /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Proxies whose `X-Forwarded-For` is believed (`SPOOL_TRUSTED_PROXIES`).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// How long events stay replayable after a run ends (for events the API publishes).
     pub stream_retention: std::time::Duration,
     /// The server's quotas (`SPOOL_QUOTA_*`).
@@ -191,7 +193,7 @@ fn cors(origins: &[String]) -> CorsLayer {
 ///
 /// - The minimum drain rate (`SPOOL_MIN_DRAIN_BYTES_PER_SEC`, [`crate::drain`]) closes one whose
 ///   client takes its bytes, but too slowly for the write timeout to notice (review B-M3).
-struct Connections {
+pub(crate) struct Connections {
     listener: TcpListener,
     write_timeout: Option<std::time::Duration>,
     min_drain: u64,
@@ -218,6 +220,17 @@ impl axum::serve::Listener for Connections {
     }
 }
 
+/// The address of a connection's peer (`ConnectInfo<Peer>` in a request's extensions): a public
+/// session's client, unless it is a trusted proxy (`crate::auth::public::client_address`).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Connections>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Connections>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
 /// Serves the API on `listener` until `shutdown` fires, then lets open requests finish.
 pub async fn serve(
     listener: TcpListener,
@@ -229,10 +242,14 @@ pub async fn serve(
         write_timeout: state.config.write_timeout,
         min_drain: state.config.min_drain_bytes_per_sec,
     };
-    // `into_make_service`: each connection gets a clone of the router (an `Arc`). Serving the
+    // `into_make_service_with_connect_info`: each connection gets a clone of the router (an
+    // `Arc`), and its peer's address (a public session's client, `crate::auth::public`). Serving the
     // `Router` itself rebuilds every route per connection (`with_state`), about 30 KiB that an
     // idle SSE subscriber holds for as long as it is connected (spool-bench P4, massif).
-    axum::serve(listener, router(state).into_make_service())
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    axum::serve(
+        listener,
+        router(state).into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await
 }

@@ -9,12 +9,19 @@
 //! so one session never reads another's thread. Every use checks that the agent is still
 //! public.
 //!
+//! Each client address (the socket's peer, or behind `SPOOL_TRUSTED_PROXIES` the last
+//! untrusted `X-Forwarded-For` hop: [`client_address`]) is held to the agent's
+//! `governance.ip`: its sessions' runs through the quota counters (section 8's 429 codes), and
+//! the sessions it opens to `runs_per_hour` an hour (429 `rate_limited`).
+//!
 //! Browsers: a request carrying an `Origin` must come from one of the agent's `cors_origins`
 //! (403 `origin_not_allowed`, before anything changes); the session remembers the origin that
 //! opened it, and [`cors`] answers that origin's preflights and lets it read the answers.
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Request, State};
+use std::net::IpAddr;
+
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -104,11 +111,15 @@ fn origin_refused(origin: &str) -> ApiError {
         (status = 400, description = "`invalid_origin`", body = ErrorBody),
         (status = 403, description = "`origin_not_allowed`: the request's `Origin` is not among the agent's `cors_origins`", body = ErrorBody),
         (status = 404, description = "`agent_not_found` (also an agent that is not public), `not_found`", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: this address opened the agent's `governance.ip.runs_per_hour` sessions this hour; with `Retry-After`", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait."))),
+        (status = 503, description = "`quotas_unavailable` (Redis is down and the agent limits sessions per address)", body = ErrorBody),
     )
 )]
 async fn post_session(
     State(state): State<AppState>,
     ApiPath(agent_id): ApiPath<AgentId>,
+    PeerIp(peer): PeerIp,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (tenant, agent) = agents::find_public(&state.db, agent_id)
@@ -119,6 +130,10 @@ async fn post_session(
         && !agent.spec.0.cors_origins.iter().any(|o| o == origin)
     {
         return Err(origin_refused(origin));
+    }
+    if let Some(per_hour) = agent.spec.0.governance.ip.runs_per_hour {
+        let client = client_address(peer, &headers, &state.config.trusted_proxies);
+        count_session(&state, agent_id, client, per_hour).await?;
     }
     let exp = now() + SESSION_TTL_SECS;
     let claims = SessionClaims {
@@ -138,6 +153,109 @@ async fn post_session(
         expires_at,
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// The socket peer's address, if the server records it (`crate::app::Peer`).
+#[derive(Debug)]
+pub struct PeerIp(pub Option<IpAddr>);
+
+fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+    parts
+        .extensions
+        .get::<ConnectInfo<crate::app::Peer>>()
+        .map(|info| info.0.0.ip())
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for PeerIp {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(peer_ip(parts)))
+    }
+}
+
+/// Counts a session opened by `client` in the agent's hourly window (a Redis counter per agent,
+/// address and hour): past `per_hour`, 429 `rate_limited`.
+async fn count_session(
+    state: &AppState,
+    agent: AgentId,
+    client: IpAddr,
+    per_hour: u32,
+) -> Result<(), ApiError> {
+    let hour = now() / 3600;
+    let key = format!(
+        "{}:public-sessions:{agent}:{client}:{hour}",
+        state.streams.keys().prefix()
+    );
+    let mut conn = state.streams.conn();
+    let count: redis::RedisResult<(u64, ())> = redis::pipe()
+        .atomic()
+        .incr(&key, 1)
+        .expire(&key, 3600)
+        .query_async(&mut conn)
+        .await;
+    let count = match count {
+        Ok((count, ())) => count,
+        Err(err) => {
+            tracing::warn!(error = %err, "the public sessions' counter is unavailable");
+            return Err(ApiError::Unavailable {
+                code: "quotas_unavailable",
+                message: "the quota counters are unavailable; retry".into(),
+                retry_after: 2,
+            });
+        }
+    };
+    if count > u64::from(per_hour) {
+        let retry_after = u32::try_from(3600 - now() % 3600).unwrap_or(3600);
+        tracing::info!(agent.id = %agent, %client, "public sessions rate limited");
+        return Err(ApiError::TooManyRequests {
+            code: "rate_limited",
+            message: format!("this address opened {per_hour} sessions of the agent this hour"),
+            retry_after,
+            details: serde_json::Map::new(),
+        }
+        .with("scope", "ip")
+        .with("limit", per_hour)
+        .with("retry_after", retry_after)
+        .with("agent_id", agent));
+    }
+    Ok(())
+}
+
+/// The client of a request: the socket's peer, unless the peer is a trusted proxy; then the
+/// last `X-Forwarded-For` hop that is not one (all trusted: the first hop). Hops that are not
+/// addresses end the walk (what precedes them cannot be trusted either).
+pub fn client_address(
+    peer: Option<IpAddr>,
+    headers: &HeaderMap,
+    trusted: &[ipnet::IpNet],
+) -> IpAddr {
+    let unspecified = IpAddr::from([0, 0, 0, 0]);
+    let Some(peer) = peer else {
+        return unspecified;
+    };
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let hops: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .collect();
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        let Ok(ip) = hop.parse::<IpAddr>() else {
+            break;
+        };
+        client = ip;
+        if !is_trusted(&ip) {
+            break;
+        }
+    }
+    client
 }
 
 /// Verifies a session's token for a request: signature, expiry, the agent still public, and
@@ -188,6 +306,8 @@ pub struct EndUser {
     pub caller: Caller,
     /// The agent a public session is bound to (`None` for any other caller).
     pub agent: Option<AgentId>,
+    /// A public session's client address, for its agent's `governance.ip`.
+    pub client: Option<String>,
 }
 
 impl EndUser {
@@ -211,14 +331,18 @@ impl FromRequestParts<AppState> for EndUser {
         let token = bearer(&parts.headers)?.ok_or_else(missing)?;
         if Kind::of(token) == Some(Kind::Session) {
             let (caller, agent) = authenticate(state, &parts.headers, token).await?;
+            let peer = peer_ip(parts);
+            let client = client_address(peer, &parts.headers, &state.config.trusted_proxies);
             return Ok(Self {
                 caller,
                 agent: Some(agent),
+                client: Some(client.to_string()),
             });
         }
         Ok(Self {
             caller: Caller::from_request_parts(parts, state).await?,
             agent: None,
+            client: None,
         })
     }
 }
@@ -308,6 +432,58 @@ fn allow(headers: &mut HeaderMap, origin: HeaderValue, preflight: bool) {
         headers.insert(
             header::ACCESS_CONTROL_MAX_AGE,
             HeaderValue::from_static("600"),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("ip")
+    }
+
+    fn forwarded(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-forwarded-for", value.parse().expect("header"));
+        headers
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let trusted: Vec<ipnet::IpNet> = vec![
+            "10.0.0.0/8".parse().expect("cidr"),
+            "127.0.0.1/32".parse().expect("cidr"),
+        ];
+        let chain = forwarded("198.51.100.7, 203.0.113.9, 10.1.2.3");
+        // An untrusted peer: its header is ignored.
+        assert_eq!(
+            client_address(Some(ip("192.0.2.1")), &chain, &trusted),
+            ip("192.0.2.1")
+        );
+        // Through trusted proxies: the last hop that is not one (not the spoofable first).
+        assert_eq!(
+            client_address(Some(ip("127.0.0.1")), &chain, &trusted),
+            ip("203.0.113.9")
+        );
+        // A hop that is no address ends the walk at what was believed so far.
+        assert_eq!(
+            client_address(
+                Some(ip("10.9.9.9")),
+                &forwarded("203.0.113.9, garbage, 10.1.2.3"),
+                &trusted
+            ),
+            ip("10.1.2.3")
+        );
+        // No header, or no trusted proxies at all: the peer.
+        assert_eq!(
+            client_address(Some(ip("127.0.0.1")), &HeaderMap::new(), &trusted),
+            ip("127.0.0.1")
+        );
+        assert_eq!(
+            client_address(Some(ip("127.0.0.1")), &chain, &[]),
+            ip("127.0.0.1")
         );
     }
 }

@@ -131,6 +131,7 @@ pub(crate) async fn create_completion(
         tool_choice: None,
         active_tools: None,
         max_steps: None,
+        client: None,
         instructions: turns.instructions,
     };
     let key = idempotency_key(&headers)?;

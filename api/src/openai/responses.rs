@@ -229,6 +229,7 @@ pub(crate) async fn create_response(
         tool_choice: None,
         active_tools: None,
         max_steps: None,
+        client: None,
         instructions,
     };
     // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread

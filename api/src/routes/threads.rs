@@ -335,6 +335,7 @@ async fn post_user_message(
     ApiJson(mut request): ApiJson<UserMessageRequest>,
 ) -> Result<Response, ApiError> {
     request.agent_id = user.agent(request.agent_id)?;
+    request.client = user.client;
     let caller = user.caller;
     let key = idempotency_key(&headers)?;
     let hash = idempotency::request_hash(&[

@@ -39,6 +39,9 @@ pub struct UserMessageRequest {
     /// The agent that answers this message; else the thread's, else the default.
     #[serde(default)]
     pub agent_id: Option<AgentId>,
+    /// A public session's client address (never from the body), for `governance.ip`.
+    #[serde(skip)]
+    pub client: Option<String>,
     /// Caller-defined metadata stored on the user message.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -130,10 +133,10 @@ pub(crate) async fn enqueue_message(
     let window = state.config.retention.idempotency();
     // A missing (or private) agent is a 404 before a replay.
     check_agent(state, caller, request.agent_id).await?;
-    if let Some(key) = key {
-        if let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key, window).await? {
-            return replay(stored, hash);
-        }
+    if let Some(key) = key
+        && let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key, window).await?
+    {
+        return replay(stored, hash);
     }
 
     // A transaction only when the run has company (a key, earlier turns): alone, its one
@@ -169,6 +172,7 @@ pub(crate) async fn enqueue_message(
         overrides: overrides.as_ref(),
         history,
         in_transaction: matches!(conn, Conn::Tx(_)),
+        client: request.client.as_deref(),
     };
     // The pooled connection (if one was taken) goes back before an error is looked into,
     // which takes another.

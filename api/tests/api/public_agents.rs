@@ -385,3 +385,73 @@ async fn a_private_agent_is_seen_and_used_by_admins_only() {
     assert_eq!(status, StatusCode::OK);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn each_client_address_is_held_to_the_agents_ip_governance() {
+    let app = TestApp::start(1, worker_args(1, 0)).await;
+    let public = app
+        .create_agent(
+            "acme",
+            &json!({"name": "greeter", "model": "demo", "visibility": "public",
+                "governance": {"ip": {"runs_per_hour": 1}}}),
+        )
+        .await;
+    // The tests' API trusts loopback as a proxy (SPOOL_TRUSTED_PROXIES=127.0.0.0/8), so
+    // `X-Forwarded-For` names the client.
+    let open = |client: &'static str| {
+        app.http
+            .post(app.url(&format!("/v1/public/agents/{public}/sessions")))
+            .header("X-Forwarded-For", client)
+            .send()
+    };
+    let response = open("203.0.113.1").await.expect("session");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let first: Value = response.json().await.expect("json");
+    // A second session from the same address within the hour: refused.
+    let response = open("203.0.113.1").await.expect("session");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(response.headers().contains_key("retry-after"));
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    assert_eq!(body["error"]["scope"], "ip", "{body}");
+    let response = open("203.0.113.2").await.expect("session");
+    assert_eq!(response.status(), StatusCode::CREATED, "another address");
+    let second: Value = response.json().await.expect("json");
+
+    let send = |token: Value, client: &'static str| {
+        app.http
+            .post(app.url(&format!("/v1/threads/{}/user_message", Uuid::new_v4())))
+            .bearer_auth(token.as_str().expect("token"))
+            .header("X-Forwarded-For", client)
+            .json(&json!({"input_text": "hello"}))
+            .send()
+    };
+    let response = send(first["token"].clone(), "203.0.113.1")
+        .await
+        .expect("send");
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    // The address's hourly run is spent, whichever session sends from it.
+    let response = send(second["token"].clone(), "203.0.113.1")
+        .await
+        .expect("send");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    assert_eq!(body["error"]["scope"], "ip", "{body}");
+    let response = send(second["token"].clone(), "203.0.113.2")
+        .await
+        .expect("send");
+    assert_eq!(response.status(), StatusCode::ACCEPTED, "its own address");
+    // Ordinary users are not counted per address.
+    for _ in 0..2 {
+        let (status, body) = app
+            .post(
+                &token("alice", "acme"),
+                &format!("/v1/threads/{}/user_message", Uuid::new_v4()),
+                &json!({"input_text": "hi", "agent_id": public}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    app.stop().await;
+}

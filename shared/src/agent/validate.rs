@@ -172,6 +172,15 @@ impl AgentSpec {
                 problems.add(format!("governance.{scope}.{name}"), problem);
             }
         }
+        for (name, problem) in self.governance.ip.problems() {
+            problems.add(format!("governance.ip.{name}"), problem);
+        }
+        if self.governance.ip.daily_token_budget.is_some() {
+            problems.add(
+                "governance.ip.daily_token_budget",
+                "per address only runs_per_hour and max_concurrent_runs",
+            );
+        }
         let set = optional
             .into_iter()
             .filter_map(|(field, range, value)| Some((field, range, value?)));

@@ -74,19 +74,22 @@ pub async fn find(
     .await
 }
 
+/// A public agent's row: its tenant, then [`Agent`]'s columns.
+type PublicRow = (
+    String,
+    AgentId,
+    Json<AgentSpec>,
+    DateTime<Utc>,
+    DateTime<Utc>,
+);
+
 /// A public agent (`visibility: "public"`) of any tenant, with its tenant: what an anonymous
 /// caller may open a session with. By primary key.
 pub async fn find_public(
     executor: impl PgExecutor<'_>,
     id: AgentId,
 ) -> sqlx::Result<Option<(String, Agent)>> {
-    let row: Option<(
-        String,
-        AgentId,
-        Json<AgentSpec>,
-        DateTime<Utc>,
-        DateTime<Utc>,
-    )> = sqlx::query_as(
+    let row: Option<PublicRow> = sqlx::query_as(
         "SELECT tenant_id, id, spec, created_at, updated_at FROM agents
               WHERE id = $1 AND spec->>'visibility' = 'public'",
     )
