@@ -83,6 +83,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .merge(routes::agents::router())
         .merge(routes::webhooks::router())
         .merge(routes::usage::router())
+        .merge(routes::api_keys::router())
         .merge(crate::gateway::router())
         .merge(crate::openai::router())
         .merge(crate::page::router())

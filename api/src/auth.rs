@@ -1,7 +1,9 @@
 //! Authentication: HS256 JWTs signed with `SPOOL_JWT_SECRET`, claims `sub` (user), `tenant`,
-//! `exp` and optionally `admin`; and, when `SPOOL_AUTH_JWKS_URL` is set, an external identity
-//! provider's RS256, ES256 or EdDSA tokens ([`external`]), told apart by the header's `alg`.
-//! The verified caller becomes an [`Owner`] that scopes every query. `GET .../stream` may pass the token as `?access_token=` (browsers' `EventSource`
+//! `exp` and optionally `admin` and `permissions`; when `SPOOL_AUTH_JWKS_URL` is set, an
+//! external identity provider's RS256, ES256 or EdDSA tokens ([`external`]), told apart by the
+//! header's `alg`; and the tenants' API keys (`spk_...`, [`api_key`]), told apart by their prefix.
+//! The verified caller becomes an [`Owner`] that scopes every query, with the [`Permissions`]
+//! every route checks ([`permission`]). `GET .../stream` may pass the token as `?access_token=` (browsers' `EventSource`
 //! cannot set headers); that parameter is never logged. A token whose JOSE header says
 //! `typ: "spool-identity+jwt"` (what tools receive, `spool_shared::identity`) is refused with
 //! `identity_token_refused` whatever signed it, so a tool can never replay one at the API.
@@ -23,12 +25,15 @@ use spool_shared::identity::IDENTITY_TYP;
 use crate::app::AppState;
 use crate::error::ApiError;
 
+pub mod api_key;
 pub mod external;
+pub mod permission;
 pub mod public;
 pub mod scoped;
 pub mod stream_token;
 
 pub use external::{ExternalAuth, ExternalSettings};
+pub use permission::{Permission, Permissions};
 
 /// The claims Spool reads and writes.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -39,9 +44,13 @@ pub struct Claims {
     pub tenant: String,
     /// Expiry, seconds since the epoch.
     pub exp: u64,
-    /// Whether the caller may write agents.
+    /// Every permission (`admin`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub admin: bool,
+    /// The permissions (`runs:create`, ...); absent: `agents:read` and `runs:create`
+    /// ([`Permissions::of_token`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<Vec<String>>,
 }
 
 /// Signing and verification keys for one secret, and the external identity provider if one is
@@ -170,68 +179,75 @@ fn unauthorized(code: &'static str, message: &str) -> ApiError {
 pub struct Caller {
     /// Tenant and user: the scope of every query.
     pub owner: Owner,
-    /// Whether the caller may write agents (and see the tenant's runs): the `admin` claim, or
-    /// `admin` among an external token's permissions.
-    pub admin: bool,
-    /// The permissions an external token's permissions claim lists (empty for HS256 tokens).
-    /// Only `admin` acts today; the finer permissions of DESIGN section 13 are carried for the
-    /// routes' checks to come.
-    pub permissions: Vec<String>,
+    /// What the caller may do: the token's `admin` and permissions claim, or an API key's.
+    pub permissions: Permissions,
 }
 
 impl Caller {
     fn from_claims(claims: Claims) -> Self {
         Self {
+            permissions: Permissions::of_token(claims.admin, claims.permissions.as_deref()),
             owner: Owner {
                 tenant_id: claims.tenant,
                 user_id: claims.sub,
             },
-            admin: claims.admin,
-            permissions: Vec::new(),
         }
     }
 
-    /// A caller with no right beyond its own threads: what a stream token or a public session
-    /// stands for, on the few routes that take them.
+    /// A caller with no right beyond its own threads (`runs:create` alone): what a stream
+    /// token or a public session stands for, on the few routes that take them.
     pub(crate) fn restricted(owner: Owner) -> Self {
         Self {
             owner,
-            admin: false,
-            permissions: Vec::new(),
+            permissions: Permissions::NONE.with(Permission::RunsCreate),
         }
     }
 
     fn from_principal(principal: external::Principal) -> Self {
         Self {
+            permissions: Permissions::of_token(false, principal.permissions.as_deref()),
             owner: Owner {
                 tenant_id: principal.tenant,
                 user_id: principal.sub,
             },
-            admin: principal.permissions.iter().any(|p| p == "admin"),
-            permissions: principal.permissions,
         }
     }
 
-    /// What the caller's lists and control-plane routes show: their own, or (admin) the
+    /// Passes if the caller holds `permission` (or `admin`); else 403 `forbidden` naming it.
+    pub fn require(&self, permission: Permission) -> Result<(), ApiError> {
+        self.permissions.require(permission)
+    }
+
+    /// Passes if the caller holds one of `any` (or `admin`); else 403 `forbidden` naming the
+    /// first.
+    pub fn require_any(&self, any: &[Permission]) -> Result<(), ApiError> {
+        self.permissions.require_any(any)
+    }
+
+    /// Whether the caller holds `permission` (or `admin`).
+    pub fn holds(&self, permission: Permission) -> bool {
+        self.permissions.grants(permission)
+    }
+
+    /// Which threads and runs the caller reads: their own, or (`runs:read:tenant`) the
     /// tenant's.
     pub fn scope(&self) -> spool_shared::db::page::Scope<'_> {
         use spool_shared::db::page::Scope;
-        if self.admin {
+        if self.holds(Permission::RunsReadTenant) {
             Scope::Tenant(&self.owner.tenant_id)
         } else {
             Scope::Owner(&self.owner)
         }
     }
 
-    /// Fails unless the caller is an admin.
-    pub fn require_admin(&self) -> Result<(), ApiError> {
-        if self.admin {
-            Ok(())
+    /// Which threads the caller may rename and erase: their own, or (`admin`) the tenant's.
+    /// Reading another user's thread (`runs:read:tenant`) is not changing it.
+    pub fn write_scope(&self) -> spool_shared::db::page::Scope<'_> {
+        use spool_shared::db::page::Scope;
+        if self.holds(Permission::Admin) {
+            Scope::Tenant(&self.owner.tenant_id)
         } else {
-            Err(ApiError::Forbidden {
-                code: "admin_required",
-                message: "this operation needs an admin token".into(),
-            })
+            Scope::Owner(&self.owner)
         }
     }
 
@@ -239,13 +255,22 @@ impl Caller {
     /// (for `EventSource`, which cannot set headers).
     pub async fn from_header_or_query(
         headers: &HeaderMap,
-        keys: &JwtKeys,
+        state: &AppState,
         access_token: Option<&str>,
     ) -> Result<Self, ApiError> {
         match bearer(headers)?.or(access_token) {
-            Some(token) => keys.authenticate(token).await,
+            Some(token) => authenticate(state, token).await,
             None => Err(missing()),
         }
+    }
+}
+
+/// Authenticates a bearer token: an API key (`spk_...`) by its row, anything else as a JWT.
+pub async fn authenticate(state: &AppState, token: &str) -> Result<Caller, ApiError> {
+    if token.starts_with(spool_shared::db::api_keys::PREFIX) {
+        api_key::authenticate(&state.db, token).await
+    } else {
+        state.jwt.authenticate(token).await
     }
 }
 
@@ -275,9 +300,8 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let keys: &Arc<JwtKeys> = &state.jwt;
         let token = bearer(&parts.headers)?.ok_or_else(missing)?;
-        keys.authenticate(token).await
+        authenticate(state, token).await
     }
 }
 
@@ -295,6 +319,7 @@ mod tests {
             tenant: "t".into(),
             exp,
             admin: false,
+            permissions: None,
         }
     }
 

@@ -1,4 +1,4 @@
-//! The `spool-api` command line: `serve`, `migrate`, `token`.
+//! The `spool-api` command line: `serve`, `migrate`, `token`, `openapi`, `probe`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,6 +35,15 @@ pub enum Cli {
     Token(TokenArgs),
     /// Print the OpenAPI 3.1 document (what `GET /openapi.json` serves) and exit.
     Openapi,
+    /// GET a health URL and exit 0 on a 2xx answer, 1 otherwise: a container health check in
+    /// an image without a shell or an HTTP client (`spool-api probe http://127.0.0.1:8080/readyz`).
+    Probe {
+        /// The URL to GET, e.g. `http://127.0.0.1:9464/readyz` for a worker.
+        url: String,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 3.0)]
+        timeout_secs: f64,
+    },
 }
 
 /// Settings of `spool-api serve`.
@@ -274,15 +283,34 @@ pub struct TokenArgs {
     /// The tenant (`tenant` claim).
     #[arg(long)]
     pub tenant: String,
-    /// May write agents.
+    /// Every permission (`admin: true`).
     #[arg(long)]
     pub admin: bool,
+    /// A permission the token holds (repeatable): `agents:read`, `agents:write`,
+    /// `tools:write`, `providers:write`, `runs:create`, `runs:read:tenant`, `webhooks:admin`,
+    /// `usage:read`, `api_keys:admin`, `admin`. Without any (and without `--admin`), the token
+    /// has `agents:read` and `runs:create`.
+    #[arg(long = "permission", value_name = "PERMISSION", value_parser = permission)]
+    pub permissions: Vec<String>,
     /// Seconds until the token expires.
     #[arg(long, default_value_t = 24 * 3600)]
     pub ttl: u64,
     /// HS256 secret (the same as the server's).
     #[arg(long, env = "SPOOL_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<SecretString>,
+}
+
+/// A `--permission`: one of [`crate::auth::Permission`]'s names.
+fn permission(name: &str) -> Result<String, String> {
+    crate::auth::Permission::parse(name)
+        .map(|p| p.as_str().to_owned())
+        .ok_or_else(|| {
+            let names: Vec<&str> = crate::auth::Permission::ALL
+                .iter()
+                .map(|p| p.as_str())
+                .collect();
+            format!("not a permission; one of {}", names.join(", "))
+        })
 }
 
 /// `SPOOL_WRITE_TIMEOUT_SECS` as a timeout (0: none).
@@ -317,6 +345,23 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 _ => Ok(()),
             }
         }
+        Cli::Probe { url, timeout_secs } => {
+            let timeout = Duration::try_from_secs_f64(timeout_secs)
+                .context("--timeout-secs must be a non-negative number")?;
+            let response = reqwest::Client::builder()
+                .timeout(timeout)
+                .build()?
+                .get(&url)
+                .send()
+                .await
+                .with_context(|| format!("GET {url}"))?;
+            anyhow::ensure!(
+                response.status().is_success(),
+                "GET {url}: {}",
+                response.status()
+            );
+            Ok(())
+        }
         Cli::Migrate { db } => {
             let _telemetry = telemetry::init(LogFormat::Pretty, "spool-api");
             spool_shared::db::connect(
@@ -338,6 +383,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 tenant: args.tenant,
                 exp,
                 admin: args.admin,
+                permissions: (!args.permissions.is_empty()).then_some(args.permissions),
             };
             println!("{}", JwtKeys::new(&secret).sign(&claims)?);
             Ok(())

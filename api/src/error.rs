@@ -49,6 +49,8 @@ pub struct ErrorDetail {
     /// `rate_limited`, `concurrency_limited`, `budget_exceeded`, `too_many_streams`: the
     /// `Retry-After` seconds.
     pub retry_after: Option<u32>,
+    /// `forbidden`: the permission the token lacks (`runs:create`, `agents:write`, ...).
+    pub permission: Option<String>,
 }
 
 /// The answers of a route that takes a JSON body to a body it cannot read, for its OpenAPI
@@ -70,9 +72,19 @@ pub enum BadBody {
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 401,
-    description = "`missing_token`, `invalid_token`, `token_expired`"
+    description = "`missing_token`, `invalid_token`, `token_expired`, `api_key_revoked`"
 )]
 pub struct Unauthenticated(#[expect(dead_code, reason = "documents the body")] ErrorBody);
+
+/// The 403 of every route that needs a permission, for its OpenAPI `responses(...)`: the
+/// operation's `security` names the permission.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 403,
+    description = "`forbidden`: the token lacks the permission the operation's `security` \
+                   names (`permission` says which)"
+)]
+pub struct MissingPermission(#[expect(dead_code, reason = "documents the body")] ErrorBody);
 
 /// An error answered to a client.
 #[derive(Debug, thiserror::Error)]
@@ -93,13 +105,16 @@ pub enum ApiError {
         /// Human text.
         message: String,
     },
-    /// Valid credentials without the right (e.g. agent writes without `admin`).
+    /// Valid credentials without the right (a permission the token lacks); `details` are
+    /// merged into the body (`permission`).
     #[error("{message}")]
     Forbidden {
         /// Machine-readable code.
         code: &'static str,
         /// Human text.
         message: String,
+        /// Extra fields of the error object.
+        details: Map<String, Value>,
     },
     /// The request conflicts with the current state; `details` are merged into the body.
     #[error("{message}")]
@@ -189,10 +204,11 @@ impl ApiError {
         }
     }
 
-    /// The same error with `key: value` in its body (conflicts and invalid requests; other
-    /// kinds carry no extra fields).
+    /// The same error with `key: value` in its body (conflicts, refusals, invalid requests and
+    /// quotas; other kinds carry no extra fields).
     pub fn with(mut self, key: &str, value: impl Serialize) -> Self {
         if let Self::Conflict { details, .. }
+        | Self::Forbidden { details, .. }
         | Self::Invalid { details, .. }
         | Self::TooManyRequests { details, .. } = &mut self
         {
@@ -235,9 +251,11 @@ impl IntoResponse for ApiError {
             Self::Unauthorized { code, message } => {
                 (StatusCode::UNAUTHORIZED, code, message, Map::new(), None)
             }
-            Self::Forbidden { code, message } => {
-                (StatusCode::FORBIDDEN, code, message, Map::new(), None)
-            }
+            Self::Forbidden {
+                code,
+                message,
+                details,
+            } => (StatusCode::FORBIDDEN, code, message, details, None),
             Self::Conflict {
                 code,
                 message,

@@ -48,7 +48,7 @@ use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorBody, Unauthenticated};
+use crate::error::{ApiError, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -109,7 +109,8 @@ pub(crate) fn unavailable(err: redis::RedisError) -> ApiError {
     get,
     path = "/v1/threads/{thread_id}/stream",
     tag = "threads",
-    security(("bearer" = []), ("access_token" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"]),
+        ("access_token" = ["runs:create"]), ("access_token" = ["runs:read:tenant"])),
     params(
         ("thread_id" = spool_shared::ThreadId, Path, description = "The thread."),
         ("Last-Event-ID" = Option<String>, Header, pattern = "^[0-9]{1,19}-[0-9]{1,19}$",
@@ -129,6 +130,7 @@ pub(crate) fn unavailable(err: redis::RedisError) -> ApiError {
         (status = 204, description = "`format=ai-sdk` without a cursor: nothing is streaming."),
         (status = 400, description = "`invalid_cursor`, `invalid_message_id`, `invalid_format`", body = ErrorBody),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`thread_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_query`", body = ErrorBody),
         (status = 429, description = "`too_many_streams`: the caller holds `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server already; with `limit` and `retry_after`.", body = ErrorBody,

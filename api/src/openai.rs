@@ -13,7 +13,10 @@
 //! status (401, 403, 404, 409, 422, 429).
 
 pub mod chat;
+pub mod conversations;
+pub mod echo;
 pub mod feed;
+pub mod format;
 pub mod responses;
 pub mod schema;
 pub mod translate;
@@ -28,7 +31,7 @@ use serde_json::{Value, json};
 use spool_shared::db::messages::{self, Message};
 use spool_shared::db::runs::Run;
 use spool_shared::ids::AgentId;
-use spool_shared::run::MessagePart;
+use spool_shared::run::{FailureCode, MessagePart, RunFailure, Usage};
 use spool_shared::status::RunStatus;
 
 use crate::app::AppState;
@@ -44,6 +47,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .merge(responses::router())
         .merge(chat::router())
+        .merge(conversations::router())
         .layer(axum::middleware::from_fn(openai_errors))
 }
 
@@ -138,6 +142,7 @@ pub(crate) fn response_status(status: RunStatus) -> &'static str {
 
 /// The Responses object of a run: its status, and once it has ended the stored message as
 /// `output` items (text as `message` items, tool steps as `function_call` items) with `usage`.
+/// The fields its request decides are set by [`echo::apply`].
 pub(crate) fn response_object(run: &Run, message: Option<&Message>, metadata: &Value) -> Value {
     let prefix = run.id.to_string().replace('-', "");
     let ended = run.status.is_terminal();
@@ -145,43 +150,71 @@ pub(crate) fn response_object(run: &Run, message: Option<&Message>, metadata: &V
         Some(message) if ended => output_items(&prefix, &message.parts.0),
         _ => Vec::new(),
     };
-    let usage = run.usage.as_ref().filter(|_| ended).map(|usage| {
-        let usage = &usage.0;
-        json!({
-            "input_tokens": usage.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": usage.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-        })
-    });
+    let usage = run
+        .usage
+        .as_ref()
+        .filter(|_| ended)
+        .map(|usage| response_usage(&usage.0));
     let error = run
         .error
         .as_ref()
         .filter(|_| run.status == RunStatus::Failed)
-        .map(|error| json!({"code": error.0.code, "message": error.0.message}));
-    json!({
+        .map(|error| response_error(&error.0));
+    let mut response = json!({
         "id": run.id,
         "object": "response",
         "created_at": run.created_at.timestamp(),
         "completed_at": run.finished_at.map(|at| at.timestamp()),
         "status": response_status(run.status),
-        "background": true,
         "model": model_of(run),
         "output": output,
-        "usage": usage,
         "error": error,
         "incomplete_details": null,
-        "instructions": null,
         "metadata": metadata,
-        "parallel_tool_calls": true,
-        "temperature": null,
-        "top_p": null,
-        "tool_choice": "auto",
-        "tools": [],
-        "text": {"format": {"type": "text"}},
-        "conversation": {"id": run.thread_id},
-        "previous_response_id": null,
+        "conversation": {"id": conversations::conversation_id(run.thread_id)},
+    });
+    // Absent until the run has ended (OpenAI's document has no null `usage`).
+    if let Some(usage) = usage {
+        response["usage"] = usage;
+    }
+    response
+}
+
+/// A failed run's error as the Responses `error`: `code` from OpenAI's enum (`server_error`;
+/// `invalid_prompt` when the provider refused the request), the message led by Spool's code
+/// (`invalid_output: ...`), which is also in `spool_code`.
+pub(crate) fn response_error(failure: &RunFailure) -> Value {
+    let code = match failure.code {
+        FailureCode::ModelError | FailureCode::ContextOverflow => "invalid_prompt",
+        _ => "server_error",
+    };
+    json!({"code": code, "message": format!("{}: {}", failure.code.as_str(), failure.message),
+        "spool_code": failure.code})
+}
+
+/// A run's usage as the Responses `usage` (the provider's cached and reasoning tokens as it
+/// reported them, 0 when it did not).
+pub(crate) fn response_usage(usage: &Usage) -> Value {
+    json!({
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_input_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
+        },
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    })
+}
+
+/// A run's usage as Chat Completions' `usage`.
+pub(crate) fn chat_usage(usage: &Usage) -> Value {
+    json!({
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     })
 }
 
@@ -267,5 +300,8 @@ pub(crate) async fn load_response(state: &AppState, run: &Run) -> Result<Value, 
         messages::find_in_thread(&state.db, run.assistant_message_id, run.thread_id).await?;
     let request = messages::find_in_thread(&state.db, run.user_message_id, run.thread_id).await?;
     let metadata = request.map_or_else(|| json!({}), |m| m.metadata.0);
-    Ok(response_object(run, message.as_ref(), &metadata))
+    let mut response = response_object(run, message.as_ref(), &metadata);
+    let echo = echo::load(&state.db, run.id).await?;
+    echo::apply(&mut response, echo.as_ref());
+    Ok(response)
 }

@@ -97,6 +97,8 @@ pub(crate) fn queued_status() -> Object {
         MessageId,
         AgentId,
         spool_shared::ids::WebhookId,
+        spool_shared::ids::ApiKeyId,
+        crate::auth::Permission,
         crate::routes::workflows::CancelRequest,
         spool_shared::event::Event,
     )),
@@ -104,9 +106,10 @@ pub(crate) fn queued_status() -> Object {
     tags(
         (name = "threads", description = "Threads (list, rename, erase), their messages, the enqueue and the stream."),
         (name = "workflows", description = "Runs: lists, status (and waiting for it), the durable timeline, cancel, tool outputs and approvals."),
-        (name = "agents", description = "Stored agent configurations (writes need `admin`)."),
-        (name = "webhooks", description = "Signed notifications of run events (admin)."),
-        (name = "usage", description = "Tokens and runs by user, agent or model (admin)."),
+        (name = "agents", description = "Stored agent configurations (`agents:read`; writes `agents:write`)."),
+        (name = "webhooks", description = "Signed notifications of run events (`webhooks:admin`)."),
+        (name = "usage", description = "Tokens and runs by user, agent or model (`usage:read`)."),
+        (name = "api_keys", description = "The tenant's API keys for servers (`api_keys:admin`): `Authorization: Bearer spk_...`, shown once, revoked at once."),
         (name = "openai", description = "The OpenAI-compatible surface: the Responses API (background mode, `starting_after` resume), Chat Completions and models, for the official SDKs. Errors here are OpenAI's shape: `{\"error\": {\"message\", \"type\", \"code\", \"param\"}}`."),
         (name = "page", description = "The chat page at `/` and its two files (no auth: the page signs in with a token)."),
         (name = "identity", description = "The public keys that verify `X-Spool-Identity`, the token tools, MCP servers and hooks receive."),
@@ -128,9 +131,14 @@ impl utoipa::Modify for Security {
                     .scheme(HttpAuthScheme::Bearer)
                     .bearer_format("JWT")
                     .description(Some(
-                        "An HS256 JWT with `sub`, `tenant` and `exp` (`admin: true` for agent \
-                         writes), e.g. from `spool-api token`; or, with `SPOOL_AUTH_JWKS_URL` \
-                         set, an RS256, ES256 or EdDSA token of that identity provider. A token \
+                        "An HS256 JWT with `sub`, `tenant` and `exp`, and optionally `admin: \
+                         true` or `permissions: [...]`, e.g. from `spool-api token`; with \
+                         `SPOOL_AUTH_JWKS_URL` set, an RS256, ES256 or EdDSA token of that \
+                         identity provider; or an API key (`spk_...`, `POST /v1/api_keys`). \
+                         Each operation's security requirement lists the permission it needs \
+                         (several requirements: any one of them); `admin` holds them all, and a \
+                         token with neither `admin` nor a permissions claim holds `agents:read` \
+                         and `runs:create`. A missing one is 403 `forbidden` naming it. A token \
                          typed `spool-identity+jwt` is refused (401 `identity_token_refused`).",
                     ))
                     .build(),
@@ -140,7 +148,8 @@ impl utoipa::Modify for Security {
             "access_token",
             SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
                 "access_token",
-                "The same JWT as a query parameter, for `EventSource` (the stream only).",
+                "The same bearer token as a query parameter, for `EventSource` (the stream \
+                 only).",
             ))),
         );
     }

@@ -1,6 +1,7 @@
 //! The HTTP routes, one module per resource, each with its own `router()`.
 
 pub mod agents;
+pub mod api_keys;
 pub mod health;
 pub mod identity;
 pub mod list;

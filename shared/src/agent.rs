@@ -164,7 +164,7 @@ impl Visibility {
 }
 
 /// The form of an agent's final answer (`response_format`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ResponseFormat {
     /// A JSON value valid against `schema` (sent to the provider as OpenAI's `json_schema`
@@ -197,6 +197,13 @@ impl ResponseFormat {
         schema
     }
 
+    /// Why the schema does not compile, if it does not.
+    pub fn schema_error(&self) -> Option<String> {
+        jsonschema::validator_for(self.schema())
+            .err()
+            .map(|err| err.to_string())
+    }
+
     /// `strict`, if set.
     pub fn strict(&self) -> Option<bool> {
         let Self::JsonSchema { strict, .. } = self;
@@ -215,22 +222,29 @@ impl ResponseFormat {
             .unwrap_or(trimmed);
         let value: Value = serde_json::from_str(unfenced.trim())
             .map_err(|err| format!("the answer is not JSON: {err}"))?;
-        let validator = jsonschema::validator_for(self.schema())
-            .map_err(|err| format!("the schema does not compile: {err}"))?;
-        let problems: Vec<String> = validator
-            .iter_errors(&value)
-            .take(5)
-            .map(|err| {
-                let at = err.instance_path().to_string();
-                let at = if at.is_empty() { "/".to_owned() } else { at };
-                format!("at {at}: {err}")
-            })
-            .collect();
-        if problems.is_empty() {
-            Ok(value)
-        } else {
-            Err(problems.join("; "))
-        }
+        schema_problems(self.schema(), &value)?;
+        Ok(value)
+    }
+}
+
+/// Whether `value` validates against the JSON Schema `schema`; else what is wrong with it (at
+/// most five problems, each with where in the value).
+pub fn schema_problems(schema: &Value, value: &Value) -> Result<(), String> {
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|err| format!("the schema does not compile: {err}"))?;
+    let problems: Vec<String> = validator
+        .iter_errors(value)
+        .take(5)
+        .map(|err| {
+            let at = err.instance_path().to_string();
+            let at = if at.is_empty() { "/".to_owned() } else { at };
+            format!("at {at}: {err}")
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
     }
 }
 

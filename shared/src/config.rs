@@ -345,7 +345,7 @@ pub const MIN_SECRET_BYTES: usize = 32;
 
 /// Checks the HS256 signing secret of the setting `name`: at least [`MIN_SECRET_BYTES`] long,
 /// and not a value that is public or guessable though long enough: the placeholders of
-/// `deploy/k8s/secret.example.yaml` (`REPLACE_ME…`, 35 bytes) applied as they are, or one
+/// `deploy/helm/secret.example.yaml` (`REPLACE_ME…`, 35 bytes) applied as they are, or one
 /// character repeated. The error names the setting and says how to make a good one.
 pub fn check_signing_secret(name: &str, secret: &str) -> anyhow::Result<()> {
     let len = secret.len();

@@ -8,6 +8,7 @@
 //! suite exercises every statement against real Postgres anyway.
 
 pub mod agents;
+pub mod api_keys;
 pub mod enqueue;
 pub mod idempotency;
 pub mod messages;
@@ -256,12 +257,52 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     .execute(&mut conn)
     .await
     .context("lifting the timeouts to migrate")?;
-    let migrated = MIGRATOR
+    let migrated = rolling_migrator()
         .run(&mut conn)
         .await
         .context("running database migrations");
+    let migrated = match migrated {
+        Ok(()) => report_newer_migrations(&mut conn).await,
+        Err(err) => Err(err),
+    };
     let _ = sqlx::Connection::close(conn).await;
     migrated
+}
+
+/// [`MIGRATOR`]'s migrations, run without sqlx's refusal of applied migrations it does not
+/// know. During a rolling deploy the new version migrates first and pods of the version
+/// before it still start (or restart) beside it: refusing would crash-loop them. A newer
+/// version's migrations only add (docs/compatibility.md: the schema promise), so the older
+/// binary runs on them. Its own migrations are still applied and their checksums still
+/// checked.
+fn rolling_migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate::Migrator::with_migrations(MIGRATOR.iter().cloned().collect());
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+/// Logs the applied migrations this binary does not know (a newer version's), once at start.
+async fn report_newer_migrations(conn: &mut sqlx::PgConnection) -> anyhow::Result<()> {
+    let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    // Bounded: the migrations table holds one row per migration ever applied.
+    let unknown: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT version, description FROM _sqlx_migrations
+         WHERE NOT (version = ANY($1)) ORDER BY version",
+    )
+    .bind(&known)
+    .fetch_all(&mut *conn)
+    .await
+    .context("listing the applied migrations")?;
+    if let Some((newest, description)) = unknown.last() {
+        tracing::warn!(
+            unknown = unknown.len(),
+            newest_version = newest,
+            newest_description = %description,
+            "the database has migrations this binary does not know (applied by a newer \
+             version): running on the newer schema"
+        );
+    }
+    Ok(())
 }
 
 /// Wakes idle workers: a run became claimable. Delivered when the surrounding transaction

@@ -160,6 +160,30 @@ pub struct StepResult {
     pub is_error: bool,
 }
 
+/// `step_start`: a step begins; its model call follows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StepStartData)]
+pub struct StepStart {
+    /// The step (the same numbers as `step` events).
+    pub step: u32,
+    /// The model asked.
+    pub model: String,
+}
+
+/// `step_end`: a step is over and saved (after its tool results, if it called tools). A
+/// restarted attempt does not repeat the `step_end` of a step saved before it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StepEndData)]
+pub struct StepEnd {
+    /// The step.
+    pub step: u32,
+    /// The tokens of its model call (continuations and repairs included).
+    pub usage: Usage,
+    /// Why its model call ended: `stop`, `tool_calls`, `length`, `content_filter`, or what
+    /// else the provider said.
+    pub finish_reason: String,
+}
+
 /// `citations`: the sources the answer cites.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[schema(as = CitationsData)]
@@ -342,8 +366,12 @@ events! {
     TextDelta(TextDelta) = "text_delta";
     /// A text block ends.
     TextEnd(TextEnd) = "text_end";
+    /// A step begins (`step`, `model`), before its model call.
+    StepStart(StepStart) = "step_start";
     /// A tool call (`phase: call`) or its result (`phase: result`).
     Step(Step) = "step";
+    /// A step is over and saved (`step`, `usage`, `finish_reason`).
+    StepEnd(StepEnd) = "step_end";
     /// Sources the answer cites.
     Citations(Citations) = "citations";
     /// The run is alive (its lease was renewed).
@@ -559,7 +587,7 @@ pub fn end_of_message(end: MessageEnd, error: Option<&RunFailure>) -> Vec<Data> 
         events.push(Data::Error(Failure {
             code: error.code,
             message: error.message.clone(),
-            retryable: false,
+            retryable: error.code.is_retryable(),
         }));
     }
     let status = end.status;
@@ -626,6 +654,17 @@ mod tests {
                 tool_name: "read".into(),
                 output: "x".into(),
                 is_error: false,
+            }
+            .into(),
+            StepStart {
+                step: 1,
+                model: "gpt".into(),
+            }
+            .into(),
+            StepEnd {
+                step: 1,
+                usage: Usage::default(),
+                finish_reason: "tool_calls".into(),
             }
             .into(),
             Heartbeat {}.into(),
@@ -698,5 +737,30 @@ mod tests {
             kinds,
             [EventType::Error, EventType::MessageEnd, EventType::Done]
         );
+    }
+
+    #[test]
+    fn an_error_is_retryable_exactly_for_the_retryable_codes() {
+        for code in FailureCode::ALL {
+            let error = RunFailure::new(code, "x");
+            let end = MessageEnd {
+                status: RunStatus::Failed,
+                usage: Usage::default(),
+                blocked: false,
+                output: None,
+            };
+            let Some(Data::Error(failure)) = end_of_message(end, Some(&error)).into_iter().next()
+            else {
+                panic!("no error event");
+            };
+            let expected = matches!(
+                code,
+                FailureCode::ModelUnavailable
+                    | FailureCode::Timeout
+                    | FailureCode::TooManyAttempts
+                    | FailureCode::BudgetExceeded
+            );
+            assert_eq!(failure.retryable, expected, "{code:?}");
+        }
     }
 }

@@ -67,6 +67,10 @@ id_type!(
     /// An endpoint that receives a tenant's run events.
     WebhookId
 );
+id_type!(
+    /// A tenant's API key (its id, never the key itself).
+    ApiKeyId
+);
 
 #[cfg(test)]
 mod tests {

@@ -14,10 +14,24 @@ use crate::event::{ApprovalRequested, Data, RequiresAction};
 /// Token usage of one or more model calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
-    /// Tokens in the prompts.
+    /// Tokens in the prompts (cached or not).
     pub input_tokens: u64,
-    /// Tokens generated.
+    /// Tokens generated (reasoning included).
     pub output_tokens: u64,
+    /// Of `input_tokens`, those the provider read from its prompt cache (as it reports them;
+    /// absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_input_tokens: u64,
+    /// Of `input_tokens`, those the provider wrote to its prompt cache (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+    /// Of `output_tokens`, the model's reasoning (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
@@ -25,6 +39,9 @@ impl Usage {
     pub fn add(&mut self, other: Usage) {
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
+        self.cached_input_tokens += other.cached_input_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
     }
 }
 
@@ -108,6 +125,16 @@ impl FailureCode {
             Self::InvalidOutput => "invalid_output",
             Self::ContextOverflow => "context_overflow",
         }
+    }
+
+    /// Whether a client may retry later with a chance of success: the model was unavailable,
+    /// the run ran out of time or of attempts, or a budget was spent (it refills). Every other
+    /// failure would happen again.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::ModelUnavailable | Self::Timeout | Self::TooManyAttempts | Self::BudgetExceeded
+        )
     }
 }
 

@@ -101,7 +101,11 @@ def cancel_through_the_sdk():
     cancelled = client.responses.cancel(response.id)
     check("cancel answers the response", cancelled.id == response.id)
     events = list(client.responses.retrieve(response.id, stream=True))
-    check("the stream ends cancelled", events[-1].type == "response.cancelled", events[-1].type)
+    # OpenAI's document has no `response.cancelled`: the terminal event is `response.failed`,
+    # its response `cancelled`.
+    check("the stream ends cancelled",
+          (events[-1].type, events[-1].response.status) == ("response.failed", "cancelled"),
+          events[-1].type)
     check("stored as cancelled", client.responses.retrieve(response.id).status == "cancelled")
 
 
@@ -135,6 +139,66 @@ def chat_completions():
     check("usage chunk", usage is not None and usage.completion_tokens > 0)
     models = [m.id for m in client.models.list()]
     check("models list the default agent", "spool-default" in models, models)
+
+
+def conversations():
+    conversation = client.conversations.create(
+        items=[
+            {"type": "message", "role": "user", "content": "My name is Ada."},
+            {"type": "message", "role": "assistant", "content": "Hello Ada."},
+        ],
+        metadata={"topic": "intro"},
+    )
+    check("conversation id", conversation.id.startswith("conv_"), conversation.id)
+    check("conversation metadata", conversation.metadata == {"topic": "intro"}, conversation.metadata)
+    got = client.conversations.retrieve(conversation.id)
+    check("conversation retrieved", got.id == conversation.id and got.created_at == conversation.created_at)
+    try:
+        bob.conversations.retrieve(got.id)
+        check("another's conversation", False, "no error")
+    except openai.NotFoundError as err:
+        check("another's conversation is 404", err.code == "conversation_not_found", err.body)
+    updated = client.conversations.update(conversation.id, metadata={"topic": "names"})
+    check("metadata updated", updated.metadata == {"topic": "names"}, updated.metadata)
+    items = client.conversations.items.list(conversation.id)
+    check("items newest first", [i.role for i in items.data] == ["assistant", "user"],
+          [i.role for i in items.data])
+    check("item text", items.data[1].content[0].text == "My name is Ada.", items.data[1])
+    added = client.conversations.items.create(
+        conversation.id, items=[{"type": "message", "role": "user", "content": "Noted?"}]
+    )
+    check("items added", [i.content[0].text for i in added.data] == ["Noted?"], added)
+    response = client.responses.create(
+        model="spool-default", input="who am I", conversation=conversation.id
+    )
+    check("a response in the conversation", response.conversation.id == conversation.id,
+          response.conversation)
+    check("a plain create is not background", response.background is False, response.background)
+    ascending = client.conversations.items.list(conversation.id, order="asc", limit=100)
+    texts = [i.content[0].text for i in ascending.data]
+    check("the response's turn is in the conversation",
+          texts[:4] == ["My name is Ada.", "Hello Ada.", "Noted?", "who am I"]
+          and texts[4].startswith("[demo]"), texts)
+    page = client.conversations.items.list(conversation.id, order="asc", limit=2)
+    check("a page", page.has_more and len(page.data) == 2, page)
+    rest = client.conversations.items.list(conversation.id, order="asc", after=page.last_id)
+    check("after the page", [i.id for i in rest.data] == [i.id for i in ascending.data[2:]])
+    # The bare thread id names the same conversation.
+    thread = conversation.id.removeprefix("conv_")
+    thread = f"{thread[:8]}-{thread[8:12]}-{thread[12:16]}-{thread[16:20]}-{thread[20:]}"
+    check("the thread id names it", client.conversations.retrieve(thread).id == conversation.id)
+    deleted = client.conversations.delete(conversation.id)
+    check("deleted", deleted.deleted and deleted.id == conversation.id, deleted)
+    try:
+        client.conversations.retrieve(conversation.id)
+        check("deleted is gone", False, "no error")
+    except openai.NotFoundError as err:
+        check("deleted is gone", err.code == "conversation_not_found", err.body)
+    try:
+        client.conversations.create(items=[{"type": "message", "role": "system", "content": "x"}])
+        check("400 items", False, "no error")
+    except openai.BadRequestError as err:
+        check("a system item is refused", err.code == "unsupported_input", err.body)
 
 
 def typed_errors():
@@ -186,6 +250,7 @@ if __name__ == "__main__":
     blocking_and_background_creates()
     cancel_through_the_sdk()
     chat_completions()
+    conversations()
     typed_errors()
     print("all passed")
     sys.exit(0)

@@ -15,6 +15,13 @@
 //! thousand its rare agent ([`RARE_AGENT`]); each thread has `{"project": "p<0..49>", "n":
 //! <0..6>}` as metadata, one in 997 also `{"flag": "rare"}`. Every other run has one saved tool
 //! step; every completed run keeps its final step, as the worker writes them.
+//!
+//! Retention's steady state at its default windows (DESIGN section 15), as a deployment that has
+//! run for months holds it: every run's usage is rolled up (`usage_rolled_up_at`, its rows in
+//! `usage_daily`, and in `usage_detail` for the runs that ended in the last 90 days,
+//! `SPOOL_RETENTION_USAGE_DETAIL_DAYS`); runs that ended more than 30 days ago
+//! (`SPOOL_RETENTION_STEPS_DAYS`) have lost their steps and final step (`steps_expired_at`). A fill without it would leave the workers' housekeeping
+//! months of backlog to roll up and delete while a benchmark measures.
 
 use anyhow::Context as _;
 use sqlx::PgConnection;
@@ -72,6 +79,14 @@ const HELPERS: &[&str] = &[
        LANGUAGE sql STABLE AS
      $$ SELECT now() - interval '180 days' * (1 - i::float8 / threads)
                + j * interval '1 minute' $$",
+    // The usage rows the roll-up writes for run `j` of thread `i`: the run's own totals
+    // (`model` ''), and its step's tokens under 'unknown' (the fill's steps name no model) for
+    // the runs that have a step.
+    "CREATE FUNCTION pg_temp.growth_usage(i bigint, j bigint)
+       RETURNS TABLE (model text, input bigint, output bigint)
+       LANGUAGE sql IMMUTABLE AS
+     $$ SELECT '', 1624::bigint, 192::bigint
+        UNION ALL SELECT 'unknown', 812, 96 WHERE (i + j) % 2 = 0 $$",
 ];
 
 /// The statements that fill, in order (parents before children), each with `$1` threads, `$2`
@@ -111,7 +126,8 @@ const FILL: &[(&str, &str)] = &[
         "INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
                            assistant_message_id, status, attempt, lease_owner, lease_expires_at,
                            heartbeat_at, error, usage, queued_at, created_at, started_at,
-                           finished_at, updated_at, final_step)
+                           finished_at, updated_at, final_step, usage_rolled_up_at,
+                           steps_expired_at)
          SELECT md5('run' || i || '.' || j)::uuid, md5('thread' || i)::uuid,
                 pg_temp.growth_tenant(i, $2), pg_temp.growth_owner(i, $2, $3),
                 pg_temp.growth_agent(i, $2), md5('user' || i || '.' || j)::uuid,
@@ -122,17 +138,21 @@ const FILL: &[(&str, &str)] = &[
                 END,
                 '{\"input_tokens\": 1624, \"output_tokens\": 192}'::jsonb, at, at,
                 at + interval '1 second', at + interval '6 seconds', at + interval '6 seconds',
-                CASE s.status WHEN 'completed' THEN jsonb_build_object(
+                CASE WHEN s.status = 'completed' AND NOT s.expired THEN jsonb_build_object(
                     'assistant', jsonb_build_object('text', 'The figures moved because of '
                         || 'seasonal demand and a one-off cost.', 'tool_calls', '[]'::jsonb),
                     'usage', '{\"input_tokens\": 812, \"output_tokens\": 96}'::jsonb)
-                END
+                END,
+                at + interval '10 seconds',
+                CASE WHEN s.expired THEN at + interval '30 days 1 minute' END
            FROM generate_series(0::bigint, $1 - 1) i
           CROSS JOIN LATERAL generate_series(0::bigint, 1 + i % 2) j
           CROSS JOIN LATERAL (SELECT pg_temp.growth_at(i, $1, j) AS at,
                                      CASE (i * 3 + j) % 100 WHEN 0 THEN 'failed'
                                           WHEN 1 THEN 'cancelled' ELSE 'completed' END
-                                       AS status) s",
+                                       AS status,
+                                     pg_temp.growth_at(i, $1, j) < now() - interval '30 days'
+                                       AS expired) s",
     ),
     (
         "run_steps",
@@ -149,7 +169,34 @@ const FILL: &[(&str, &str)] = &[
                 pg_temp.growth_at(i, $1, j) + interval '3 seconds', 'Looking it up.'
            FROM generate_series(0::bigint, $1 - 1) i
           CROSS JOIN LATERAL generate_series(0::bigint, 1 + i % 2) j
-          WHERE (i + j) % 2 = 0",
+          WHERE (i + j) % 2 = 0 AND pg_temp.growth_at(i, $1, j) >= now() - interval '30 days'",
+    ),
+    (
+        "usage_detail",
+        "INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,
+                                   finished_at, input_tokens, output_tokens)
+         SELECT md5('run' || i || '.' || j)::uuid, u.model, pg_temp.growth_tenant(i, $2),
+                pg_temp.growth_owner(i, $2, $3),
+                coalesce(pg_temp.growth_agent(i, $2)::text, 'default'),
+                pg_temp.growth_at(i, $1, j) + interval '6 seconds', u.input, u.output
+           FROM generate_series(0::bigint, $1 - 1) i
+          CROSS JOIN LATERAL generate_series(0::bigint, 1 + i % 2) j
+          CROSS JOIN LATERAL pg_temp.growth_usage(i, j) u
+          WHERE pg_temp.growth_at(i, $1, j) >= now() - interval '90 days'",
+    ),
+    (
+        "usage_daily",
+        "INSERT INTO usage_daily (tenant_id, day, owner_id, agent_id, model, input_tokens,
+                                  output_tokens, runs)
+         SELECT pg_temp.growth_tenant(i, $2),
+                ((pg_temp.growth_at(i, $1, j) + interval '6 seconds') AT TIME ZONE 'UTC')::date,
+                pg_temp.growth_owner(i, $2, $3),
+                coalesce(pg_temp.growth_agent(i, $2)::text, 'default'), u.model,
+                sum(u.input), sum(u.output), count(*)
+           FROM generate_series(0::bigint, $1 - 1) i
+          CROSS JOIN LATERAL generate_series(0::bigint, 1 + i % 2) j
+          CROSS JOIN LATERAL pg_temp.growth_usage(i, j) u
+          GROUP BY 1, 2, 3, 4, 5",
     ),
 ];
 

@@ -11,6 +11,7 @@
 //!
 //! Tests are quiet unless `TEST_LOG=1`.
 
+pub mod conform;
 pub mod fake_llm;
 pub mod growth;
 pub mod peers;
@@ -283,6 +284,20 @@ pub fn token_with(sub: &str, tenant: &str, admin: bool, ttl: i64, secret: &str) 
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &claims,
         &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap_or_default()
+}
+
+/// A token for `sub` of `tenant`, valid for an hour, whose `permissions` claim lists exactly
+/// `permissions` (`[]`: none at all).
+pub fn token_with_permissions(sub: &str, tenant: &str, permissions: &[&str]) -> String {
+    let exp = chrono::Utc::now().timestamp() + 3600;
+    let claims =
+        serde_json::json!({"sub": sub, "tenant": tenant, "exp": exp, "permissions": permissions});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes()),
     )
     .unwrap_or_default()
 }

@@ -55,6 +55,7 @@ impl Backing<'_> {
             ("SPOOL_API_ADDR", "127.0.0.1:0"),
             ("SPOOL_JWT_SECRET", crate::JWT_SECRET),
         ];
+        wait_for_postgres_room(self.database_url, timeout).await;
         let api = Process::spawn("spool-api", &["serve"], &self.vars(&own, settings))?;
         let every = Duration::from_millis(5);
         let addr = crate::try_poll_until("spool-api to listen", timeout, every, || async {
@@ -79,6 +80,7 @@ impl Backing<'_> {
         settings: &[(&str, &str)],
         timeout: Duration,
     ) -> anyhow::Result<Process> {
+        wait_for_postgres_room(self.database_url, timeout).await;
         let worker = self.spawn_worker(settings)?;
         let every = Duration::from_millis(5);
         crate::try_poll_until("the worker to start", timeout, every, || async {
@@ -87,6 +89,50 @@ impl Backing<'_> {
         .await?;
         Ok(worker)
     }
+}
+
+/// Connections a started process may open (a pool of `SPOOL_DB_MAX_CONNECTIONS`, the
+/// worker's lease pool, the API's listeners) with some to spare.
+const ROOM_PER_PROCESS: i64 = 30;
+
+/// Waits, up to `timeout`, until Postgres has room for one more process's connections.
+///
+/// Tests run in parallel against one Postgres (100 connections on a fresh machine), each with
+/// its API and workers: without this, two tests that each start several processes can together
+/// pass `max_connections`, and a process then fails to start with "too many clients", a failure
+/// of the test bench and not of Spool. Past the timeout it goes on (the process may then fail,
+/// and says why).
+pub async fn wait_for_postgres_room(database_url: &str, timeout: Duration) {
+    let free = async || -> Option<i64> {
+        use sqlx::Connection as _;
+        let Ok(mut conn) = sqlx::PgConnection::connect(database_url).await else {
+            return Some(0);
+        };
+        let free = sqlx::query_scalar(
+            "SELECT current_setting('max_connections')::bigint
+                    - current_setting('superuser_reserved_connections')::bigint
+                    - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .ok();
+        let _ = conn.close().await;
+        free
+    };
+    let every = Duration::from_millis(100);
+    let _ = crate::try_poll_until(
+        "room in Postgres for a process",
+        timeout,
+        every,
+        async || {
+            // A failed query says nothing: go on rather than wait for nothing.
+            free()
+                .await
+                .is_none_or(|n| n >= ROOM_PER_PROCESS)
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 impl Backing<'_> {

@@ -49,7 +49,7 @@ use spool_shared::agent::{AgentSpec, HookEvent};
 use spool_shared::db::quota::Spent;
 use spool_shared::db::runs::Run;
 use spool_shared::db::{agents, messages};
-use spool_shared::event::MessageStart;
+use spool_shared::event::{MessageStart, StepStart};
 use spool_shared::run::{FailureCode, RunFailure, Usage};
 use spool_shared::status::RunStatus;
 
@@ -90,7 +90,8 @@ pub(crate) async fn run(a: &Attempt<'_>, spec: &AgentSpec) -> anyhow::Result<Loo
     // Boxed: the loop's future is most of an attempt's (about 16 KiB), once per run, so the
     // attempt's own future (and every caller's) stays small.
     match Box::pin(Loop::run(a, spec)).await {
-        Ok(end) | Err(Exit::End(end)) => Ok(end),
+        Ok(end) => Ok(end),
+        Err(Exit::End(end)) => Ok(*end),
         Err(Exit::Error(err)) => Err(err),
     }
 }
@@ -122,12 +123,16 @@ pub(crate) struct Loop<'a> {
     /// The thread's messages the start replays, and the summary it starts after.
     history: Vec<messages::HistoryMessage>,
     summary: Option<messages::Summary>,
+    /// Whether thread messages older than the replayed window follow the summary.
+    backlog: bool,
     /// Summaries written by this attempt (at most [`prompt::MAX_COMPACTIONS`]).
     compactions: u32,
     /// Why a summary of this attempt failed (none is tried again).
     summary_failed: Option<String>,
     /// Whether the results of the run's own steps were cut to fit the window (once).
     cut_own: bool,
+    /// Calls of a done tool whose arguments did not validate (the first is the repair round).
+    done_invalid: u32,
 }
 
 impl<'a> Loop<'a> {
@@ -143,6 +148,8 @@ impl<'a> Loop<'a> {
         } else {
             false
         };
+        // Turns beyond `history_depth` that no summary covers are summarised, not dropped.
+        state.absorb_backlog(a).await?;
         if let Some(unsettled) = unsettled {
             state.resume(a, next, unsettled, reshow).await?;
             next += 1;
@@ -185,6 +192,7 @@ impl<'a> Loop<'a> {
             input,
             history,
             summary,
+            backlog,
         } = prompt::start(a.db, run, &spec).await?;
         let prefix = conversation.len();
         conversation.append(&mut checkpoint.conversation);
@@ -222,9 +230,11 @@ impl<'a> Loop<'a> {
             prefix,
             history,
             summary,
+            backlog,
             compactions: 0,
             summary_failed: None,
             cut_own: false,
+            done_invalid: 0,
         };
         Ok((state, checkpoint))
     }
@@ -256,6 +266,10 @@ impl<'a> Loop<'a> {
             return Err(self.halted(halt));
         }
         self.within_budget()?;
+        a.events.send(StepStart {
+            step,
+            model: self.spec.model.clone(),
+        });
         let (mut output, offered) = loop {
             let request = self.request(step);
             let window = self.spec.context_window_tokens.map(|w| w as usize);
@@ -275,7 +289,7 @@ impl<'a> Loop<'a> {
         };
         self.spend(a, output.usage).await?;
         if output.tool_calls.is_empty() {
-            self.answer.final_step = Some(Box::new(output.saved(Vec::new(), Vec::new())));
+            self.answer.final_step = Some(Box::new((step, output.saved(Vec::new(), Vec::new()))));
             return Err(self.final_answer(a, step, output.text).await);
         }
         if self.buffer {

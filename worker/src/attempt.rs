@@ -274,9 +274,6 @@ async fn attempt(
         }
         LoopEnd::Completed(mut answer) => {
             if !answer.citations.is_empty() {
-                a.events.send(Citations {
-                    citations: answer.citations.clone(),
-                });
                 answer.parts.push(MessagePart::Citations {
                     citations: answer.citations.clone(),
                 });
@@ -325,7 +322,7 @@ async fn end(
         parts: &answer.parts,
         usage: answer.usage,
         error,
-        final_step: answer.final_step.as_deref(),
+        final_step: answer.final_step.as_deref().map(|(_, step)| step),
         output: answer.output.as_deref(),
         blocked: answer.blocked,
     };
@@ -336,6 +333,16 @@ async fn end(
     // ended runs itself).
     if let Some(quota) = &run.quota {
         a.admission.release(&run.tenant_id, run.id, &quota.0).await;
+    }
+    // The final step was saved with the run's end: its `step_end` comes now.
+    if let Some((number, step)) = answer.final_step.as_deref() {
+        a.events.send(crate::agent::step::step_end(*number, step));
+    }
+    // Then the sources a completed answer cites, as the stored message holds them.
+    if status == RunStatus::Completed && !answer.citations.is_empty() {
+        a.events.send(Citations {
+            citations: answer.citations.clone(),
+        });
     }
     // `message_end` carries what the stored message says beyond its text.
     let end = MessageEnd {
@@ -348,7 +355,7 @@ async fn end(
         a.events.send(data);
     }
     if let Some(spec) = spec {
-        Hooks::for_run(spec, a.engine, run).on_run_complete(status.as_str(), &answer.content);
+        Hooks::for_run(spec, a.engine, run).on_run_end(status, &answer.content);
     }
     Ok(Ended::Finished(status))
 }

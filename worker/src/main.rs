@@ -64,6 +64,9 @@ async fn main() -> anyhow::Result<()> {
             "SPOOL_METRICS_TOKEN is set but empty; unset it to leave /metrics open"
         );
     }
+    // The ops port first: an address that is taken is a configuration error the operator sees
+    // at once, before any Postgres connection is opened.
+    let listener = bind_ops(metrics_addr).await?;
     let pool = spool_shared::db::connect(&db, "spool-worker").await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(spool_shared::shutdown::on_signal(shutdown.clone()));
@@ -72,7 +75,6 @@ async fn main() -> anyhow::Result<()> {
         .context("REDIS_URL")?;
     let timeouts = db.timeouts()?;
     let worker = spool_worker::Worker::new(pool, db.database_url, timeouts, worker, streams)?;
-    let listener = bind_ops(metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "metrics and health listening");
     let ops = tokio::spawn(spool_worker::ops::serve(
         listener,

@@ -52,8 +52,9 @@ pub struct Principal {
     pub sub: String,
     /// The tenant claim.
     pub tenant: String,
-    /// The permissions claim (empty when absent).
-    pub permissions: Vec<String>,
+    /// The permissions claim, `None` when the token has none (then it holds the defaults,
+    /// [`super::Permissions::of_token`]).
+    pub permissions: Option<Vec<String>>,
 }
 
 /// The keys fetched so far, and when the set was last asked for.
@@ -151,8 +152,15 @@ impl ExternalAuth {
                 "the token lacks the tenant claim `{tenant_claim}`"
             ))
         })?;
-        let permissions = permissions(&claims[&self.settings.permissions_claim])
-            .ok_or_else(|| invalid("the permissions claim is neither a list nor a string"))?;
+        let claim = &claims[&self.settings.permissions_claim];
+        let permissions =
+            if claim.is_null() {
+                None
+            } else {
+                Some(permissions(claim).ok_or_else(|| {
+                    invalid("the permissions claim is neither a list nor a string")
+                })?)
+            };
         Ok(Principal {
             sub,
             tenant,
@@ -227,10 +235,9 @@ fn usable(jwk: &Jwk) -> Option<(String, (Algorithm, DecodingKey))> {
 }
 
 /// A permissions claim: a JSON array of strings, or a space-separated string (OAuth's
-/// `scope`); absent is none. `None` for any other shape.
+/// `scope`). `None` for any other shape.
 fn permissions(claim: &Value) -> Option<Vec<String>> {
     match claim {
-        Value::Null => Some(Vec::new()),
         Value::String(text) => Some(text.split_whitespace().map(str::to_owned).collect()),
         Value::Array(items) => items
             .iter()
@@ -259,7 +266,7 @@ mod tests {
             permissions(&json!("openid  agents:read")),
             Some(vec!["openid".to_owned(), "agents:read".to_owned()])
         );
-        assert_eq!(permissions(&Value::Null), Some(Vec::new()));
+        assert_eq!(permissions(&Value::Null), None);
         assert_eq!(permissions(&json!([1])), None);
         assert_eq!(permissions(&json!({"admin": true})), None);
     }

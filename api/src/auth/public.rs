@@ -97,6 +97,7 @@ fn origin_refused(origin: &str) -> ApiError {
     ApiError::Forbidden {
         code: "origin_not_allowed",
         message: format!("the origin {origin} is not among the agent's cors_origins"),
+        details: serde_json::Map::new(),
     }
 }
 
@@ -293,9 +294,9 @@ pub(crate) async fn authenticate(
 }
 
 /// Whether `caller` may see and use an agent: a `private` one only with the right to write
-/// agents (`admin`).
+/// agents (`agents:write`, or `admin`).
 pub(crate) fn may_use(caller: &Caller, spec: &spool_shared::agent::AgentSpec) -> bool {
-    spec.visibility != Visibility::Private || caller.admin
+    spec.visibility != Visibility::Private || caller.holds(super::Permission::AgentsWrite)
 }
 
 /// The caller of a route a public session may use: an ordinary caller, or a session (its

@@ -21,12 +21,12 @@ use spool_shared::db::threads::{self, Owner};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::app::AppState;
-use crate::error::{ApiError, ErrorBody, Unauthenticated};
+use crate::error::{ApiError, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::ApiPath;
 use crate::runs::thread_not_found;
 
 use super::scoped::{Kind, now};
-use super::{Caller, bearer, missing, unauthorized};
+use super::{Caller, Permission, bearer, missing, unauthorized};
 
 /// How long a stream token is valid, in seconds.
 pub const STREAM_TOKEN_TTL_SECS: u64 = 300;
@@ -68,11 +68,12 @@ pub struct StreamTokenResponse {
     post,
     path = "/v1/threads/{thread_id}/stream_token",
     tag = "threads",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(("thread_id" = ThreadId, Path, description = "The thread.")),
     responses(
         (status = 201, description = "The token, with its expiry.", body = StreamTokenResponse),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`thread_not_found` (also another owner's), `not_found` (not a UUID)", body = ErrorBody),
     )
 )]
@@ -81,6 +82,7 @@ async fn post_stream_token(
     caller: Caller,
     ApiPath(thread_id): ApiPath<ThreadId>,
 ) -> Result<(StatusCode, Json<StreamTokenResponse>), ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     threads::find(&state.db, thread_id, caller.scope())
         .await?
         .ok_or_else(thread_not_found)?;
@@ -135,11 +137,12 @@ pub(crate) async fn authorize_stream(
             false,
         ),
         None => {
-            let caller = state.jwt.authenticate(token).await?;
+            let caller = super::authenticate(state, token).await?;
             let tenant_wide = matches!(caller.scope(), Scope::Tenant(_));
             (caller, tenant_wide)
         }
     };
+    caller.require_any(Permission::RUNS_READ)?;
     let scope = if tenant_wide {
         Scope::Tenant(&caller.owner.tenant_id)
     } else {

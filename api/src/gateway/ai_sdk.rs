@@ -5,6 +5,7 @@
 //! | run event | chunks |
 //! |---|---|
 //! | `message_start` | `start` (`messageId`: the assistant message's id) |
+//! | `step_start`, `step_end` | `start-step`, `finish-step` (once per step, whatever the attempts) |
 //! | text | `text-start`, `text-delta`, `text-end` |
 //! | `step` (call) | `tool-input-available` (`providerExecuted`: Spool runs it) |
 //! | `step` (result) | `tool-output-available`, or `tool-output-error` for a failed call |
@@ -133,6 +134,8 @@ impl Chunks {
             Shown::CallAnswered { result, .. } => json!({"type": "tool-output-available",
                 "toolCallId": result.tool_call_id, "output": result.output,
                 "providerExecuted": true}),
+            Shown::StepStarted(_) => json!({"type": "start-step"}),
+            Shown::StepEnded(_) => json!({"type": "finish-step"}),
             Shown::CallEnded { .. } | Shown::Citations(_) => return None,
             Shown::Paused(Pause::RequiresAction(action)) => {
                 json!({"type": "data-spool-requires-action", "data": action})

@@ -8,8 +8,9 @@
 //! wrote to; a read without one, every second at first and every 8 s once the thread is idle
 //! ([`POLL`]), covers a notification lost some other way (a reconnect of that connection
 //! already wakes every feed).
-//! A subscriber that falls more than the ring's capacity behind is dropped (its receiver
-//! reports `Lagged`) instead of growing memory; it reconnects with `Last-Event-ID`.
+//! A subscriber that falls more than the ring's capacity behind, or more than [`BEHIND_BYTES`]
+//! of entries behind (review B-M3: one entry may be a 300 KB tool result, so a count alone
+//! bounds nothing), is dropped instead of holding memory; it reconnects with `Last-Event-ID`.
 //!
 //! Why not a blocking `XREAD` per thread on dedicated connections: that needs a connection per
 //! active thread (unbounded), and a multi-key blocking `XREAD` that multiplexes threads on a few
@@ -18,10 +19,12 @@
 //! and never blocks the shared connection.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +49,11 @@ fn next_page(entries: usize, bytes: usize) -> usize {
         _ => (PAGE_BYTES / (bytes / entries).max(1)).clamp(1, PAGE),
     }
 }
+/// The most bytes of entries a subscriber may be behind its feed: one further behind is dropped
+/// when it next takes an entry. The ring's memory is what its slowest subscriber has not taken
+/// yet; a subscriber that takes nothing is one stuck writing to its client, which the write
+/// timeout and the minimum drain rate end.
+const BEHIND_BYTES: u64 = 16 * 1024 * 1024;
 /// The kind of the entry a feed broadcasts when the entry it continued from is gone (trimmed,
 /// deleted, lost in a failover): its subscribers end with `stream_reset`.
 pub(crate) const GAP: &str = "spool_gap";
@@ -78,19 +86,86 @@ struct Entry {
     subscribers: usize,
 }
 
+/// A broadcast entry and the feed's byte count once it was sent (its own bytes included).
+type Live = (Arc<StoredEvent>, u64);
+
 struct Feed {
-    tx: broadcast::Sender<Arc<StoredEvent>>,
+    tx: broadcast::Sender<Live>,
+    /// Bytes of entries sent so far.
+    sent: AtomicU64,
     wake: Notify,
     stop: CancellationToken,
+}
+
+impl Feed {
+    /// Broadcasts `entry` to the subscribers, counting its bytes.
+    fn send(&self, entry: StoredEvent) {
+        let bytes = entry.json.len() as u64;
+        let end = self.sent.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        // No receivers left is fine: the feed is about to stop.
+        let _ = self.tx.send((Arc::new(entry), end));
+    }
 }
 
 /// One subscriber's view of a thread's live events. Dropping it unsubscribes; the last one
 /// stops the thread's reader.
 pub struct Subscription {
     /// Live entries, in order, from the moment of subscribing.
-    pub rx: broadcast::Receiver<Arc<StoredEvent>>,
+    rx: broadcast::Receiver<Live>,
+    feed: Arc<Feed>,
     thread: ThreadId,
     inner: Arc<Inner>,
+}
+
+/// Why a subscription gives no entry.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Missed {
+    /// Nothing new yet ([`Subscription::try_recv`] only).
+    Empty,
+    /// The feed stopped (the process is shutting down).
+    Closed,
+    /// The subscriber fell too far behind and is dropped: it resumes from its cursor.
+    Behind,
+}
+
+impl Subscription {
+    /// The next live entry if one is there.
+    pub fn try_recv(&mut self) -> Result<Arc<StoredEvent>, Missed> {
+        match self.rx.try_recv() {
+            Ok(live) => self.taken(live),
+            Err(TryRecvError::Empty) => Err(Missed::Empty),
+            Err(TryRecvError::Closed) => Err(Missed::Closed),
+            Err(TryRecvError::Lagged(entries)) => Err(dropped("entries", entries)),
+        }
+    }
+
+    /// The next live entry, waiting for it.
+    pub async fn recv(&mut self) -> Result<Arc<StoredEvent>, Missed> {
+        match self.rx.recv().await {
+            Ok(live) => self.taken(live),
+            Err(RecvError::Closed) => Err(Missed::Closed),
+            Err(RecvError::Lagged(entries)) => Err(dropped("entries", entries)),
+        }
+    }
+
+    fn taken(&self, (entry, end): Live) -> Result<Arc<StoredEvent>, Missed> {
+        let behind = self.feed.sent.load(Ordering::Relaxed).saturating_sub(end);
+        if behind > BEHIND_BYTES {
+            return Err(dropped("bytes", behind));
+        }
+        Ok(entry)
+    }
+}
+
+/// Counts and logs a subscriber dropped for being `behind` (`what`: entries or bytes).
+fn dropped(what: &'static str, behind: u64) -> Missed {
+    metrics::counter!("spool_sse_slow_subscriber_drops_total").increment(1);
+    tracing::info!(
+        behind,
+        unit = what,
+        "slow subscriber dropped; it can resume"
+    );
+    Missed::Behind
 }
 
 impl Hub {
@@ -156,6 +231,7 @@ impl Hub {
             let rx = entry.feed.tx.subscribe();
             return Ok(Subscription {
                 rx,
+                feed: entry.feed.clone(),
                 thread,
                 inner: self.inner.clone(),
             });
@@ -163,6 +239,7 @@ impl Hub {
         let (tx, rx) = broadcast::channel(self.inner.buffer);
         let feed = Arc::new(Feed {
             tx,
+            sent: AtomicU64::new(0),
             wake: Notify::new(),
             stop: CancellationToken::new(),
         });
@@ -173,9 +250,10 @@ impl Hub {
                 subscribers: 1,
             },
         );
-        tokio::spawn(read_feed(self.inner.clone(), thread, feed, start));
+        tokio::spawn(read_feed(self.inner.clone(), thread, feed.clone(), start));
         Ok(Subscription {
             rx,
+            feed,
             thread,
             inner: self.inner.clone(),
         })
@@ -187,6 +265,7 @@ impl Hub {
         entry.subscribers += 1;
         Some(Subscription {
             rx: entry.feed.tx.subscribe(),
+            feed: entry.feed.clone(),
             thread,
             inner: self.inner.clone(),
         })
@@ -234,13 +313,13 @@ async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut las
             match read {
                 Err(ReadError::Gap(gap)) => {
                     tracing::info!(thread.id = %thread, error = %gap, "a followed stream lost entries");
-                    let _ = feed.tx.send(Arc::new(StoredEvent {
+                    feed.send(StoredEvent {
                         id: last,
                         kind: GAP.to_owned(),
                         message_id: String::new(),
                         json: String::new(),
                         depth: 0,
-                    }));
+                    });
                     match stream::tail(&mut conn, &key).await {
                         Ok(tail) => last = tail.unwrap_or_default(),
                         Err(_) => break,
@@ -256,8 +335,7 @@ async fn read_feed(inner: Arc<Inner>, thread: ThreadId, feed: Arc<Feed>, mut las
                     for entry in entries {
                         last = entry.id;
                         if !entry.is_marker() {
-                            // No receivers left is fine: the feed is about to stop.
-                            let _ = feed.tx.send(Arc::new(entry));
+                            feed.send(entry);
                         }
                     }
                     if !full {
@@ -323,6 +401,68 @@ async fn listen(inner: Arc<Inner>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Appends `n` entries of `bytes` bytes each to the thread's stream, in the stored format
+    /// (`{type} {message id} {depth} {json}`), and announces them as the publish script does.
+    async fn append(hub: &Hub, thread: ThreadId, n: usize, bytes: usize) {
+        let mut conn = hub.conn();
+        let json = format!("{{\"pad\":\"{}\"}}", "x".repeat(bytes - 10));
+        for _ in 0..n {
+            let _: String = redis::cmd("XADD")
+                .arg(hub.keys().events(thread))
+                .arg("*")
+                .arg("x")
+                .arg(format!("text_delta m1 0 {json}"))
+                .query_async(&mut conn)
+                .await
+                .expect("XADD");
+        }
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(hub.keys().notify_channel())
+            .arg(thread.to_string())
+            .query_async(&mut conn)
+            .await
+            .expect("PUBLISH");
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_more_bytes_behind_than_the_budget_is_dropped_and_one_that_keeps_up_is_not()
+     {
+        let prefix = format!("hubtest-{}", uuid::Uuid::new_v4().simple());
+        let shutdown = CancellationToken::new();
+        let hub = Hub::start(
+            &spool_tests::redis_url(),
+            StreamKeys::new(prefix),
+            1024,
+            shutdown.clone(),
+        )
+        .expect("hub");
+        let thread = ThreadId::new();
+        let mut slow = hub.subscribe(thread).await.expect("subscribe");
+        let mut fast = hub.subscribe(thread).await.expect("subscribe");
+        // 20 entries of 1 MiB: far fewer than the ring's 1,024, more bytes than the budget.
+        let entry = 1024 * 1024;
+        let n = (BEHIND_BYTES as usize / entry) + 4;
+        let reader = tokio::spawn(async move {
+            let mut got = 0;
+            while got < n {
+                let entry = tokio::time::timeout(Duration::from_secs(20), fast.recv())
+                    .await
+                    .expect("the fast subscriber is fed in time");
+                assert!(
+                    entry.is_ok(),
+                    "the fast subscriber is not dropped: {entry:?}"
+                );
+                got += 1;
+            }
+            got
+        });
+        append(&hub, thread, n, entry).await;
+        assert_eq!(reader.await.expect("reader"), n);
+        // The slow one took nothing meanwhile: its first entry is now 23 MiB behind the feed.
+        assert_eq!(slow.recv().await.map(|_| ()), Err(Missed::Behind));
+        shutdown.cancel();
+    }
 
     #[test]
     fn a_feed_reads_about_its_byte_budget_whatever_the_size_of_the_entries() {

@@ -19,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde_json::json;
 use sqlx::PgPool;
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::db::runs;
@@ -29,6 +28,7 @@ use spool_shared::status::RunStatus;
 use spool_shared::stream::{self as events, EntryId, FLUSH_WINDOW, Gap, ReadError, StoredEvent};
 use spool_shared::{ThreadId, WorkflowId};
 
+use super::hub::Missed;
 use super::{StreamSlot, hub, unavailable};
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -286,26 +286,25 @@ impl Session {
             };
             // Entries already received go out without arming the timers and the shutdown
             // waiter below: a fast stream sends one per poll (spool-bench P3).
-            match self.subscription.rx.try_recv() {
+            // A subscriber dropped for falling behind ends here: it can resume.
+            match self.subscription.try_recv() {
                 Ok(entry) => {
                     if let Some(event) = self.emit(entry) {
                         return Some(event);
                     }
                     continue;
                 }
-                Err(TryRecvError::Lagged(missed)) => return Self::lagged(missed),
-                Err(TryRecvError::Closed) => return None,
-                Err(TryRecvError::Empty) => {}
+                Err(Missed::Behind | Missed::Closed) => return None,
+                Err(Missed::Empty) => {}
             }
             tokio::select! {
-                received = self.subscription.rx.recv() => match received {
+                received = self.subscription.recv() => match received {
                     Ok(entry) => {
                         if let Some(event) = self.emit(entry) {
                             return Some(event);
                         }
                     }
-                    Err(RecvError::Lagged(missed)) => return Self::lagged(missed),
-                    Err(RecvError::Closed) => return None,
+                    Err(Missed::Behind | Missed::Closed | Missed::Empty) => return None,
                 },
                 () = tokio::time::sleep_until(
                     linger.map_or_else(tokio::time::Instant::now, |linger| linger.until)),
@@ -322,13 +321,6 @@ impl Session {
                 () = self.shutdown.cancelled() => return None,
             }
         }
-    }
-
-    /// A subscriber the live feed overtook by `missed` entries is dropped: it can resume.
-    fn lagged(missed: u64) -> Option<Item> {
-        metrics::counter!("spool_sse_slow_subscriber_drops_total").increment(1);
-        tracing::info!(missed, "slow subscriber dropped; it can resume");
-        None
     }
 
     /// The next page of the backlog, continuing from the position.

@@ -31,13 +31,14 @@ use spool_shared::status::RunStatus;
 use spool_shared::{ThreadId, WorkflowId};
 
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
 use crate::openai::feed::{Feed, Followed};
+use crate::openai::format;
 use crate::openai::responses::turns;
-use crate::openai::{DEFAULT_MODEL, find_run, model_of, resolve_model, wait_for_run};
+use crate::openai::{DEFAULT_MODEL, chat_usage, find_run, model_of, resolve_model, wait_for_run};
 use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -76,7 +77,7 @@ struct StreamOptions {
     post,
     path = "/v1/chat/completions",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     request_body = crate::openai::schema::ChatCompletionRequest,
     responses(
         (status = 200, description = "The completion (JSON), or its chunks (`stream: true`).",
@@ -86,7 +87,7 @@ struct StreamOptions {
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        (status = 403, description = "`admin_required` (`system` or `developer` messages without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks `runs:create`, or sends `system` or `developer` messages without `admin` (`permission` says which)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy`, `agent_disabled`, `run_not_finished` (the run paused for client tools or an approval)", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
@@ -99,6 +100,7 @@ pub(crate) async fn create_completion(
     headers: HeaderMap,
     ApiJson(raw): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let request: ChatRequest = serde_json::from_value(raw.clone())
         .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
     if request.n.is_some_and(|n| n != 1) {
@@ -124,6 +126,7 @@ pub(crate) async fn create_completion(
         Some(thread) => (thread, Vec::new()),
         None => (ThreadId::new(), turns.history),
     };
+    let response_format = format::from_chat(raw.get("response_format"))?;
     let message = UserMessageRequest {
         input_text: turns.input_text,
         agent_id,
@@ -133,6 +136,7 @@ pub(crate) async fn create_completion(
         max_steps: None,
         client: None,
         instructions: turns.instructions,
+        response_format,
     };
     let key = idempotency_key(&headers)?;
     // A stream's slot before anything is enqueued: a refused stream creates nothing.
@@ -181,9 +185,16 @@ async fn completion(state: &AppState, run: &Run) -> Result<Response, ApiError> {
                     )
                 },
             );
-            let body = json!({"error": {"message": message, "type": "server_error",
+            // An answer that never validated against `response_format` is the request's
+            // fault as OpenAI sees it: 422 `invalid_output`.
+            let (status, kind) = if code == "invalid_output" {
+                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error")
+            } else {
+                (StatusCode::BAD_GATEWAY, "server_error")
+            };
+            let body = json!({"error": {"message": message, "type": kind,
                 "code": code, "param": null, "workflow_id": run.id}});
-            return Ok((StatusCode::BAD_GATEWAY, Json(body)).into_response());
+            return Ok((status, Json(body)).into_response());
         }
         _ => {
             return Err(ApiError::conflict(
@@ -210,12 +221,7 @@ async fn completion(state: &AppState, run: &Run) -> Result<Response, ApiError> {
             "finish_reason": "stop",
             "logprobs": null,
         }],
-        "usage": {
-            "prompt_tokens": usage.input_tokens,
-            "completion_tokens": usage.output_tokens,
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-        },
-        "system_fingerprint": null,
+        "usage": chat_usage(&usage),
     }))
     .into_response())
 }
@@ -235,8 +241,7 @@ struct Chunks {
 impl Chunks {
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
         let mut chunk = json!({"id": self.id, "object": "chat.completion.chunk",
-            "created": self.created, "model": self.model, "choices": choices,
-            "system_fingerprint": null});
+            "created": self.created, "model": self.model, "choices": choices});
         if let Some(usage) = usage {
             chunk["usage"] = usage;
         }
@@ -279,10 +284,7 @@ impl Chunks {
                 lines.push(self.delta(json!({}), Some("stop")).to_string());
                 if self.include_usage {
                     let usage = run.usage.as_ref().map(|u| u.0).unwrap_or_default();
-                    let (input, output) = (usage.input_tokens, usage.output_tokens);
-                    let usage = json!({"prompt_tokens": input, "completion_tokens": output,
-                        "total_tokens": input + output});
-                    lines.push(self.chunk(json!([]), Some(usage)).to_string());
+                    lines.push(self.chunk(json!([]), Some(chat_usage(&usage))).to_string());
                 }
                 lines.push("[DONE]".to_owned());
                 self.over = true;
@@ -340,16 +342,18 @@ impl Chunks {
     get,
     path = "/v1/models",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:read"])),
     responses(
         (status = 200, description = "The models.", body = crate::openai::schema::ModelList),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
     )
 )]
 pub(crate) async fn list_models(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require(Permission::AgentsRead)?;
     let agents = agents::list(&state.db, &caller.owner.tenant_id).await?;
     let mut data = vec![default_model()];
     data.extend(
@@ -375,12 +379,13 @@ fn default_model() -> Value {
     get,
     path = "/v1/models/{model}",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:read"])),
     params(("model" = String, Path, description = "An agent id, an agent name, or `spool-default`.")),
     responses(
         (status = 200, description = "The model.", body = crate::openai::schema::Model),
         (status = 400, description = "`ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`model_not_found`", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]
@@ -389,6 +394,7 @@ pub(crate) async fn get_model(
     caller: Caller,
     ApiPath(model): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require(Permission::AgentsRead)?;
     let Some(id) = resolve_model(&state, &caller, &model).await? else {
         return Ok(Json(default_model()));
     };

@@ -30,11 +30,14 @@ use spool_shared::status::Role;
 use spool_shared::{ThreadId, WorkflowId};
 
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::gateway;
+use crate::openai::conversations::parse_conversation;
+use crate::openai::echo;
 use crate::openai::feed::{Feed, Followed};
+use crate::openai::format;
 use crate::openai::translate::ResponseEvents;
 use crate::openai::{
     find_run as find, load_response, resolve_model, response_not_found, wait_for_run,
@@ -178,7 +181,7 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
     post,
     path = "/v1/responses",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
         description = "A retry with the same key and body gets the first response, not a second run (`extra_headers=` in the SDKs).")),
     request_body = crate::openai::schema::CreateResponseRequest,
@@ -190,7 +193,7 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
             )),
         (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        (status = 403, description = "`admin_required` (`instructions`, `system` or `developer` input without an admin token)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks `runs:create`, or sends `instructions`, `system` or `developer` input without `admin` (`permission` says which)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 409, description = "`thread_busy` (the conversation has a run in progress), `agent_disabled`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
@@ -202,6 +205,7 @@ pub(crate) async fn create_response(
     headers: HeaderMap,
     ApiJson(raw): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let request: CreateResponse = serde_json::from_value(raw.clone())
         .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
@@ -222,6 +226,7 @@ pub(crate) async fn create_response(
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
         (a, b) => a.or(b),
     };
+    let response_format = format::from_text(raw.get("text"))?;
     let message = UserMessageRequest {
         input_text: turns.input_text,
         agent_id,
@@ -231,6 +236,7 @@ pub(crate) async fn create_response(
         max_steps: None,
         client: None,
         instructions,
+        response_format,
     };
     // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread
     // is not part of the request's identity (a new conversation gets a new id on each try).
@@ -255,6 +261,7 @@ pub(crate) async fn create_response(
     )
     .await?;
     let id = enqueued.workflow_id;
+    echo::save(&state.db, id, &echo::of_request(&raw)).await?;
     if let Some(slot) = slot {
         let run = find(&state, &caller, id).await?;
         return stream(&state, &caller, slot, run, None).await;
@@ -282,10 +289,10 @@ async fn thread_of(
         )
         .with("param", "conversation")),
         (Some(ConversationRef::Id(id) | ConversationRef::Object { id }), None) => {
-            id.parse().map_err(|_| {
+            parse_conversation(id).ok_or_else(|| {
                 ApiError::not_found(
                     "conversation_not_found",
-                    "a conversation is a thread id (a UUID)",
+                    "a conversation is `conv_...` or a thread id (a UUID)",
                 )
             })
         }
@@ -314,7 +321,7 @@ pub(crate) struct GetResponseQuery {
     get,
     path = "/v1/responses/{response_id}",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(
         ("response_id" = WorkflowId, Path, description = "The response (its run's `workflow_id`)."),
         ("stream" = Option<bool>, Query, description = "Stream its events."),
@@ -327,6 +334,7 @@ pub(crate) struct GetResponseQuery {
                 (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
             )),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`response_not_found` (also another owner's)", body = crate::openai::schema::OpenAiErrorBody),
         (status = 422, description = "`invalid_query`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 429, description = "`too_many_streams` (`stream=true` while the caller holds `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server)", body = crate::openai::schema::OpenAiErrorBody,
@@ -340,6 +348,7 @@ pub(crate) async fn get_response(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<GetResponseQuery>,
 ) -> Result<Response, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
     let run = find(&state, &caller, id).await?;
     if query.stream == Some(true) {
@@ -355,11 +364,12 @@ pub(crate) async fn get_response(
     post,
     path = "/v1/responses/{response_id}/cancel",
     tag = "openai",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("response_id" = WorkflowId, Path, description = "The response.")),
     responses(
         (status = 200, description = "The response, cancelled or being cancelled.", body = crate::openai::schema::ResponseObject),
         crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
         (status = 404, description = "`response_not_found`", body = crate::openai::schema::OpenAiErrorBody),
     )
 )]
@@ -368,6 +378,7 @@ pub(crate) async fn cancel_response(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
     // Cancel is the owner's (as on Spool's own route), admins included.
     runs::find(&state.db, id, &caller.owner)
@@ -413,7 +424,9 @@ impl ResponseStream {
         let mut head = load_response(state, &run).await?;
         head["status"] = json!("queued");
         head["output"] = json!([]);
-        head["usage"] = Value::Null;
+        if let Some(head) = head.as_object_mut() {
+            head.remove("usage");
+        }
         head["error"] = Value::Null;
         head["completed_at"] = Value::Null;
         let mut events = ResponseEvents::new(head);

@@ -10,15 +10,27 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use spool_shared::{ThreadId, WorkflowId};
+use spool_shared::WorkflowId;
 
 /// The 401 of every OpenAI-compatible route, for its OpenAPI `responses(...)`.
 #[derive(utoipa::IntoResponses)]
 #[response(
     status = 401,
-    description = "`missing_token`, `invalid_token`, `token_expired`"
+    description = "`missing_token`, `invalid_token`, `token_expired`, `api_key_revoked`"
 )]
 pub struct OpenAiUnauthenticated(
+    #[expect(dead_code, reason = "documents the body")] OpenAiErrorBody,
+);
+
+/// The 403 of every OpenAI-compatible route, for its OpenAPI `responses(...)`: the
+/// operation's `security` names the permission.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 403,
+    description = "`forbidden` (`permission_error`): the token lacks the permission the \
+                   operation's `security` names (`permission` says which)"
+)]
+pub struct OpenAiMissingPermission(
     #[expect(dead_code, reason = "documents the body")] OpenAiErrorBody,
 );
 
@@ -131,16 +143,16 @@ pub enum ResponseInput {
     Items(Vec<InputMessage>),
 }
 
-/// `conversation`: a thread id, or `{id}`.
+/// `conversation`: a conversation id (`conv_...`) or a thread id, or `{id}`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum ConversationParam {
-    /// The thread id (any UUID: created on first use).
-    Id(ThreadId),
-    /// The thread.
+    /// `conv_...` (`POST /v1/conversations`), or a thread id (any UUID: created on first use).
+    Id(String),
+    /// The same, as an object.
     Object {
-        /// The thread id.
-        id: ThreadId,
+        /// `conv_...`, or a thread id.
+        id: String,
     },
 }
 
@@ -154,8 +166,8 @@ pub struct CreateResponseRequest {
     pub model: String,
     /// What the user says.
     pub input: ResponseInput,
-    /// The system prompt of this run in place of the agent's (admin tokens only: 403
-    /// `admin_required` otherwise).
+    /// The system prompt of this run in place of the agent's (`admin` tokens only: 403
+    /// `forbidden` otherwise).
     pub instructions: Option<String>,
     /// The thread to continue (not with `previous_response_id`).
     pub conversation: Option<ConversationParam>,
@@ -258,26 +270,50 @@ pub struct FunctionCallItem {
 pub struct ResponseUsage {
     /// Prompt tokens.
     pub input_tokens: u64,
+    /// Of the prompt tokens, those the provider's cache served or stored.
+    pub input_tokens_details: InputTokensDetails,
     /// Generated tokens.
     pub output_tokens: u64,
+    /// Of the generated tokens, the model's reasoning.
+    pub output_tokens_details: OutputTokensDetails,
     /// Their sum.
     pub total_tokens: u64,
+}
+
+/// `usage.input_tokens_details` (as the provider reported them; 0 when it did not).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct InputTokensDetails {
+    /// Read from the provider's prompt cache.
+    pub cached_tokens: u64,
+    /// Written to the provider's prompt cache.
+    pub cache_write_tokens: u64,
+}
+
+/// `usage.output_tokens_details` (as the provider reported them; 0 when it did not).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OutputTokensDetails {
+    /// Reasoning tokens.
+    pub reasoning_tokens: u64,
 }
 
 /// Why a response failed.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ResponseError {
-    /// The run's failure code (`model_unavailable`, `timeout`, ...).
+    /// OpenAI's code: `invalid_prompt` (the provider refused the request: `model_error`,
+    /// `context_overflow`), else `server_error`.
     pub code: String,
-    /// Human text.
+    /// The run's failure code, then the details (`invalid_output: the answer does not
+    /// validate ...`).
     pub message: String,
+    /// The run's failure code (`model_unavailable`, `timeout`, `invalid_output`, ...).
+    pub spool_code: String,
 }
 
-/// The thread of a response.
+/// The conversation (thread) of a response.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ConversationRef {
-    /// The thread id.
-    pub id: ThreadId,
+    /// `conv_` and the thread id's hex (`/v1/conversations/{id}`).
+    pub id: String,
 }
 
 /// A response: a run, with its stored answer once it has ended.
@@ -306,6 +342,37 @@ pub struct ResponseObject {
     /// The metadata of the request.
     #[schema(value_type = Object)]
     pub metadata: Value,
+    /// Whether it was created with `background: true` (a run made through Spool's own API:
+    /// `true`).
+    pub background: bool,
+    /// The request's `instructions`.
+    pub instructions: Option<String>,
+    /// The request's `previous_response_id`.
+    pub previous_response_id: Option<String>,
+    /// The request's `text` (default `{"format": {"type": "text"}}`).
+    #[schema(value_type = Object)]
+    pub text: Value,
+    /// The request's `tools` (default `[]`).
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Vec<Value>,
+    /// The request's `tool_choice` (default `auto`; a string or an object).
+    #[schema(value_type = Value)]
+    pub tool_choice: Value,
+    /// The request's `parallel_tool_calls` (default `true`).
+    pub parallel_tool_calls: bool,
+    /// The request's `temperature`.
+    pub temperature: Option<f64>,
+    /// The request's `top_p`.
+    pub top_p: Option<f64>,
+    /// The request's `max_output_tokens`.
+    pub max_output_tokens: Option<u64>,
+    /// The request's `reasoning`.
+    #[schema(value_type = Option<Object>)]
+    pub reasoning: Option<Value>,
+    /// The request's `store` (default `true`).
+    pub store: bool,
+    /// The request's `user`, `safety_identifier`, `prompt_cache_key`.
+    pub user: Option<String>,
 }
 
 /// One Server-Sent Event of a response stream (`event:` is its `type`, `data:` this object).
@@ -317,8 +384,8 @@ pub struct ResponseStreamEvent {
     /// `response.content_part.added`, `response.output_text.delta`,
     /// `response.output_text.done`, `response.content_part.done`,
     /// `response.function_call_arguments.delta`, `response.function_call_arguments.done`,
-    /// `response.output_item.done`, `response.completed`, `response.failed`,
-    /// `response.cancelled`, or `error` (`stream_expired`: the events are no longer
+    /// `response.output_item.done`, `response.completed`, `response.failed` (also for a
+    /// cancelled response, whose `status` says so), or `error` (`stream_expired`: the events are no longer
     /// retained; `stream_reset`: some were lost; the stored response is over REST).
     #[serde(rename = "type")]
     pub kind: String,

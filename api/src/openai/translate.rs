@@ -14,7 +14,7 @@
 //! | text part ended | `response.output_text.done`, `response.content_part.done`, `response.output_item.done` (`incomplete` if superseded; only the last, again, for a part superseded after it ended) |
 //! | call made | `response.output_item.added` (a `function_call` item), `response.function_call_arguments.delta`, `response.function_call_arguments.done` |
 //! | call ended | `response.output_item.done` (the call, `completed` once answered, else `incomplete`) |
-//! | ended | nothing: `response.completed`, `response.failed` or `response.cancelled` follows, built by the route from Postgres ([`ResponseEvents::terminal`]) |
+//! | ended | nothing: `response.completed`, `response.failed` (also for a cancelled response: OpenAI's document has no `response.cancelled`) or `response.incomplete` follows, built by the route from Postgres ([`ResponseEvents::terminal`]) |
 //!
 //! A new attempt after a crash has no event of its own: the transcript shows only what goes
 //! beyond what the client had, or supersedes a part (closed `incomplete`) and opens a new one;
@@ -107,6 +107,8 @@ impl ResponseEvents {
                 }))]
             }
             Shown::CallAnswered { .. }
+            | Shown::StepStarted(_)
+            | Shown::StepEnded(_)
             | Shown::Citations(_)
             | Shown::Paused(_)
             | Shown::Failed(_)
@@ -188,7 +190,9 @@ impl ResponseEvents {
     pub fn terminal(&mut self, response: Value) -> Value {
         let kind = match response["status"].as_str() {
             Some("completed") => "response.completed",
-            Some("cancelled") => "response.cancelled",
+            // OpenAI's document defines no event for a cancelled response (OpenAI ends its
+            // stream without one): `response.failed`, whose `response.status` says
+            // `cancelled`, is the terminal event a client already handles.
             Some("incomplete") => "response.incomplete",
             _ => "response.failed",
         };

@@ -1,6 +1,7 @@
-//! Agents: stored configurations, per tenant. Anyone of the tenant may read them; writes need
-//! an `admin` token. A spec is validated before it is saved, and every problem comes back at
-//! once, by field path: `422 invalid_agent` with `errors: [{field, message}]`.
+//! Agents: stored configurations, per tenant. Reading them needs `agents:read` (which tokens
+//! without a permissions claim hold); writing them `agents:write`. A spec is validated before
+//! it is saved, and every problem comes back at once, by field path: `422 invalid_agent` with
+//! `errors: [{field, message}]`.
 //!
 //! Header values (of HTTP tools, MCP servers and hooks; often credentials) are write-only:
 //! every read shows `"<redacted>"`, and a write that sends `"<redacted>"` back keeps the stored
@@ -17,10 +18,10 @@ use spool_shared::agent::{AgentSpec, FieldError, ToolSpec};
 use spool_shared::db::agents::{self, Agent};
 
 use crate::app::AppState;
-use crate::auth::Caller;
 use crate::auth::public::may_use;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
-use crate::error::{BadBody, ErrorBody, Unauthenticated};
+use crate::error::{BadBody, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -120,12 +121,12 @@ fn not_found() -> ApiError {
     ApiError::not_found("agent_not_found", "no such agent")
 }
 
-/// Creates an agent (an `admin` token).
+/// Creates an agent (`agents:write`).
 #[utoipa::path(
     post,
     path = "/v1/agents",
     tag = "agents",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:write"])),
     request_body = AgentSpec,
     responses(
         (status = 201, description = "The new agent.", body = AgentResponse,
@@ -139,7 +140,7 @@ fn not_found() -> ApiError {
             )),
         BadBody,
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`), `safety_acknowledgement_required` (a public agent with a tool that may write, without `safety_acknowledged: true`)", body = ErrorBody),
     )
 )]
@@ -148,7 +149,7 @@ async fn post_agent(
     caller: Caller,
     ApiJson(spec): ApiJson<AgentSpec>,
 ) -> Result<(StatusCode, Json<AgentResponse>), ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::AgentsWrite)?;
     let tenant = &caller.owner.tenant_id;
     let spec = validated(&state, tenant, None, spec, None).await?;
     let agent = agents::insert(&state.db, AgentId::new(), tenant, &spec).await?;
@@ -160,16 +161,18 @@ async fn post_agent(
     get,
     path = "/v1/agents",
     tag = "agents",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:read"])),
     responses(
         (status = 200, description = "The agents.", body = AgentsResponse),
         Unauthenticated,
+        MissingPermission,
     )
 )]
 async fn list_agents(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Json<AgentsResponse>, ApiError> {
+    caller.require(Permission::AgentsRead)?;
     let agents = agents::list(&state.db, &caller.owner.tenant_id).await?;
     Ok(Json(AgentsResponse {
         agents: agents
@@ -185,11 +188,12 @@ async fn list_agents(
     get,
     path = "/v1/agents/{agent_id}",
     tag = "agents",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:read"])),
     params(("agent_id" = AgentId, Path, description = "The agent.")),
     responses(
         (status = 200, description = "The agent.", body = AgentResponse),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
     )
 )]
@@ -198,6 +202,7 @@ async fn get_agent(
     caller: Caller,
     ApiPath(agent_id): ApiPath<AgentId>,
 ) -> Result<Json<AgentResponse>, ApiError> {
+    caller.require(Permission::AgentsRead)?;
     let agent = agents::find(&state.db, agent_id, &caller.owner.tenant_id)
         .await?
         .filter(|agent| may_use(&caller, &agent.spec.0))
@@ -205,19 +210,19 @@ async fn get_agent(
     Ok(Json(agent.into()))
 }
 
-/// Replaces an agent's spec (an `admin` token).
+/// Replaces an agent's spec (`agents:write`).
 #[utoipa::path(
     put,
     path = "/v1/agents/{agent_id}",
     tag = "agents",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:write"])),
     params(("agent_id" = AgentId, Path, description = "The agent.")),
     request_body = AgentSpec,
     responses(
         (status = 200, description = "The agent.", body = AgentResponse),
         BadBody,
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`), `safety_acknowledgement_required` (a public agent with a tool that may write, without `safety_acknowledged: true`)", body = ErrorBody),
     )
@@ -228,7 +233,7 @@ async fn put_agent(
     ApiPath(agent_id): ApiPath<AgentId>,
     ApiJson(spec): ApiJson<AgentSpec>,
 ) -> Result<Json<AgentResponse>, ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::AgentsWrite)?;
     let tenant = &caller.owner.tenant_id;
     let stored = agents::find(&state.db, agent_id, tenant)
         .await?
@@ -240,17 +245,17 @@ async fn put_agent(
     Ok(Json(agent.into()))
 }
 
-/// Deletes an agent (an `admin` token).
+/// Deletes an agent (`agents:write`).
 #[utoipa::path(
     delete,
     path = "/v1/agents/{agent_id}",
     tag = "agents",
-    security(("bearer" = [])),
+    security(("bearer" = ["agents:write"])),
     params(("agent_id" = AgentId, Path, description = "The agent.")),
     responses(
         (status = 204, description = "Deleted."),
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
     )
 )]
@@ -259,7 +264,7 @@ async fn delete_agent(
     caller: Caller,
     ApiPath(agent_id): ApiPath<AgentId>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::AgentsWrite)?;
     if agents::delete(&state.db, agent_id, &caller.owner.tenant_id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {

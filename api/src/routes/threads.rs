@@ -23,10 +23,10 @@ use spool_shared::status::{MessageStatus, Role};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
-use crate::auth::Caller;
 use crate::auth::public::EndUser;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
-use crate::error::{BadBody, ErrorBody, Unauthenticated};
+use crate::error::{BadBody, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::routes::list::{self, List, ListQuery};
 use crate::runs::enqueue::{
@@ -107,7 +107,7 @@ impl From<Thread> for ThreadResponse {
     post,
     path = "/v1/threads",
     tag = "threads",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     request_body = CreateThreadRequest,
     responses(
         (status = 201, description = "The new thread.", body = ThreadResponse,
@@ -123,6 +123,7 @@ impl From<Thread> for ThreadResponse {
             )),
         BadBody,
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`agent_not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_body`", body = ErrorBody),
     )
@@ -134,6 +135,7 @@ async fn post_thread(
 ) -> Result<(StatusCode, Json<ThreadResponse>), ApiError> {
     request.agent_id = user.agent(request.agent_id)?;
     let caller = user.caller;
+    caller.require(Permission::RunsCreate)?;
     check_agent(&state, &caller, request.agent_id).await?;
     let metadata = Value::Object(request.metadata.unwrap_or_default());
     let thread = threads::create(
@@ -153,11 +155,12 @@ async fn post_thread(
     get,
     path = "/v1/threads/{thread_id}",
     tag = "threads",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(("thread_id" = ThreadId, Path, description = "The thread.")),
     responses(
         (status = 200, description = "The thread.", body = ThreadResponse),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`thread_not_found` (also another owner's), `not_found` (not a UUID)", body = ErrorBody),
     )
 )]
@@ -166,6 +169,7 @@ async fn get_thread(
     EndUser { caller, .. }: EndUser,
     ApiPath(thread_id): ApiPath<ThreadId>,
 ) -> Result<Json<ThreadResponse>, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let thread = threads::find(&state.db, thread_id, caller.scope())
         .await?
         .ok_or_else(thread_not_found)?;
@@ -252,11 +256,12 @@ pub struct MessagesResponse {
     get,
     path = "/v1/threads/{thread_id}/messages",
     tag = "threads",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(("thread_id" = ThreadId, Path, description = "The thread."), ListMessagesQuery),
     responses(
         (status = 200, description = "A page of messages.", body = MessagesResponse),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`thread_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_limit`, `invalid_query`", body = ErrorBody),
     )
@@ -267,6 +272,7 @@ async fn list_messages(
     ApiPath(thread_id): ApiPath<ThreadId>,
     ApiQuery(query): ApiQuery<ListMessagesQuery>,
 ) -> Result<Json<MessagesResponse>, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let limit = query.limit.unwrap_or(50);
     if !(1..=200).contains(&limit) {
         return Err(ApiError::unprocessable(
@@ -291,7 +297,7 @@ async fn list_messages(
     post,
     path = "/v1/threads/{thread_id}/user_message",
     tag = "threads",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(
         ("thread_id" = ThreadId, Path, description = "The thread (any UUID: created on first use)."),
         ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
@@ -316,11 +322,11 @@ async fn list_messages(
             )),
         (status = 400, description = "`invalid_json`, `invalid_idempotency_key`", body = ErrorBody),
         Unauthenticated,
+        (status = 403, description = "`forbidden`: the token lacks `runs:create`, or sends `instructions` without `admin` (`permission` says which); `agent_disabled`: the agent is disabled", body = ErrorBody),
         (status = 404, description = "`thread_not_found` (another owner's), `agent_not_found`, `not_found`", body = ErrorBody),
-        (status = 409, description = "`thread_busy`, with `active_workflow_id` and `stream_url`; `agent_disabled`", body = ErrorBody),
+        (status = 409, description = "`thread_busy`, with `active_workflow_id` and `stream_url`", body = ErrorBody),
         (status = 413, description = "`input_too_large`, `body_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
-        (status = 403, description = "`admin_required`: `instructions` with a token that is not an admin's", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`, `invalid_overrides` (`tool_choice`, `active_tools`, `max_steps` or `instructions` that do not fit the agent that answers; with `errors: [{field, message}]`)", body = ErrorBody),
         (status = 429, description = "A quota refuses the run: `rate_limited` (runs per hour), `concurrency_limited` (active runs), `budget_exceeded` (daily tokens); with `scope`, `limit`, `agent_id` (an agent's own quota) and `retry_after`. Nothing is created.",
             body = ErrorBody,
@@ -337,6 +343,7 @@ async fn post_user_message(
     request.agent_id = user.agent(request.agent_id)?;
     request.client = user.client;
     let caller = user.caller;
+    caller.require(Permission::RunsCreate)?;
     let key = idempotency_key(&headers)?;
     let hash = idempotency::request_hash(&[
         caller.owner.user_id.as_bytes(),
@@ -374,12 +381,12 @@ pub struct ThreadList {
     pub next_cursor: Option<String>,
 }
 
-/// The caller's threads (an admin's: the tenant's), newest first.
+/// The caller's threads (with `runs:read:tenant`: the tenant's), newest first.
 #[utoipa::path(
     get,
     path = "/v1/threads",
     tag = "threads",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Rows per page (default 20; over 100 is a 400)."),
         ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
@@ -392,6 +399,7 @@ pub struct ThreadList {
         (status = 200, description = "A page of threads.", body = ThreadList),
         (status = 400, description = "`invalid_limit`, `invalid_cursor`, `invalid_filter`, `unknown_parameter`", body = ErrorBody),
         Unauthenticated,
+        MissingPermission,
     )
 )]
 pub(crate) async fn list_threads(
@@ -399,6 +407,7 @@ pub(crate) async fn list_threads(
     EndUser { caller, .. }: EndUser,
     mut query: ListQuery,
 ) -> Result<Json<List<ThreadResponse>>, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let mut filter = ThreadFilter::default();
     query.filters(|key, value| {
         match key {
@@ -456,13 +465,14 @@ pub struct PatchThreadRequest {
     patch,
     path = "/v1/threads/{thread_id}",
     tag = "threads",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("thread_id" = ThreadId, Path, description = "The thread.")),
     request_body = PatchThreadRequest,
     responses(
         (status = 200, description = "The thread as it is now.", body = ThreadResponse),
         (status = 400, description = "`invalid_json`", body = ErrorBody),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`thread_not_found` (also another owner's, or erased), `not_found`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `invalid_title`: nothing is changed", body = ErrorBody),
@@ -474,6 +484,7 @@ pub(crate) async fn patch_thread(
     ApiPath(thread_id): ApiPath<ThreadId>,
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<Json<ThreadResponse>, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let mut patch = ThreadPatch::default();
     for (key, value) in body {
         match (key.as_str(), value) {
@@ -508,7 +519,7 @@ pub(crate) async fn patch_thread(
             }
         }
     }
-    let thread = threads::update(&state.db, thread_id, caller.scope(), &patch)
+    let thread = threads::update(&state.db, thread_id, caller.write_scope(), &patch)
         .await?
         .ok_or_else(thread_not_found)?;
     Ok(Json(thread.into()))
@@ -521,11 +532,12 @@ pub(crate) async fn patch_thread(
     delete,
     path = "/v1/threads/{thread_id}",
     tag = "threads",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("thread_id" = ThreadId, Path, description = "The thread.")),
     responses(
         (status = 204, description = "Erased."),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`thread_not_found` (also another owner's, or already erased), `not_found`", body = ErrorBody),
         (status = 503, description = "`redis_unavailable`, `erasure_timed_out` (its locks or statements took too long): nothing was erased; try again after `Retry-After`", body = ErrorBody),
     )
@@ -535,6 +547,7 @@ pub(crate) async fn delete_thread(
     caller: Caller,
     ApiPath(thread_id): ApiPath<ThreadId>,
 ) -> Result<StatusCode, ApiError> {
+    caller.require(Permission::RunsCreate)?;
     erase::erase_thread(&state, &caller, thread_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,6 +1,7 @@
-//! `GET /v1/usage` (admin, docs/operations.md): the tenant's tokens and runs in a window, by user,
-//! agent or model, from Postgres: whole UTC days from the daily roll-up, the rest from per-run
-//! figures, which are kept `SPOOL_RETENTION_USAGE_DETAIL_DAYS` (`spool_shared::db::usage`).
+//! `GET /v1/usage` (`usage:read`, docs/operations.md): the tenant's tokens and runs in a
+//! window, by user, agent or model, from Postgres: whole UTC days from the daily roll-up, the
+//! rest from per-run figures, which are kept `SPOOL_RETENTION_USAGE_DETAIL_DAYS`
+//! (`spool_shared::db::usage`).
 
 use axum::Json;
 use axum::extract::State;
@@ -10,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use spool_shared::db::usage::{self, GroupBy, UsageRow, Window};
 
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::error::{ApiError, ErrorBody, Unauthenticated};
+use crate::auth::{Caller, Permission};
+use crate::error::{ApiError, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::ApiQuery;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -73,13 +74,13 @@ pub struct UsageResponse {
     get,
     path = "/v1/usage",
     tag = "usage",
-    security(("bearer" = [])),
+    security(("bearer" = ["usage:read"])),
     params(UsageQuery),
     responses(
         (status = 200, description = "The usage.", body = UsageResponse),
         (status = 400, description = "`invalid_window`, `invalid_group_by`, `usage_detail_expired` (a window starting or ending inside a UTC day older than `SPOOL_RETENTION_USAGE_DETAIL_DAYS`: usage that old is kept by whole day)", body = ErrorBody),
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 422, description = "`invalid_query` (a time that is not RFC 3339, an unknown parameter)", body = ErrorBody),
     )
 )]
@@ -88,7 +89,7 @@ async fn get_usage(
     caller: Caller,
     ApiQuery(query): ApiQuery<UsageQuery>,
 ) -> Result<Json<UsageResponse>, ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::UsageRead)?;
     let now = Utc::now();
     let to = query.to.unwrap_or(now);
     let from = query.from.unwrap_or_else(|| {

@@ -1,4 +1,4 @@
-//! Webhooks (docs/api.md, admin only): endpoints that receive a tenant's run events, and what
+//! Webhooks (docs/api.md, `webhooks:admin`): endpoints that receive a tenant's run events, and what
 //! was delivered to them.
 //!
 //! An endpoint's URL passes the tools' network policy at creation (`SPOOL_TOOLS_ALLOW_NETWORKS`;
@@ -29,8 +29,8 @@ use spool_shared::egress;
 use spool_shared::ids::WebhookId;
 
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::error::{ApiError, BadBody, ErrorBody, Unauthenticated};
+use crate::auth::{Caller, Permission};
+use crate::error::{ApiError, BadBody, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
 use crate::routes::list::{List, ListQuery};
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -138,7 +138,7 @@ impl WebhookResponse {
     post,
     path = "/v1/webhooks",
     tag = "webhooks",
-    security(("bearer" = [])),
+    security(("bearer" = ["webhooks:admin"])),
     request_body = CreateWebhookRequest,
     responses(
         (status = 201, description = "The endpoint, with its secret (shown once).", body = WebhookResponse,
@@ -150,7 +150,7 @@ impl WebhookResponse {
             )),
         BadBody,
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 422, description = "`invalid_body`, `invalid_url`, `url_refused` (the network policy), `insecure_url` (http:// outside the networks the operator allowed), `invalid_events`, `invalid_secret`", body = ErrorBody),
         (status = 429, description = "`too_many_webhooks`: the tenant has `SPOOL_WEBHOOKS_MAX_PER_TENANT` endpoints already (`limit` says how many); delete one first", body = ErrorBody),
     )
@@ -160,7 +160,7 @@ async fn post_webhook(
     caller: Caller,
     ApiJson(request): ApiJson<CreateWebhookRequest>,
 ) -> Result<(StatusCode, Json<WebhookResponse>), ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::WebhooksAdmin)?;
     check_events(&request.events)?;
     check_url(&state, &request.url).await?;
     let secret = match request.secret {
@@ -314,7 +314,7 @@ pub struct WebhookList {
     get,
     path = "/v1/webhooks",
     tag = "webhooks",
-    security(("bearer" = [])),
+    security(("bearer" = ["webhooks:admin"])),
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Rows per page (default 20; over 100 is a 400)."),
         ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
@@ -323,7 +323,7 @@ pub struct WebhookList {
         (status = 200, description = "A page of endpoints.", body = WebhookList),
         (status = 400, description = "`invalid_limit`, `invalid_cursor`, `unknown_parameter`", body = ErrorBody),
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
     )
 )]
 async fn list_webhooks(
@@ -331,7 +331,7 @@ async fn list_webhooks(
     caller: Caller,
     mut query: ListQuery,
 ) -> Result<Json<List<WebhookResponse>>, ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::WebhooksAdmin)?;
     query.filters(|_, _| Ok(false))?;
     let page = webhooks::list(
         &state.db,
@@ -348,12 +348,12 @@ async fn list_webhooks(
     get,
     path = "/v1/webhooks/{webhook_id}",
     tag = "webhooks",
-    security(("bearer" = [])),
+    security(("bearer" = ["webhooks:admin"])),
     params(("webhook_id" = WebhookId, Path, description = "The endpoint.")),
     responses(
         (status = 200, description = "The endpoint.", body = WebhookResponse),
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 404, description = "`webhook_not_found`, `not_found`", body = ErrorBody),
     )
 )]
@@ -362,7 +362,7 @@ async fn get_webhook(
     caller: Caller,
     ApiPath(id): ApiPath<WebhookId>,
 ) -> Result<Json<WebhookResponse>, ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::WebhooksAdmin)?;
     let webhook = webhooks::find(&state.db, id, &caller.owner.tenant_id)
         .await?
         .ok_or_else(webhook_not_found)?;
@@ -376,12 +376,12 @@ async fn get_webhook(
     post,
     path = "/v1/webhooks/{webhook_id}/rotate-secret",
     tag = "webhooks",
-    security(("bearer" = [])),
+    security(("bearer" = ["webhooks:admin"])),
     params(("webhook_id" = WebhookId, Path, description = "The endpoint.")),
     responses(
         (status = 200, description = "The endpoint with its new secret (shown once) and `previous_secret_expires_at`.", body = WebhookResponse),
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 404, description = "`webhook_not_found`, `not_found`", body = ErrorBody),
     )
 )]
@@ -390,7 +390,7 @@ async fn rotate_secret(
     caller: Caller,
     ApiPath(id): ApiPath<WebhookId>,
 ) -> Result<Json<WebhookResponse>, ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::WebhooksAdmin)?;
     let secret = new_secret();
     let webhook = webhooks::rotate_secret(
         &state.db,
@@ -410,13 +410,13 @@ async fn rotate_secret(
     delete,
     path = "/v1/webhooks/{webhook_id}",
     tag = "webhooks",
-    security(("bearer" = [])),
+    security(("bearer" = ["webhooks:admin"])),
     params(("webhook_id" = WebhookId, Path, description = "The endpoint.")),
     responses(
         (status = 204, description = "Deleted, with its deliveries; the pending ones are discarded.",
             headers(("X-Discarded-Deliveries" = i64, description = "How many pending deliveries were discarded."))),
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 404, description = "`webhook_not_found`, `not_found`", body = ErrorBody),
     )
 )]
@@ -425,7 +425,7 @@ async fn delete_webhook(
     caller: Caller,
     ApiPath(id): ApiPath<WebhookId>,
 ) -> Result<(StatusCode, [(&'static str, String); 1]), ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::WebhooksAdmin)?;
     let discarded = webhooks::delete(&state.db, id, &caller.owner.tenant_id)
         .await?
         .ok_or_else(webhook_not_found)?;
@@ -505,7 +505,7 @@ pub struct DeliveryList {
     get,
     path = "/v1/webhooks/{webhook_id}/deliveries",
     tag = "webhooks",
-    security(("bearer" = [])),
+    security(("bearer" = ["webhooks:admin"])),
     params(
         ("webhook_id" = WebhookId, Path, description = "The endpoint."),
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Rows per page (default 20; over 100 is a 400)."),
@@ -515,7 +515,7 @@ pub struct DeliveryList {
         (status = 200, description = "A page of deliveries.", body = DeliveryList),
         (status = 400, description = "`invalid_limit`, `invalid_cursor`, `unknown_parameter`", body = ErrorBody),
         Unauthenticated,
-        (status = 403, description = "`admin_required`", body = ErrorBody),
+        MissingPermission,
         (status = 404, description = "`webhook_not_found`, `not_found`", body = ErrorBody),
     )
 )]
@@ -525,7 +525,7 @@ async fn list_deliveries(
     ApiPath(id): ApiPath<WebhookId>,
     mut query: ListQuery,
 ) -> Result<Json<List<DeliveryResponse>>, ApiError> {
-    caller.require_admin()?;
+    caller.require(Permission::WebhooksAdmin)?;
     query.filters(|_, _| Ok(false))?;
     webhooks::find(&state.db, id, &caller.owner.tenant_id)
         .await?

@@ -18,10 +18,10 @@ use spool_shared::status::RunStatus;
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
-use crate::auth::Caller;
 use crate::auth::public::EndUser;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
-use crate::error::{ErrorBody, Unauthenticated};
+use crate::error::{ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::routes::list::{self, List, ListQuery};
 use crate::runs::cancel::cancel;
@@ -66,6 +66,9 @@ pub struct WorkflowResponse {
     pub cancel_requested_at: Option<DateTime<Utc>>,
     /// Why cancellation was asked for (the `reason` given to cancel).
     pub cancel_reason: Option<String>,
+    /// Who asked for the cancellation (the user, for a run cancelled on request; `null` unless
+    /// cancellation was asked for).
+    pub cancelled_by: Option<String>,
     /// The run whose agent tool call started this one (`null` for a thread's own run).
     pub parent_workflow_id: Option<WorkflowId>,
     /// That tool call's id.
@@ -97,6 +100,7 @@ impl From<Run> for WorkflowResponse {
             pending_action: run.pending_action.map(|a| a.0),
             cancel_requested_at: run.cancel_requested_at,
             cancel_reason: run.cancel_reason,
+            cancelled_by: run.cancelled_by,
             parent_workflow_id: run.parent_workflow_id,
             parent_tool_call_id: run.parent_tool_call_id,
             depth: run.depth,
@@ -133,12 +137,13 @@ pub const MAX_WAIT_SECS: u64 = 60;
     get,
     path = "/v1/workflows/{workflow_id}",
     tag = "workflows",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(("workflow_id" = WorkflowId, Path, description = "The workflow (run)."), GetWorkflowQuery),
     responses(
         (status = 200, description = "The run.", body = WorkflowResponse),
         (status = 400, description = "`invalid_wait`", body = ErrorBody),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`workflow_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_query`", body = ErrorBody),
     )
@@ -149,6 +154,7 @@ async fn get_workflow(
     ApiPath(workflow_id): ApiPath<WorkflowId>,
     ApiQuery(query): ApiQuery<GetWorkflowQuery>,
 ) -> Result<Json<WorkflowResponse>, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let wait = query.wait.unwrap_or(0);
     if wait > MAX_WAIT_SECS {
         return Err(ApiError::bad_request(
@@ -170,12 +176,12 @@ pub struct WorkflowList {
     pub next_cursor: Option<String>,
 }
 
-/// The caller's runs (an admin's: the tenant's), newest first.
+/// The caller's runs (with `runs:read:tenant`: the tenant's), newest first.
 #[utoipa::path(
     get,
     path = "/v1/workflows",
     tag = "workflows",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Rows per page (default 20; over 100 is a 400)."),
         ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous page."),
@@ -187,6 +193,7 @@ pub struct WorkflowList {
         (status = 200, description = "A page of runs.", body = WorkflowList),
         (status = 400, description = "`invalid_limit`, `invalid_cursor`, `invalid_filter`, `unknown_parameter`", body = ErrorBody),
         Unauthenticated,
+        MissingPermission,
     )
 )]
 async fn list_workflows(
@@ -194,6 +201,7 @@ async fn list_workflows(
     caller: Caller,
     mut query: ListQuery,
 ) -> Result<Json<List<WorkflowResponse>>, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let mut filter = runs::RunFilter::default();
     query.filters(|key, value| {
         match key {
@@ -257,13 +265,14 @@ pub struct CancelRequest {
     post,
     path = "/v1/workflows/{workflow_id}/cancel",
     tag = "workflows",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("workflow_id" = WorkflowId, Path, description = "The workflow (run).")),
     request_body(content = ref("#/components/schemas/CancelRequest"),
         content_type = "application/json", description = "Optional: an empty body gives no reason."),
     responses(
         (status = 202, description = "The run, cancelled or being cancelled (or terminal as it was).", body = WorkflowResponse),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`workflow_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_body`", body = ErrorBody),
     )
@@ -274,6 +283,7 @@ async fn cancel_workflow(
     ApiPath(id): ApiPath<WorkflowId>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let request: CancelRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CancelRequest::default()
     } else {

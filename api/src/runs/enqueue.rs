@@ -24,7 +24,7 @@ use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use super::{stream_url, thread_not_found};
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -57,10 +57,14 @@ pub struct UserMessageRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 200)]
     pub max_steps: Option<u32>,
-    /// The system prompt of this run in place of the agent's (admin tokens only: 403
-    /// `admin_required` otherwise).
+    /// The system prompt of this run in place of the agent's (`admin` tokens only: 403
+    /// `forbidden` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// The form of the final answer in place of the agent's `response_format` (set by the
+    /// OpenAI-compatible routes' `text.format` / `response_format`; not a field of this body).
+    #[serde(skip)]
+    pub response_format: Option<spool_shared::agent::ResponseFormat>,
 }
 
 impl UserMessageRequest {
@@ -74,6 +78,7 @@ impl UserMessageRequest {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps,
             instructions: self.instructions.clone(),
+            response_format: self.response_format.clone(),
             ..RunOverrides::default()
         };
         (overrides != RunOverrides::default()).then_some(overrides)
@@ -242,7 +247,7 @@ fn check_message(
         check_input(text, state.config.max_input_bytes)?;
     }
     if request.instructions.is_some() {
-        caller.require_admin()?;
+        caller.require(Permission::Admin)?;
     }
     Ok(())
 }
@@ -252,10 +257,11 @@ fn enqueue_error(err: EnqueueError) -> ApiError {
     match err {
         EnqueueError::ThreadNotFound => thread_not_found(),
         EnqueueError::AgentNotFound => ApiError::not_found("agent_not_found", "no such agent"),
-        EnqueueError::AgentDisabled => ApiError::conflict(
-            "agent_disabled",
-            "the agent is disabled and takes no new runs",
-        ),
+        EnqueueError::AgentDisabled => ApiError::Forbidden {
+            code: "agent_disabled",
+            message: "the agent is disabled and takes no new runs".into(),
+            details: serde_json::Map::new(),
+        },
         EnqueueError::ThreadBusy => ApiError::conflict("thread_busy", "the thread is busy"),
         EnqueueError::Refused(refusal) => refused(&refusal),
         EnqueueError::QuotasUnavailable(err) => {

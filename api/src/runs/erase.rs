@@ -29,7 +29,7 @@ pub(crate) async fn erase_thread(
     thread_id: ThreadId,
 ) -> Result<(), ApiError> {
     let mut tx = state.db.begin().await?;
-    let erasing = threads::lock_for_erasure(&mut tx, thread_id, caller.scope())
+    let erasing = threads::lock_for_erasure(&mut tx, thread_id, caller.write_scope())
         .await
         .map_err(erasure_error)?
         .ok_or_else(thread_not_found)?;

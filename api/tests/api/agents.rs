@@ -44,7 +44,8 @@ async fn agents_are_created_read_listed_replaced_and_deleted_by_admins() {
     let user = token("alice", "acme");
     let (status, body) = app.post(&user, "/v1/agents", &spec).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    assert_eq!(body["error"]["code"], "admin_required");
+    assert_eq!(body["error"]["code"], "forbidden");
+    assert_eq!(body["error"]["permission"], "agents:write");
     assert_eq!(app.db.count("agents").await, 0);
 
     let id = app.create_agent("acme", &spec).await;
@@ -419,7 +420,7 @@ async fn a_disabled_agent_refuses_new_runs_and_its_queued_ones_finish() {
             &json!({"input_text": "after", "agent_id": agent}),
         )
         .await;
-    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
     assert_eq!(refused["error"]["code"], "agent_disabled");
     let (_, runs_after) = app.get(&alice, "/v1/workflows").await;
     assert_eq!(runs_after["data"], runs_before, "nothing created");
@@ -431,7 +432,7 @@ async fn a_disabled_agent_refuses_new_runs_and_its_queued_ones_finish() {
         "the run enqueued before finishes"
     );
     let (status, refused) = app.send_message(&alice, thread, "its thread's agent").await;
-    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
     assert_eq!(refused["error"]["code"], "agent_disabled");
 
     // Enabled again, it answers.

@@ -69,7 +69,7 @@ async fn a_tool_run_streams_as_ai_sdk_chunks_and_resumes_from_any_chunk() {
     let typed = document["components"]["schemas"]["StreamEnvelope"]["oneOf"]
         .as_array()
         .map(Vec::len);
-    assert_eq!(typed, Some(13), "one schema per event type");
+    assert_eq!(typed, Some(15), "one schema per event type");
     let mut kinds = std::collections::BTreeSet::new();
     for entry in entries.iter().filter(|e| !e.is_marker()) {
         let envelope: Value = serde_json::from_str(&entry.json).expect("json");
@@ -78,7 +78,9 @@ async fn a_tool_run_streams_as_ai_sdk_chunks_and_resumes_from_any_chunk() {
     }
     for kind in [
         "message_start",
+        "step_start",
         "step",
+        "step_end",
         "text_delta",
         "citations",
         "message_end",
@@ -122,6 +124,21 @@ async fn a_tool_run_streams_as_ai_sdk_chunks_and_resumes_from_any_chunk() {
             .is_some_and(|o| o.contains("sunny"))
     );
     assert_eq!(types.last(), Some(&"finish"));
+    // Two steps (the tool call, then the answer), each started and finished once, in order.
+    let steps: Vec<&str> = types
+        .iter()
+        .copied()
+        .filter(|t| t.ends_with("-step"))
+        .collect();
+    assert_eq!(
+        steps,
+        ["start-step", "finish-step", "start-step", "finish-step"],
+        "{types:?}"
+    );
+    let first_step = types.iter().position(|t| *t == "start-step");
+    let input_at = types.iter().position(|t| *t == "tool-input-available");
+    let finished_at = types.iter().position(|t| *t == "finish-step");
+    assert!(first_step < input_at && input_at < finished_at, "{types:?}");
     let text: String = chunks
         .iter()
         .filter(|c| c["type"] == "text-delta")

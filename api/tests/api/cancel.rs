@@ -43,6 +43,7 @@ async fn a_queued_run_is_cancelled_at_once_and_the_thread_accepts_new_messages()
     let (status, run) = cancel(&app, &accepted, "changed my mind").await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(run["status"], "cancelled");
+    assert_eq!(run["cancelled_by"], "alice", "{run}");
     assert_eq!(message(&app, &accepted).await["status"], "cancelled");
     let kinds: Vec<String> = app
         .stored(thread)

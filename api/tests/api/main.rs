@@ -2,6 +2,7 @@
 
 mod agents;
 mod ai_sdk;
+mod api_keys;
 mod cancel;
 mod common;
 mod control;
@@ -15,6 +16,7 @@ mod openai;
 mod openapi;
 mod overrides;
 mod pauses;
+mod permissions;
 mod public_agents;
 mod stream;
 mod stream_tokens;

@@ -5,13 +5,22 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use spool_tests::conform::Conformance;
 use spool_tests::fake_llm::{FakeLlm, Reply, weather_then_echo};
 use spool_tests::sse::SseReader;
 use spool_tests::token;
 use spool_tests::tools::{Tools, http_tool};
 
-use crate::common::{TIMEOUT, app_with};
+use crate::common::{TIMEOUT, TestApp, app_with};
 use crate::openapi::check;
+
+/// The app, with the test's requests going through a [`Conformance`] proxy that checks every
+/// answer against OpenAI's own document (`conform.check()` at the end).
+async fn conforming(app: &mut TestApp) -> Conformance {
+    let conform = Conformance::start(&app.base).await;
+    app.base = conform.base.clone();
+    conform
+}
 
 #[tokio::test]
 async fn answers_match_their_documented_schemas_and_tool_steps_are_function_call_items() {
@@ -24,7 +33,8 @@ async fn answers_match_their_documented_schemas_and_tool_steps_are_function_call
     })
     .await;
     let (tools, base) = Tools::start().await;
-    let app = app_with(&fake).await;
+    let mut app = app_with(&fake).await;
+    let conform = conforming(&mut app).await;
     let document: Value = app.openapi_document().await;
     let agent = app
         .create_agent(
@@ -175,6 +185,7 @@ async fn answers_match_their_documented_schemas_and_tool_steps_are_function_call
     let (status, _) = app.get(&mallory, &format!("/v1/responses/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     app.stop().await;
+    conform.check();
 }
 
 #[tokio::test]
@@ -186,7 +197,8 @@ async fn a_run_that_pauses_and_too_many_turns_are_clear_errors() {
         _ => fake_llm::text("Read it.", 2),
     })
     .await;
-    let app = app_with(&fake).await;
+    let mut app = app_with(&fake).await;
+    let conform = conforming(&mut app).await;
     let reader = app
         .create_agent(
             "acme",
@@ -235,6 +247,7 @@ async fn a_run_that_pauses_and_too_many_turns_are_clear_errors() {
     let (_, after) = app.get(&alice, "/v1/threads").await;
     assert_eq!(before["data"], after["data"], "no thread was created");
     app.stop().await;
+    conform.check();
 }
 
 #[tokio::test]
@@ -246,7 +259,8 @@ async fn metadata_a_streamed_failure_and_a_chat_on_a_named_thread() {
         spool_tests::fake_llm::text("Hello there, friend.", 3)
     })
     .await;
-    let app = app_with(&fake).await;
+    let mut app = app_with(&fake).await;
+    let conform = conforming(&mut app).await;
     let document: Value = app.openapi_document().await;
     app.create_agent("acme", &json!({"name": "greeter", "model": "gpt-4o-mini"}))
         .await;
@@ -355,13 +369,15 @@ async fn metadata_a_streamed_failure_and_a_chat_on_a_named_thread() {
     assert_eq!(error["error"]["code"], "invalid_thread_id", "{error}");
     check(&document, "OpenAiErrorBody", &error);
     app.stop().await;
+    conform.check();
 }
 
 #[tokio::test]
 async fn a_response_that_ended_before_its_events_were_published_streams_its_stored_end() {
     // No worker: the run's end is written here, as a worker writes it (Postgres first), and
     // its events never reach Redis (the worker died before publishing them).
-    let app = crate::common::TestApp::start(0, crate::common::worker_args(5, 0)).await;
+    let mut app = crate::common::TestApp::start(0, crate::common::worker_args(5, 0)).await;
+    let conform = conforming(&mut app).await;
     let alice = token("alice", "acme");
     let (status, queued) = app
         .post(
@@ -404,4 +420,5 @@ async fn a_response_that_ended_before_its_events_were_published_streams_its_stor
     );
     assert!(!types.iter().any(|t| t == "error"), "{types:?}");
     app.stop().await;
+    conform.check();
 }

@@ -30,11 +30,20 @@ const EXPECTED: &[&str] = &[
     "POST /v1/chat/completions",
     "GET /v1/models",
     "GET /v1/models/{model}",
+    "POST /v1/conversations",
+    "GET /v1/conversations/{conversation_id}",
+    "POST /v1/conversations/{conversation_id}",
+    "DELETE /v1/conversations/{conversation_id}",
+    "GET /v1/conversations/{conversation_id}/items",
+    "POST /v1/conversations/{conversation_id}/items",
     "POST /v1/responses",
     "GET /v1/responses/{response_id}",
     "POST /v1/responses/{response_id}/cancel",
     "GET /v1/agents",
     "POST /v1/agents",
+    "GET /v1/api_keys",
+    "POST /v1/api_keys",
+    "DELETE /v1/api_keys/{api_key_id}",
     "DELETE /v1/agents/{agent_id}",
     "GET /v1/agents/{agent_id}",
     "PUT /v1/agents/{agent_id}",
@@ -164,20 +173,39 @@ async fn the_document_lists_exactly_the_routes_the_router_serves() {
         "routed, not documented: {undocumented:?}"
     );
 
-    // Every /v1 operation needs the bearer token; the stream also takes `access_token`.
+    // Every /v1 operation needs the bearer token (the stream also takes `access_token`), and
+    // each of its requirements names a permission (tests/api/permissions.rs checks that the
+    // router asks for exactly those).
     for operation in &documented {
         let (method, path) = operation.split_once(' ').expect("METHOD path");
         let op = &document["paths"][path][method.to_lowercase()];
         let security = op["security"].as_array().cloned().unwrap_or_default();
         if path.starts_with("/v1/") && !path.starts_with("/v1/public/") {
-            assert!(security.contains(&json!({"bearer": []})), "{operation}");
+            assert!(
+                security.iter().any(|r| r.get("bearer").is_some()),
+                "{operation}"
+            );
+            for requirement in &security {
+                let scheme = requirement.as_object().expect("a requirement");
+                assert!(
+                    scheme
+                        .values()
+                        .all(|p| p.as_array().is_some_and(|p| p.len() == 1)),
+                    "{operation}: each requirement names one permission: {requirement}"
+                );
+            }
         } else {
             assert!(security.is_empty(), "{operation} needs no auth");
         }
         // Every error answer is documented with the one error body (OpenAI's on its routes).
-        let openai = ["/v1/responses", "/v1/chat/", "/v1/models"]
-            .iter()
-            .any(|prefix| path.starts_with(prefix));
+        let openai = [
+            "/v1/responses",
+            "/v1/chat/",
+            "/v1/models",
+            "/v1/conversations",
+        ]
+        .iter()
+        .any(|prefix| path.starts_with(prefix));
         let body = if openai {
             "#/components/schemas/OpenAiErrorBody"
         } else {
@@ -379,4 +407,34 @@ async fn failed_paused_and_completed_runs_match_their_documented_schemas() {
     .await;
     check(&document, "DeliveryList", &page);
     app.stop().await;
+}
+
+/// `openapi.json` at the repository root is what clients generate from and what reviewers
+/// diff: it must be the document the code serves, byte for byte (as `spool-api openapi`
+/// prints it). A change to a route or a schema that does not update the file fails here.
+#[test]
+fn the_committed_openapi_json_is_the_document_the_code_serves() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../openapi.json");
+    let generated = format!(
+        "{}\n",
+        spool_api::openapi::document()
+            .to_pretty_json()
+            .expect("the document serializes")
+    );
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if committed != generated {
+        let line = committed
+            .lines()
+            .zip(generated.lines())
+            .position(|(a, b)| a != b)
+            .map_or_else(
+                || committed.lines().count().min(generated.lines().count()) + 1,
+                |i| i + 1,
+            );
+        panic!(
+            "openapi.json differs from the document the code serves (first difference at line \
+             {line}). Regenerate it from the repository root with\n\n    \
+             cargo run -q -p spool-api -- openapi > openapi.json\n\nand commit it."
+        );
+    }
 }

@@ -137,7 +137,7 @@ async fn overrides_that_do_not_fit_are_refused_by_field_and_create_nothing() {
         (
             json!({"input_text": "hi", "agent_id": agent, "instructions": "Obey me."}),
             StatusCode::FORBIDDEN,
-            "admin_required",
+            "forbidden",
             None,
         ),
     ];

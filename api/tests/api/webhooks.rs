@@ -78,7 +78,8 @@ async fn creating_a_webhook_checks_its_url_events_and_secret_and_needs_an_admin(
     let ok = json!({"url": "http://127.0.0.1:9/hook", "events": ["run.completed"]});
     let (status, body) = app.post(&token("alice", "acme"), "/v1/webhooks", &ok).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(body["error"]["code"], "admin_required");
+    assert_eq!(body["error"]["code"], "forbidden");
+    assert_eq!(body["error"]["permission"], "webhooks:admin");
 
     for (request, code) in [
         (

@@ -1,5 +1,5 @@
 //! Hooks: what an agent runs on its runs' events (`on_run_start`, before and after tool calls,
-//! `pre_response`, `on_run_complete`): an HTTP call whose answer decides, a rule that denies
+//! `pre_response`, `on_run_complete`, `on_run_failed`, `on_run_cancelled`): an HTTP call whose answer decides, a rule that denies
 //! matching tool calls, or an approval, optionally only for tools whose whole name matches a
 //! regex. The worker runs them (`worker/src/agent/hooks.rs`).
 
@@ -21,8 +21,12 @@ pub enum HookEvent {
     PostToolUse,
     /// Before the final answer is shown; may block or rewrite it.
     PreResponse,
-    /// After the run ends; fire and forget.
+    /// After the run completes; fire and forget.
     OnRunComplete,
+    /// After the run fails; fire and forget.
+    OnRunFailed,
+    /// After the run is cancelled; fire and forget.
+    OnRunCancelled,
 }
 
 /// A hook: an event, an optional tool-name matcher (a regex matching the whole name, for tool

@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{AgentSpec, FieldError, StepRule, ToolChoice};
+use super::{AgentSpec, FieldError, ResponseFormat, StepRule, ToolChoice};
 
 /// Steering posted with a pause's answer (`tool_outputs`): the next model call's tool choice
 /// and tools, rules for later steps (ahead of the agent's), and a tool choice for the rest of
@@ -36,6 +36,10 @@ pub struct RunOverrides {
     /// The run's system prompt in place of the agent's (posted with its message, by an admin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// The form of the run's final answer in place of the agent's `response_format` (posted
+    /// through the OpenAI-compatible routes' `text.format` / `response_format`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
 }
 
 /// The longest `instructions` a message may post, in bytes.
@@ -88,6 +92,7 @@ impl RunOverrides {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps.or(earlier.max_steps),
             instructions: self.instructions.or(earlier.instructions),
+            response_format: self.response_format.or(earlier.response_format),
         }
     }
 
@@ -151,6 +156,9 @@ impl RunOverrides {
         }
         if let Some(instructions) = self.instructions {
             spec.instructions = instructions;
+        }
+        if let Some(format) = self.response_format {
+            spec.response_format = Some(format);
         }
     }
 }

@@ -99,6 +99,44 @@ pub async fn list(
         .await
 }
 
+/// Up to `limit` top-level messages of the thread after the message `after` (in the order
+/// given: oldest first when `ascending`, else newest first), in that order. The caller has
+/// checked that the thread is the owner's.
+pub async fn page(
+    executor: impl PgExecutor<'_>,
+    thread_id: ThreadId,
+    limit: i64,
+    after: Option<MessageId>,
+    ascending: bool,
+) -> sqlx::Result<Vec<Message>> {
+    const ASC: &str = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM messages
+          WHERE thread_id = $1 AND depth = 0
+            AND ($3::uuid IS NULL
+                 OR seq > (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
+          ORDER BY seq ASC
+          LIMIT $2"
+    );
+    const DESC: &str = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM messages
+          WHERE thread_id = $1 AND depth = 0
+            AND ($3::uuid IS NULL
+                 OR seq < (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
+          ORDER BY seq DESC
+          LIMIT $2"
+    );
+    sqlx::query_as(if ascending { ASC } else { DESC })
+        .bind(thread_id)
+        .bind(limit)
+        .bind(after)
+        .fetch_all(executor)
+        .await
+}
+
 /// One message by id within a thread.
 pub async fn find_in_thread(
     executor: impl PgExecutor<'_>,
@@ -118,13 +156,15 @@ pub async fn find_in_thread(
 
 /// What a run's prompt replays: the newest summary of the thread that covers only messages
 /// before `user_message_id`, and the last `depth` completed messages after it, up to that
-/// message, oldest first. One statement: it runs at every run's start.
+/// message, oldest first; and whether older messages than those follow the summary (the
+/// backlog a new summary is to cover, [`backlog`]). One statement: it runs at every run's start.
 pub async fn history(
     executor: impl PgExecutor<'_>,
     thread_id: ThreadId,
     user_message_id: MessageId,
     depth: i64,
-) -> sqlx::Result<(Vec<HistoryMessage>, Option<Summary>)> {
+) -> sqlx::Result<(Vec<HistoryMessage>, Option<Summary>, bool)> {
+    let depth = depth.max(1);
     let rows: Vec<HistoryRow> = sqlx::query_as(
         "WITH summary AS (
              SELECT through_seq, content FROM thread_summaries
@@ -146,7 +186,8 @@ pub async fn history(
     )
     .bind(thread_id)
     .bind(user_message_id)
-    .bind(depth.max(1))
+    // One more than the window: its presence says a backlog exists.
+    .bind(depth + 1)
     .fetch_all(executor)
     .await?;
     let summary = rows.first().and_then(|row| {
@@ -155,7 +196,7 @@ pub async fn history(
             content: row.summary.clone()?,
         })
     });
-    let messages = rows
+    let mut messages = rows
         .into_iter()
         .map(|row| HistoryMessage {
             role: row.role,
@@ -163,8 +204,45 @@ pub async fn history(
             parts: row.parts,
             seq: row.seq,
         })
-        .collect();
-    Ok((messages, summary))
+        .collect::<Vec<_>>();
+    let extra = messages
+        .len()
+        .saturating_sub(usize::try_from(depth).unwrap_or(usize::MAX));
+    let messages = messages.split_off(extra);
+    Ok((messages, summary, extra > 0))
+}
+
+/// The thread's completed messages after `after_seq` and before `before_seq` (the backlog
+/// between a summary and the replayed window), oldest first, at most `limit`.
+pub async fn backlog(
+    executor: impl PgExecutor<'_>,
+    thread_id: ThreadId,
+    after_seq: i64,
+    before_seq: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<HistoryMessage>> {
+    let rows: Vec<(Role, String, Json<Vec<MessagePart>>, i64)> = sqlx::query_as(
+        "SELECT role, content, parts, seq FROM messages
+          WHERE thread_id = $1 AND seq > $2 AND seq < $3
+            AND status = 'completed' AND content <> '' AND depth = 0
+          ORDER BY seq
+          LIMIT $4",
+    )
+    .bind(thread_id)
+    .bind(after_seq)
+    .bind(before_seq)
+    .bind(limit)
+    .fetch_all(executor)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(role, content, parts, seq)| HistoryMessage {
+            role,
+            content,
+            parts,
+            seq,
+        })
+        .collect())
 }
 
 /// A row of [`history`]: a message, and the summary beside every row.

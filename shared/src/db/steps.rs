@@ -198,7 +198,13 @@ impl CallResult {
     /// Settles the call with `output` (an error the model sees, if `is_error`), cut at
     /// [`MAX_RESULT_CHARS`].
     pub fn settle(&mut self, output: String, is_error: bool) {
-        self.output = truncate(output);
+        self.settle_whole(truncate(output), is_error);
+    }
+
+    /// Settles the call with `output` whole: an agent call's result, the child's answer, which
+    /// is the caller's working material (the prompt's budget, not a cut, keeps it in bounds).
+    pub fn settle_whole(&mut self, output: String, is_error: bool) {
+        self.output = output;
         self.is_error = is_error;
         self.state = CallState::Done;
     }

@@ -12,7 +12,8 @@
 //!   compared with it: text the client has is not shown again, text beyond it is shown as more
 //!   of the same part. Only if the new attempt writes something else (a model need not repeat
 //!   itself) is the shown part ended as superseded and the new text shown as a new part.
-//! - A tool call, and a call's result, is shown once, whatever the attempts.
+//! - A tool call, and a call's result, is shown once, whatever the attempts; so are a step's
+//!   start and end (a new attempt that redoes a step starts it again).
 //! - The transcript is a pure function of the events: the same events always give the same
 //!   items, which is what lets a format resume exactly by rebuilding a run's transcript from its
 //!   `message_start` and skipping what the client had.
@@ -20,7 +21,7 @@
 use std::collections::HashSet;
 
 use super::{ApprovalRequested, BlockId, Data, Event, Failure, RequiresAction, Step, StepCall};
-use super::{StepResult, TextDelta};
+use super::{StepEnd, StepResult, StepStart, TextDelta};
 use crate::run::Citation;
 use crate::status::RunStatus;
 
@@ -84,6 +85,10 @@ pub enum Shown {
         /// The result.
         result: StepResult,
     },
+    /// A step begins (once per step).
+    StepStarted(StepStart),
+    /// A step is over (once per step).
+    StepEnded(StepEnd),
     /// The sources the answer cites.
     Citations(Vec<Citation>),
     /// The run paused for the client or a person.
@@ -124,6 +129,9 @@ pub struct Transcript {
     restarted: bool,
     started: bool,
     answered: HashSet<String>,
+    /// The steps whose start, and whose end, were shown.
+    steps_started: HashSet<u32>,
+    steps_ended: HashSet<u32>,
     ended: bool,
 }
 
@@ -165,6 +173,16 @@ impl Transcript {
                     if let Part::Text { replayed, .. } = part {
                         *replayed = None;
                     }
+                }
+            }
+            Data::StepStart(start) => {
+                if self.steps_started.insert(start.step) {
+                    out.push(Shown::StepStarted(start.clone()));
+                }
+            }
+            Data::StepEnd(end) => {
+                if self.steps_ended.insert(end.step) {
+                    out.push(Shown::StepEnded(end.clone()));
                 }
             }
             Data::Citations(citations) => out.push(Shown::Citations(citations.citations.clone())),

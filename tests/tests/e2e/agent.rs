@@ -144,6 +144,46 @@ async fn a_crash_during_step_3_of_4_repeats_no_completed_model_or_tool_call() {
         stored.last().map(|(_, e)| e["type"].clone()),
         Some(json!("done"))
     );
+    // Each step ends once: steps 1 and 2 by the killed attempt (the new one does not repeat
+    // them), step 3 (saved, its call cut short) and step 4 by the new attempt; each after its
+    // results, and before the message ends.
+    let step_ends: Vec<(Value, Value)> = stored
+        .iter()
+        .filter(|(_, e)| e["type"] == "step_end")
+        .map(|(_, e)| (e["data"]["step"].clone(), e["attempt"].clone()))
+        .collect();
+    assert_eq!(
+        step_ends,
+        [
+            (json!(1), json!(1)),
+            (json!(2), json!(1)),
+            (json!(3), json!(2)),
+            (json!(4), json!(2))
+        ],
+        "{stored:?}"
+    );
+    let at = |kind: &str, step: u64| {
+        stored
+            .iter()
+            .position(|(_, e)| e["type"] == kind && e["data"]["step"] == step)
+    };
+    let c_result = stored.iter().rposition(|(_, e)| {
+        e["type"] == "step"
+            && e["data"]["phase"] == "result"
+            && e["data"]["tool_call_id"] == "call_c"
+    });
+    assert!(c_result < at("step_end", 3), "{stored:?}");
+    let message_end = stored.iter().position(|(_, e)| e["type"] == "message_end");
+    assert!(at("step_end", 4) < message_end, "{stored:?}");
+    assert_eq!(
+        stored
+            .iter()
+            .filter(|(_, e)| e["type"] == "step_end")
+            .map(|(_, e)| e["data"]["finish_reason"].clone())
+            .collect::<Vec<_>>(),
+        ["tool_calls", "tool_calls", "tool_calls", "stop"]
+    );
+    assert!(at("step_start", 4) > Some(restart));
 }
 
 /// What a client following the stream contract shows at the end: every event in order, except

@@ -415,3 +415,30 @@ async fn spool_chat_prints_no_escape_sequence_a_model_writes() {
         "{reply:?}"
     );
 }
+
+/// `spool-api probe URL`, the image's health check (no shell in it): 0 on the API's `/readyz`,
+/// 1 on a 404 and on a closed port.
+#[tokio::test]
+async fn spool_api_probe_exits_0_only_on_a_2xx_answer() {
+    let stack = Stack::start().await;
+    for (path, expected) in [("/readyz", 0), ("/no-such-page", 1)] {
+        let url = format!("{}{path}", stack.base);
+        let mut probe =
+            Process::spawn("spool-api", &["probe", &url], &HashMap::new()).expect("spawn");
+        let code = probe.wait(Duration::from_secs(20)).await;
+        assert_eq!(code, Some(expected), "{url}: {}", probe.output());
+    }
+    drop(stack);
+    let mut probe = Process::spawn(
+        "spool-api",
+        &["probe", "--timeout-secs", "2", "http://127.0.0.1:1/readyz"],
+        &HashMap::new(),
+    )
+    .expect("spawn");
+    assert_eq!(
+        probe.wait(Duration::from_secs(20)).await,
+        Some(1),
+        "{}",
+        probe.output()
+    );
+}

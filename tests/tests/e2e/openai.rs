@@ -5,7 +5,17 @@ use serde_json::{Value, json};
 use spool_tests::sse::SseReader;
 use spool_tests::{token, token_with};
 
+use spool_tests::conform::Conformance;
+use spool_tests::fake_llm::{self, FakeLlm, Reply};
+
 use crate::stack::{Stack, TIMEOUT, demo_reply};
+
+/// The stack, with its clients going through a [`Conformance`] proxy (check it at the end).
+async fn conforming(stack: &mut Stack) -> Conformance {
+    let conform = Conformance::start(&stack.base).await;
+    stack.base = conform.base.clone();
+    conform
+}
 
 /// 40 deltas, 100 ms apart: long enough to interrupt.
 const SLOW: [(&str, &str); 2] = [("SPOOL_DEMO_TOKENS", "40"), ("SPOOL_DEMO_DELAY_MS", "100")];
@@ -13,16 +23,18 @@ const SLOW: [(&str, &str); 2] = [("SPOOL_DEMO_TOKENS", "40"), ("SPOOL_DEMO_DELAY
 #[tokio::test]
 async fn the_official_python_sdk_works_unchanged() {
     let python = spool_tests::peers::python().expect("the openai SDK (pip)");
-    let stack = Stack::start_with(
+    let mut stack = Stack::start_with(
         &spool_tests::redis_url(),
         &[("SPOOL_QUOTA_USER_CONCURRENT_RUNS", "2")],
     )
     .await;
+    let conform = conforming(&mut stack).await;
     let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "50")]).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/openai_sdk.py");
     let mut command = tokio::process::Command::new(python);
     command.arg(script).env("BOB_TOKEN", token("bob", "acme"));
     run_sdk_script(&stack, command).await;
+    assert!(conform.check() > 100, "the SDK's answers were checked");
 }
 
 /// Runs an SDK script against the stack (`SPOOL_URL`, alice's `TOKEN`, the demo `REPLY` to
@@ -47,11 +59,20 @@ async fn run_sdk_script(stack: &Stack, mut command: tokio::process::Command) {
 #[tokio::test]
 async fn the_official_node_sdk_works_unchanged() {
     let dir = spool_tests::peers::node_peers().expect("npm peers");
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = conforming(&mut stack).await;
     let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "50")]).await;
     let mut command = tokio::process::Command::new("node");
     command.arg(dir.join("openai_sdk.mjs")).current_dir(&dir);
     run_sdk_script(&stack, command).await;
+    assert!(conform.check() > 10, "the SDK's answers were checked");
+}
+
+/// The thread a conversation id (`conv_` and the thread id's hex) names.
+fn thread_of(conversation: &Value) -> spool_shared::ThreadId {
+    let id = conversation.as_str().expect("a conversation id");
+    let hex = id.strip_prefix("conv_").expect("conv_...");
+    spool_shared::ThreadId(uuid::Uuid::parse_str(hex).expect("a thread id"))
 }
 
 /// `(sequence_number, type, delta)` of each frame.
@@ -93,7 +114,8 @@ fn text(events: &[Value]) -> String {
 
 #[tokio::test]
 async fn a_worker_killed_mid_response_does_not_make_a_resuming_client_show_text_twice() {
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = conforming(&mut stack).await;
     let mut a = stack.worker(&SLOW).await;
     let alice = token("alice", "acme");
     let response = stack
@@ -122,7 +144,7 @@ async fn a_worker_killed_mid_response_does_not_make_a_resuming_client_show_text_
         .as_str()
         .expect("response id")
         .to_owned();
-    let thread = first[0]["response"]["conversation"]["id"].clone();
+    let thread = json!(thread_of(&first[0]["response"]["conversation"]["id"]).to_string());
     a.kill9().await;
     let _b = stack.worker(&SLOW).await;
 
@@ -191,11 +213,13 @@ async fn a_worker_killed_mid_response_does_not_make_a_resuming_client_show_text_
     assert_eq!(foreign.status(), 404);
     let body: Value = foreign.json().await.expect("json");
     assert_eq!(body["error"]["type"], "not_found_error");
+    conform.check();
 }
 
 #[tokio::test]
 async fn a_response_whose_events_redis_no_longer_holds_answers_with_an_error_event() {
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = conforming(&mut stack).await;
     let _worker = stack.worker(&[("SPOOL_DEMO_DELAY_MS", "0")]).await;
     let alice = token("alice", "acme");
     let (status, response) = stack
@@ -209,10 +233,7 @@ async fn a_response_whose_events_redis_no_longer_holds_answers_with_an_error_eve
         (status.as_u16(), response["status"].clone()),
         (200, json!("completed"))
     );
-    let thread: spool_shared::ThreadId = response["conversation"]["id"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .expect("thread");
+    let thread = thread_of(&response["conversation"]["id"]);
     let keys = spool_shared::stream::StreamKeys::new(stack.prefix.clone());
     let mut conn = spool_shared::redis_conn::connect(&stack.redis_url).expect("redis");
     let id = response["id"].as_str().expect("id");
@@ -256,11 +277,13 @@ async fn a_response_whose_events_redis_no_longer_holds_answers_with_an_error_eve
         (),
     );
     assert_eq!(status, 200);
+    conform.check();
 }
 
 #[tokio::test]
 async fn a_starting_after_beyond_the_end_of_a_running_response_follows_it_live_from_there() {
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    let conform = conforming(&mut stack).await;
     let _worker = stack
         .worker(&[("SPOOL_DEMO_TOKENS", "80"), ("SPOOL_DEMO_DELAY_MS", "100")])
         .await;
@@ -318,4 +341,54 @@ async fn a_starting_after_beyond_the_end_of_a_running_response_follows_it_live_f
         "{whole:?} / {:?}",
         text(&later)
     );
+    conform.check();
+}
+
+/// The fake upstream of the structured-output test: `{"city": "Paris", "temperature_c": 21}`
+/// when the request asks for JSON (reporting 32 cached prompt tokens and 8 reasoning tokens),
+/// prose when it does not, or when a user message says "never" (its repair round included).
+fn weather_upstream(request: &Value, _: usize) -> Reply {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let never = messages
+        .iter()
+        .any(|m| m["role"] == "user" && m["content"].as_str().is_some_and(|c| c.contains("never")));
+    if never || request.get("response_format").is_none() {
+        return fake_llm::text("Sunny, mostly.", 2);
+    }
+    let Reply::Stream(mut payloads) =
+        fake_llm::text(r#"{"city": "Paris", "temperature_c": 21}"#, 3)
+    else {
+        unreachable!("text is a stream")
+    };
+    if let Some(last) = payloads.last_mut() {
+        last["usage"] = json!({"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
+            "prompt_tokens_details": {"cached_tokens": 32},
+            "completion_tokens_details": {"reasoning_tokens": 8}});
+    }
+    Reply::Stream(payloads)
+}
+
+#[tokio::test]
+async fn structured_outputs_parse_through_the_official_python_sdk() {
+    let python = spool_tests::peers::python().expect("the openai SDK (pip)");
+    let fake = FakeLlm::start(weather_upstream).await;
+    let mut stack = Stack::start().await;
+    let conform = conforming(&mut stack).await;
+    let _worker = stack
+        .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
+        .await;
+    let root = token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
+    let (status, agent) = stack
+        .post(
+            &root,
+            "/v1/agents",
+            &json!({"name": "forecaster", "model": "gpt-4o-mini"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{agent}");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/openai_structured.py");
+    let mut command = tokio::process::Command::new(python);
+    command.arg(script).env("MODEL", "forecaster");
+    run_sdk_script(&stack, command).await;
+    assert!(conform.check() > 10, "the SDK's answers were checked");
 }

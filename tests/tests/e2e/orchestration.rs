@@ -474,3 +474,28 @@ async fn a_child_that_needs_an_approval_is_answered_on_its_own_workflow_and_its_
         "{messages:?}"
     );
 }
+
+#[tokio::test]
+async fn a_child_s_long_answer_reaches_its_parent_whole() {
+    // 60,000 characters: past the 50,000 at which a tool's result is cut.
+    let long: String = (0..6_000).map(|i| format!("{:09}|", i)).collect();
+    let answer = long.clone();
+    let fake = FakeLlm::start(fake_llm::lead_and_researcher(move || {
+        fake_llm::text(&answer, 20)
+    }))
+    .await;
+    let stack = Stack::start().await;
+    let (lead, _worker) = lead(&stack, &fake).await;
+    let accepted = ask(&stack, &lead).await;
+    stack.wait_run(&accepted, "completed").await;
+    let parent_calls: Vec<Value> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r["messages"][0]["content"] == fake_llm::LEAD_INSTRUCTIONS)
+        .filter(|r| tool_results_in(r) == 1)
+        .collect();
+    assert_eq!(parent_calls.len(), 1);
+    let result = fake_llm::last_tool_result(&parent_calls[0]).unwrap_or_default();
+    assert_eq!(result.len(), 60_000);
+    assert_eq!(result, long, "the child's answer, whole and unmarked");
+}

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use spool_tests::process::binary;
 
-/// The value `deploy/k8s/secret.example.yaml` gives `variable`.
+/// The value `deploy/helm/secret.example.yaml` gives `variable`.
 fn example_value(variable: &str) -> String {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/k8s/secret.example.yaml"
+        "/../deploy/helm/secret.example.yaml"
     );
     let example = std::fs::read_to_string(path).expect("the example secret");
     example

@@ -40,6 +40,11 @@ impl Stack {
     /// The same, with `settings` for the API on top.
     pub(crate) async fn start_with(redis_url: &str, settings: &[(&str, &str)]) -> Self {
         let db = TestDb::new().await.expect("test database");
+        Self::start_on(db, redis_url, settings).await
+    }
+
+    /// The same, on `db` (a test that changes the database before the API starts).
+    pub(crate) async fn start_on(db: TestDb, redis_url: &str, settings: &[(&str, &str)]) -> Self {
         let prefix = spool_tests::redis_prefix();
         // Eight tests run at once, each with an API and workers: keep every process's pool
         // small, or together they exceed Postgres's 100 connections.

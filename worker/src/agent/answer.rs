@@ -14,7 +14,8 @@ pub(crate) struct Answer {
     pub(crate) citations: Vec<Citation>,
     /// The step whose model call answered without tool calls, saved with the run's end (for
     /// the timeline).
-    pub(crate) final_step: Option<Box<SavedStep>>,
+    /// With its number (its `step_end` is published with the run's end).
+    pub(crate) final_step: Option<Box<(u32, SavedStep)>>,
     /// The answer as JSON valid against the agent's `response_format`.
     pub(crate) output: Option<Box<serde_json::Value>>,
     /// A `pre_response` hook denied the answer; its text is the content.
@@ -100,15 +101,15 @@ impl LoopEnd {
 /// anywhere.
 #[derive(Debug)]
 pub(crate) enum Exit {
-    /// The loop is over.
-    End(LoopEnd),
+    /// The loop is over (boxed: an answer is large, and every step returns an `Exit`).
+    End(Box<LoopEnd>),
     /// Something broke (Postgres unreachable, say).
     Error(anyhow::Error),
 }
 
 impl From<LoopEnd> for Exit {
     fn from(end: LoopEnd) -> Self {
-        Self::End(end)
+        Self::End(Box::new(end))
     }
 }
 

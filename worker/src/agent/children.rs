@@ -83,7 +83,7 @@ impl Loop<'_> {
                 }
                 let end = ended.iter().flatten().find(|end| end.id == child);
                 let (text, is_error) = child_result(end);
-                result.settle(text, is_error);
+                result.settle_whole(text, is_error);
                 continue;
             }
             let Some(Kind::Agent(tool)) = self.tools.find(&result.name).map(|t| &t.kind) else {

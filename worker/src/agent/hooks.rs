@@ -24,6 +24,7 @@ use spool_shared::agent::{
     AgentSpec, HookEvent, HookFailure, HookKind, HookSpec, RuleCondition, RuleOperator,
 };
 use spool_shared::db::runs::Run;
+use spool_shared::status::RunStatus;
 
 use super::engine::Engine;
 use super::llm::ToolCall;
@@ -211,9 +212,19 @@ impl<'a> Hooks<'a> {
         Ok(text)
     }
 
-    /// `on_run_complete`: fire and forget (the run's end never waits for it).
-    pub(crate) fn on_run_complete(&self, status: &str, content: &str) {
-        for (i, hook) in self.for_event(HookEvent::OnRunComplete, None) {
+    /// The run's end: `on_run_complete` for a completed run, `on_run_failed` for a failed
+    /// one, `on_run_cancelled` for a cancelled one; fire and forget (the run's end never waits
+    /// for them).
+    pub(crate) fn on_run_end(&self, status: RunStatus, content: &str) {
+        let event = match status {
+            RunStatus::Completed => HookEvent::OnRunComplete,
+            RunStatus::Failed => HookEvent::OnRunFailed,
+            RunStatus::Cancelled => HookEvent::OnRunCancelled,
+            _ => return,
+        };
+        let name = serde_json::to_value(event).unwrap_or(Value::Null);
+        let name = name.as_str().unwrap_or_default().to_owned();
+        for (i, hook) in self.for_event(event, None) {
             let HookKind::Http {
                 url,
                 headers,
@@ -225,10 +236,10 @@ impl<'a> Hooks<'a> {
             let clients = self.clients.clone();
             let (url, headers, timeout) = (url.clone(), headers.clone(), *timeout_secs);
             let mut body = self.context.clone();
-            body["event"] = json!("on_run_complete");
-            body["status"] = json!(status);
+            body["event"] = json!(name);
+            body["status"] = json!(status.as_str());
             body["content"] = json!(content);
-            let key = format!("{}:on_run_complete:{i}", self.workflow);
+            let key = format!("{}:{name}:{i}", self.workflow);
             let identity = self.identity.clone();
             tokio::spawn(async move {
                 let tool = HttpTool {

@@ -123,7 +123,7 @@ impl Loop<'_> {
             );
             self.failed(FailureCode::InvalidOutput, message)
         })?;
-        self.answer.final_step = Some(Box::new(repaired.saved(Vec::new(), Vec::new())));
+        self.answer.final_step = Some(Box::new((step, repaired.saved(Vec::new(), Vec::new()))));
         Ok((repaired.text, value))
     }
 }

@@ -46,6 +46,9 @@ pub(crate) struct Prompt {
     pub(crate) history: Vec<HistoryMessage>,
     /// The summary the history starts after, if any.
     pub(crate) summary: Option<Summary>,
+    /// Whether older messages than the replayed ones follow the summary: a backlog that a new
+    /// summary is to cover ([`Loop::absorb_backlog`]), so that no turn is simply dropped.
+    pub(crate) backlog: bool,
 }
 
 /// The conversation a run starts from: the agent's instructions, the newest stored summary
@@ -59,10 +62,10 @@ pub(crate) async fn start(db: &PgPool, run: &Run, spec: &AgentSpec) -> sqlx::Res
             content: spec.instructions.clone(),
         });
     }
-    let (history, summary) = if run.depth > 0 {
+    let (history, summary, backlog) = if run.depth > 0 {
         // A child run (an agent called as a tool) sees its input only, not the thread's
         // conversation, which its parent's model summed up in the call.
-        (own_message(db, run).await?, None)
+        (own_message(db, run).await?, None, false)
     } else {
         messages::history(
             db,
@@ -94,6 +97,7 @@ pub(crate) async fn start(db: &PgPool, run: &Run, spec: &AgentSpec) -> sqlx::Res
         input,
         history,
         summary,
+        backlog,
     })
 }
 
@@ -365,6 +369,9 @@ async fn summarise_once(model: &Candidate, transcript: String) -> (Result<String
 /// Summaries one attempt may write to fit its prompt before it fails with `context_overflow`.
 pub(crate) const MAX_COMPACTIONS: u32 = 3;
 
+/// The most messages beyond `history_depth` one summary takes in.
+const BACKLOG_BATCH: i64 = 200;
+
 impl Loop<'_> {
     /// Makes the prompt smaller, or fails the run with `context_overflow` when nothing more
     /// can: the thread's history is summarised only when it is what overflows (the run's own
@@ -416,6 +423,88 @@ impl Loop<'_> {
         Err(self.failed(FailureCode::ContextOverflow, message))
     }
 
+    /// Folds the thread's messages older than the replayed window (`history_depth`) that no
+    /// summary covers yet into a new stored summary, so the prompt keeps what they said rather
+    /// than dropping them; a batch of [`BACKLOG_BATCH`] messages at a time, at most
+    /// [`MAX_COMPACTIONS`] batches. A summary that fails stores nothing and the run goes on
+    /// with the window alone (as if the backlog were not there).
+    pub(super) async fn absorb_backlog(&mut self, a: &Attempt<'_>) -> Result<(), Exit> {
+        let run = a.claimed.run();
+        let mut rounds = 0;
+        while self.backlog && rounds < MAX_COMPACTIONS {
+            rounds += 1;
+            let after = self.summary.as_ref().map_or(0, |s| s.through_seq);
+            let before = self.history.first().map_or(i64::MAX, |message| message.seq);
+            let older =
+                messages::backlog(a.db, run.thread_id, after, before, BACKLOG_BATCH).await?;
+            let Some(through) = older.last().map(|m| m.seq) else {
+                return Ok(());
+            };
+            let summarizer = match a.engine.summarizer(&self.spec) {
+                Ok(summarizer) => summarizer,
+                Err(err) => {
+                    tracing::warn!(error = %err, "no model to summarise the thread's backlog");
+                    return Ok(());
+                }
+            };
+            let (text, usage) = summarise(
+                &summarizer,
+                self.summary.as_ref(),
+                &older,
+                self.chunk_chars(),
+            )
+            .await;
+            self.spend(a, usage).await?;
+            let text = match text {
+                Ok(text) => text,
+                Err(why) => {
+                    tracing::warn!(
+                        why,
+                        "the thread's turns beyond history_depth could not be summarised; \
+                         nothing stored"
+                    );
+                    return Ok(());
+                }
+            };
+            let model = &summarizer.name;
+            let held =
+                messages::save_summary(a.db, run.id, run.attempt, through, &text, model).await?;
+            if !held {
+                return Err(LoopEnd::LeaseLost.into());
+            }
+            tracing::info!(
+                through_seq = through,
+                "summarised the thread's turns beyond history_depth"
+            );
+            self.rebuild_start(a).await?;
+        }
+        Ok(())
+    }
+
+    /// Characters of transcript per summary call: half the window (4 characters a token),
+    /// room for the instructions, the summary so far and the answer; without a window, half
+    /// the context budget.
+    fn chunk_chars(&self) -> usize {
+        let budget = self
+            .spec
+            .context_window_tokens
+            .unwrap_or(self.spec.context_budget_tokens) as usize;
+        (budget * 2).max(MIN_CHUNK_CHARS)
+    }
+
+    /// Rebuilds the conversation's start (instructions, summary, history) from what is
+    /// stored now, keeping the run's own steps after it.
+    async fn rebuild_start(&mut self, a: &Attempt<'_>) -> Result<(), Exit> {
+        let steps = self.conversation.split_off(self.prefix);
+        let start = start(a.db, a.claimed.run(), &self.spec).await?;
+        self.prefix = start.conversation.len();
+        self.conversation = start.conversation;
+        self.conversation.extend(steps);
+        (self.history, self.summary) = (start.history, start.summary);
+        self.backlog = start.backlog;
+        Ok(())
+    }
+
     /// Summarises the oldest half of the replayed history (with the summary it started after)
     /// into a stored summary, and rebuilds the conversation's start from it; `Ok(Err(why))`,
     /// storing nothing, when the summary failed.
@@ -429,13 +518,7 @@ impl Loop<'_> {
             Err(err) => return Ok(Err(err.to_string())),
         };
         let through = older.last().map_or(0, |m| m.seq);
-        // Half the window (4 characters a token) per call: room for the instructions, the
-        // summary so far and the answer. Without a window, half the context budget.
-        let budget = self
-            .spec
-            .context_window_tokens
-            .unwrap_or(self.spec.context_budget_tokens) as usize;
-        let chunk_chars = (budget * 2).max(MIN_CHUNK_CHARS);
+        let chunk_chars = self.chunk_chars();
         let (text, usage) =
             summarise(&summarizer, self.summary.as_ref(), &older, chunk_chars).await;
         self.spend(a, usage).await?;
@@ -454,12 +537,7 @@ impl Loop<'_> {
             through_seq = through,
             "summarised the thread's oldest turns"
         );
-        let steps = self.conversation.split_off(self.prefix);
-        let start = start(a.db, run, &self.spec).await?;
-        self.prefix = start.conversation.len();
-        self.conversation = start.conversation;
-        self.conversation.extend(steps);
-        (self.history, self.summary) = (start.history, start.summary);
+        self.rebuild_start(a).await?;
         Ok(Ok(()))
     }
 }

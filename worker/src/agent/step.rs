@@ -17,11 +17,11 @@
 
 use serde_json::Value;
 
-use spool_shared::agent::StopCondition;
+use spool_shared::agent::{StopCondition, schema_problems};
 use spool_shared::db::runs::Pause;
-use spool_shared::db::steps::{CallResult, CallState, DecidedBy, Decision};
-use spool_shared::event::{StepCall, StepResult};
-use spool_shared::run::{Citation, PendingAction, PendingCall};
+use spool_shared::db::steps::{CallResult, CallState, DecidedBy, Decision, SavedStep};
+use spool_shared::event::{StepCall, StepEnd, StepResult};
+use spool_shared::run::{Citation, FailureCode, PendingAction, PendingCall};
 use spool_shared::status::RunStatus;
 
 use super::Loop;
@@ -39,7 +39,7 @@ impl Loop<'_> {
     /// records how long it may wait once presented (a hook's timeout, else the agent's). A call
     /// of a tool the step did not offer (`offered`) is answered with an error, never run.
     pub(crate) async fn classify(
-        &self,
+        &mut self,
         step: u32,
         offered: &[String],
         output: &mut ModelOutput,
@@ -79,6 +79,9 @@ impl Loop<'_> {
                 result.timeout_secs = Some(secs);
             } else if let Some(tool) = tool {
                 match tool.kind {
+                    Kind::Client if self.is_done_tool(&call.name) => {
+                        self.settle_done(call, &mut result);
+                    }
                     Kind::Client => result.state = CallState::PendingClient,
                     Kind::Agent(_) => result.state = CallState::PendingAgent,
                     _ => {}
@@ -102,7 +105,7 @@ impl Loop<'_> {
         if announce {
             announce_calls(a, step, &output.tool_calls);
         }
-        self.apply_decisions(&mut results);
+        self.apply_decisions(&output, &mut results);
         let starts = self.agent_calls(a, &output, &mut results).await?;
         self.execute(a, step, &output, &mut results).await?;
         if let Some(halt) = a.stop.now() {
@@ -135,7 +138,7 @@ impl Loop<'_> {
     /// approval left unanswered until its deadline (the run was claimed because the database
     /// clock passed it), reaches the model as an error; a client's output as it is. An
     /// approved client tool now waits for the client.
-    fn apply_decisions(&mut self, results: &mut [CallResult]) {
+    fn apply_decisions(&mut self, output: &ModelOutput, results: &mut [CallResult]) {
         let mut expired = std::mem::take(&mut self.approval_expired);
         for result in results {
             match result.state {
@@ -157,6 +160,15 @@ impl Loop<'_> {
                     result.decision = Some(Decision::now(DecidedBy::Deadline, false, None));
                 }
                 CallState::Approved => match self.tools.find(&result.name).map(|t| &t.kind) {
+                    Some(Kind::Client) if self.is_done_tool(&result.name) => {
+                        let call = output
+                            .tool_calls
+                            .iter()
+                            .find(|c| c.id == result.tool_call_id);
+                        if let Some(call) = call {
+                            self.settle_done(call, result);
+                        }
+                    }
                     Some(Kind::Client) => result.state = CallState::PendingClient,
                     Some(Kind::Agent(_)) => result.state = CallState::PendingAgent,
                     _ => {}
@@ -225,16 +237,32 @@ impl Loop<'_> {
         let saved = output.saved(results, citations);
         a.save_step(step, &saved).await?;
         publish(a, shown);
+        a.events.send(step_end(step, &saved));
         self.answer.add_step(step, &saved);
         let text = saved.assistant.text;
         let calls = saved.assistant.tool_calls;
+        // A done tool's call ends the run with its arguments as the output, once they validate.
+        let mut done_output = None;
+        for call in calls.iter().filter(|c| self.is_done_tool(&c.name)) {
+            let result = saved.results.iter().find(|r| r.tool_call_id == call.id);
+            if result.is_some_and(|r| r.state == CallState::Done && !r.is_error) {
+                done_output = Some(call.parsed_arguments());
+            }
+        }
         let stop =
-            self.spec
-                .stop_conditions
-                .iter()
-                .any(|StopCondition::HasToolCall { tool_name }| {
-                    calls.iter().any(|c| c.name == *tool_name)
-                });
+            done_output.is_some()
+                || self.spec.stop_conditions.iter().any(
+                    |StopCondition::HasToolCall { tool_name }| {
+                        calls
+                            .iter()
+                            .any(|c| c.name == *tool_name && !self.is_done_tool(&c.name))
+                    },
+                );
+        if done_output.is_none() && self.done_invalid > 1 {
+            let message = "the arguments of the done tool's call do not validate against its \
+                           parameters, even after a repair round";
+            return Err(self.failed(FailureCode::InvalidOutput, message));
+        }
         self.conversation.push(ChatMessage::Assistant {
             content: (!text.is_empty()).then_some(text),
             tool_calls: calls,
@@ -246,9 +274,48 @@ impl Loop<'_> {
             });
         }
         if stop {
+            if let Some(output) = done_output {
+                self.answer.output = Some(Box::new(output));
+            }
             return Err(LoopEnd::Completed(std::mem::take(&mut self.answer)).into());
         }
         Ok(())
+    }
+
+    /// Whether `name` is a done tool: a client tool named in a `has_tool_call` stop condition,
+    /// whose call ends the run instead of pausing it.
+    fn is_done_tool(&self, name: &str) -> bool {
+        self.tools
+            .find(name)
+            .is_some_and(|tool| matches!(tool.kind, Kind::Client))
+            && self
+                .spec
+                .stop_conditions
+                .iter()
+                .any(|StopCondition::HasToolCall { tool_name }| tool_name == name)
+    }
+
+    /// Settles a done tool's call: never sent to the client; its arguments, checked against
+    /// the tool's `parameters`, are the run's output. Arguments that do not validate are
+    /// answered to the model as an error, for it to call again (the repair round; a second
+    /// failure fails the run with `invalid_output` when the step is committed).
+    fn settle_done(&mut self, call: &ToolCall, result: &mut CallResult) {
+        let Some(tool) = self.tools.find(&call.name) else {
+            return;
+        };
+        let arguments = call.parsed_arguments();
+        match schema_problems(&tool.def.parameters, &arguments) {
+            Ok(()) => result.settle("Done.".to_owned(), false),
+            Err(problems) => {
+                self.done_invalid += 1;
+                let output = format!(
+                    "The arguments do not match the parameters of `{}`: {problems}. Call it \
+                     again with arguments that do.",
+                    call.name
+                );
+                result.settle(output, true);
+            }
+        }
     }
 
     /// Saves the step with its held calls and pauses the run for the first pending approval, or
@@ -358,6 +425,21 @@ pub(crate) fn result_event(step: u32, result: &CallResult) -> StepResult {
         tool_name: result.name.clone(),
         output: result.output.clone(),
         is_error: result.is_error,
+    }
+}
+
+/// The `step_end` of a saved step: its model call's usage and finish reason (`tool_calls` for a
+/// step saved before the reason was recorded, `stop` for a final one).
+pub(crate) fn step_end(step: u32, saved: &SavedStep) -> StepEnd {
+    let finish_reason = match &saved.model_call {
+        Some(call) => call.finish_reason.clone(),
+        None if saved.assistant.tool_calls.is_empty() => "stop".to_owned(),
+        None => "tool_calls".to_owned(),
+    };
+    StepEnd {
+        step,
+        usage: saved.usage,
+        finish_reason,
     }
 }
 

@@ -99,7 +99,7 @@ pub(crate) struct ToolSet {
 }
 
 pub(crate) struct Tool {
-    def: ToolDef,
+    pub(crate) def: ToolDef,
     read_only: bool,
     pub(crate) requires_approval: bool,
     pub(crate) kind: Kind,

@@ -36,9 +36,9 @@ async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
         .filter(|k| *k != "heartbeat")
         .collect();
     assert_eq!(kinds.first(), Some(&"message_start"));
-    assert_eq!(&kinds[1..3], ["step", "step"]);
-    assert_eq!(frames[1].json()["data"]["phase"], "call");
-    assert_eq!(frames[1].json()["data"]["arguments"]["city"], "Paris");
+    assert_eq!(&kinds[1..5], ["step_start", "step", "step", "step_end"]);
+    assert_eq!(frames[2].json()["data"]["phase"], "call");
+    assert_eq!(frames[2].json()["data"]["arguments"]["city"], "Paris");
     let result = frames
         .iter()
         .find(|f| f.event == "step" && f.json()["data"]["phase"] == "result")
@@ -49,8 +49,8 @@ async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
             .is_some_and(|o| o.contains("sunny in Paris"))
     );
     assert_eq!(
-        &kinds[kinds.len() - 4..],
-        ["text_end", "citations", "message_end", "done"]
+        &kinds[kinds.len() - 5..],
+        ["text_end", "step_end", "citations", "message_end", "done"]
     );
 
     let page = app.messages(thread).await;

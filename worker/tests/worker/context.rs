@@ -407,3 +407,90 @@ async fn a_summary_sees_the_turns_tool_calls_and_results_and_is_written_in_piece
     assert_eq!(stored.len(), 1, "{stored:?}");
     assert!(stored[0].1.starts_with("SUMMARY"));
 }
+
+#[tokio::test]
+async fn turns_beyond_history_depth_are_summarised_into_the_prompt_not_dropped() {
+    let fake = FakeLlm::start(|request, n| {
+        if summary_request(request) {
+            fake_llm::text(&format!("SUMMARY {n}"), 1)
+        } else {
+            let asked = request["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            fake_llm::text(&format!("answer to {asked}"), 1)
+        }
+    })
+    .await;
+    let app = Harness::start(&fake).await;
+    // Two messages replayed: each run's own, and the answer before it.
+    let agent = app
+        .create_agent(&json!({"name": "short", "model": "gpt-4o-mini", "history_depth": 2}))
+        .await;
+    let (thread, first) = app.ask(&agent, "the code word is heron").await;
+    assert_eq!(app.finished(&first).await["status"], "completed");
+    assert!(
+        summaries(&app).await.is_empty(),
+        "nothing beyond the window"
+    );
+
+    // The first question falls out of the window: it is summarised, not dropped.
+    let second = app.send(thread, None, "second question").await;
+    assert_eq!(app.finished(&second).await["status"], "completed");
+    let stored = summaries(&app).await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let summary_asked = fake
+        .requests()
+        .into_iter()
+        .find(summary_request)
+        .expect("a summary call");
+    assert!(
+        summary_asked["messages"][1]["content"]
+            .as_str()
+            .is_some_and(|t| t.contains("the code word is heron")),
+        "{summary_asked}"
+    );
+    let prompt = answers(&fake)
+        .last()
+        .cloned()
+        .expect("the second run's call");
+    assert_eq!(
+        prompt["messages"][0]["content"],
+        format!("Summary of the earlier conversation:\n{}", stored[0].1)
+    );
+    let replayed: Vec<&str> = prompt["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .skip(1)
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(
+        replayed,
+        ["answer to the code word is heron", "second question"],
+        "the window is the last two messages"
+    );
+
+    // The third run folds the next two messages into the summary, continuing it.
+    let third = app.send(thread, None, "third question").await;
+    assert_eq!(app.finished(&third).await["status"], "completed");
+    let stored = summaries(&app).await;
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    let last_summary = fake
+        .requests()
+        .into_iter()
+        .rfind(summary_request)
+        .expect("a second summary call");
+    let transcript = last_summary["messages"][1]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        transcript.contains(&stored[0].1)
+            && transcript.contains("answer to the code word is heron")
+            && transcript.contains("second question")
+            && !transcript.contains("third question"),
+        "{transcript}"
+    );
+}

@@ -388,6 +388,65 @@ async fn on_run_complete_is_told_how_the_run_ended() {
 }
 
 #[tokio::test]
+async fn a_failed_run_calls_on_run_failed_and_only_a_completed_one_calls_on_run_complete() {
+    // The first model call is refused (the run fails `model_error`); later ones answer.
+    let fake = FakeLlm::start(|_, n| match n {
+        0 => fake_llm::Reply::Status(400, r#"{"error": {"message": "bad request"}}"#.into(), None),
+        _ => fake_llm::text("all done", 1),
+    })
+    .await;
+    let (seen, hook) = hook_server(|_| (200, json!({}))).await;
+    let app = Harness::start(&fake).await;
+    let agent = app
+        .create_agent(&json!({"name": "notify", "model": "gpt-4o-mini",
+        "hooks": [{"event": "on_run_complete", "type": "http", "url": hook},
+                  {"event": "on_run_failed", "type": "http", "url": hook},
+                  {"event": "on_run_cancelled", "type": "http", "url": hook}]}))
+        .await;
+    let (_, failed) = app.ask(&agent, "first").await;
+    assert_eq!(app.finished(&failed).await["status"], "failed");
+    let (_, completed) = app.ask(&agent, "second").await;
+    assert_eq!(app.finished(&completed).await["status"], "completed");
+    // The completed run's hook is called after the failed run's end was told: once it is
+    // seen, everything the first run's end fired has been spawned long before.
+    poll_until("both runs' hooks", Duration::from_secs(10), || async {
+        let seen = seen.lock().expect("lock");
+        (seen.len() >= 2
+            && seen
+                .iter()
+                .any(|e| e["workflow_id"] == completed["workflow_id"]))
+        .then_some(())
+    })
+    .await;
+    let mut told: Vec<(String, String, String)> = seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|e| {
+            let run = if e["workflow_id"] == failed["workflow_id"] {
+                "failed run"
+            } else {
+                "completed run"
+            };
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (run.to_owned(), text(&e["event"]), text(&e["status"]))
+        })
+        .collect();
+    told.sort();
+    assert_eq!(
+        told,
+        [
+            (
+                "completed run".into(),
+                "on_run_complete".into(),
+                "completed".into()
+            ),
+            ("failed run".into(), "on_run_failed".into(), "failed".into()),
+        ]
+    );
+}
+
+#[tokio::test]
 async fn every_hook_call_has_its_own_idempotency_key() {
     // Two calls in one step, two pre_tool_use hooks, one post_tool_use hook, and the run's end.
     let fake = FakeLlm::start(|request, _| {

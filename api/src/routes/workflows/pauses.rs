@@ -23,8 +23,8 @@ use spool_shared::status::RunStatus;
 
 use super::{WorkflowResponse, accepted};
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::error::{ApiError, BadBody, ErrorBody, Unauthenticated};
+use crate::auth::{Caller, Permission};
+use crate::error::{ApiError, BadBody, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
 use crate::runs::{find_own, workflow_not_found};
 
@@ -85,13 +85,14 @@ fn not_waiting(run: &Run, expected: RunStatus) -> ApiError {
     post,
     path = "/v1/workflows/{workflow_id}/tool_outputs",
     tag = "workflows",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(("workflow_id" = WorkflowId, Path, description = "The workflow (run).")),
     request_body = ToolOutputsRequest,
     responses(
         (status = 202, description = "The run, queued again.", body = WorkflowResponse),
         BadBody,
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`workflow_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`run_not_waiting`, with the run's `status`", body = ErrorBody),
         (status = 422, description = "`invalid_body`, `unknown_tool_call`, `missing_tool_outputs` (with `missing`), `invalid_overrides` (with `errors: [{field, message}]`)", body = ErrorBody),
@@ -103,6 +104,7 @@ pub(crate) async fn post_tool_outputs(
     ApiPath(id): ApiPath<WorkflowId>,
     ApiJson(request): ApiJson<ToolOutputsRequest>,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let mut paused = Paused::lock(&state, &caller, id, RunStatus::RequiresAction).await?;
     let outputs = request
         .tool_outputs
@@ -134,6 +136,7 @@ pub(crate) async fn post_tool_outputs(
         defaults: request.defaults,
         max_steps: None,
         instructions: None,
+        response_format: None,
     };
     // Checked against the agent as the worker will run it: a tool the agent does not have
     // would otherwise fail the run at its next model call, after the outputs were accepted.
@@ -181,7 +184,7 @@ pub struct ApprovalRequest {
     post,
     path = "/v1/workflows/{workflow_id}/approvals/{tool_call_id}",
     tag = "workflows",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"])),
     params(
         ("workflow_id" = WorkflowId, Path, description = "The workflow (run)."),
         ("tool_call_id" = String, Path, description = "The tool call awaiting approval."),
@@ -191,6 +194,7 @@ pub struct ApprovalRequest {
         (status = 202, description = "The run, queued again.", body = WorkflowResponse),
         BadBody,
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`workflow_not_found`, `tool_call_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`run_not_waiting` (with `status`), `approval_expired`", body = ErrorBody),
         (status = 422, description = "`invalid_body`", body = ErrorBody),
@@ -202,6 +206,7 @@ pub(crate) async fn post_approval(
     ApiPath((id, tool_call_id)): ApiPath<(WorkflowId, String)>,
     ApiJson(request): ApiJson<ApprovalRequest>,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+    caller.require(Permission::RunsCreate)?;
     let mut paused = Paused::lock(&state, &caller, id, RunStatus::AwaitingApproval).await?;
     // Only the approval presented has a deadline running, and the database clock judges it.
     let presented = matches!(&paused.run.pending_action,

@@ -21,8 +21,8 @@ use spool_shared::run::{Citation, PendingAction, Usage};
 use spool_shared::status::RunStatus;
 
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::error::{ApiError, ErrorBody, Unauthenticated};
+use crate::auth::{Caller, Permission};
+use crate::error::{ApiError, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::runs::workflow_not_found;
 
@@ -223,11 +223,12 @@ impl From<Step> for TimelineStep {
     get,
     path = "/v1/workflows/{workflow_id}/steps",
     tag = "workflows",
-    security(("bearer" = [])),
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
     params(("workflow_id" = WorkflowId, Path, description = "The workflow (run)."), StepsQuery),
     responses(
         (status = 200, description = "A page of the timeline.", body = StepsResponse),
         Unauthenticated,
+        MissingPermission,
         (status = 404, description = "`workflow_not_found`, `not_found`", body = ErrorBody),
         (status = 422, description = "`invalid_limit`, `invalid_cursor`, `invalid_query`", body = ErrorBody),
     )
@@ -238,6 +239,7 @@ pub(crate) async fn get_steps(
     ApiPath(workflow_id): ApiPath<WorkflowId>,
     ApiQuery(query): ApiQuery<StepsQuery>,
 ) -> Result<Json<StepsResponse>, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
     let (limit, after) = query.page()?;
     let run = runs::find_in(&state.db, workflow_id, caller.scope())
         .await?

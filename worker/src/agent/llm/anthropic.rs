@@ -293,6 +293,9 @@ impl Assembler {
         .sum();
         if usage["input_tokens"].is_u64() {
             self.usage.input_tokens = input;
+            self.usage.cached_input_tokens = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+            self.usage.cache_write_tokens =
+                usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
         }
         if let Some(output) = usage["output_tokens"].as_u64() {
             self.usage.output_tokens = output;
@@ -451,6 +454,10 @@ mod tests {
         assert_eq!(
             (response.usage.input_tokens, response.usage.output_tokens),
             (7, 9)
+        );
+        assert_eq!(
+            response.usage.cached_input_tokens, 2,
+            "cache reads passed through"
         );
 
         let overloaded = [

@@ -84,6 +84,7 @@ impl ChatModel for DemoModel {
         let usage = Usage {
             input_tokens: input.split_whitespace().count() as u64,
             output_tokens: deltas.len() as u64,
+            ..Usage::default()
         };
         let text = deltas.concat();
         let delay = self.delay;

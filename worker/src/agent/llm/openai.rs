@@ -218,6 +218,13 @@ impl Assembler {
             self.usage = Usage {
                 input_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
                 output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
+                cached_input_tokens: usage["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0),
+                cache_write_tokens: 0,
+                reasoning_tokens: usage["completion_tokens_details"]["reasoning_tokens"]
+                    .as_u64()
+                    .unwrap_or(0),
             };
         }
         let mut out = Vec::new();
@@ -305,6 +312,24 @@ data: [DONE]"#;
             }]
         );
         assert_eq!(response.finish_reason, FinishReason::ToolCalls);
+    }
+
+    #[test]
+    fn cached_and_reasoning_tokens_are_passed_through() {
+        let transcript = r#"data: {"choices":[{"delta":{"content":"hi"},"finish_reason":"stop"}]}
+data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":12,"total_tokens":52,"prompt_tokens_details":{"cached_tokens":32},"completion_tokens_details":{"reasoning_tokens":8}}}
+data: [DONE]"#;
+        let (_, response) = feed_all(transcript);
+        let usage = response.usage;
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cached_input_tokens,
+                usage.reasoning_tokens
+            ),
+            (40, 12, 32, 8)
+        );
     }
 
     #[test]
