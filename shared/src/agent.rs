@@ -147,7 +147,7 @@ pub struct AgentSpec {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Visibility {
-    /// Callers that may write agents only (`admin`).
+    /// Callers that may write agents only (`agents:write`, or `admin`).
     Private,
     /// Every user of the tenant.
     #[default]

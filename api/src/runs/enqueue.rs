@@ -410,7 +410,7 @@ fn replay(stored: idempotency::Stored, hash: &str) -> Result<Enqueue, ApiError> 
 }
 
 /// 404 `agent_not_found` unless the caller's tenant has the agent (if one is named) and the
-/// caller may use it (a `private` agent: only with `admin`).
+/// caller may use it (a `private` agent: only with `agents:write`).
 pub(crate) async fn check_agent(
     state: &AppState,
     caller: &Caller,

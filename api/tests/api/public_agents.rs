@@ -350,7 +350,7 @@ async fn a_public_agent_with_a_tool_that_writes_needs_the_safety_acknowledgement
 }
 
 #[tokio::test]
-async fn a_private_agent_is_seen_and_used_by_admins_only() {
+async fn a_private_agent_is_seen_and_used_only_by_who_writes_agents() {
     let app = TestApp::start(0, worker_args(1, 0)).await;
     let private = app
         .create_agent(
@@ -378,6 +378,38 @@ async fn a_private_agent_is_seen_and_used_by_admins_only() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert_eq!(body["error"]["code"], "agent_not_found");
+    // The OpenAI-compatible routes resolve `model` as the rest do: by id or by name, a private
+    // agent is no model of hers, and `GET /v1/models` does not list it.
+    let (_, models) = app.get(&alice, "/v1/models").await;
+    assert!(
+        !models.to_string().contains(&private.to_string()),
+        "{models}"
+    );
+    for model in [private.to_string(), "ops-only".to_owned()] {
+        let (status, body) = app
+            .post(
+                &alice,
+                "/v1/responses",
+                &json!({"model": model, "input": "hi"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{model}: {body}");
+        assert_eq!(body["error"]["code"], "model_not_found", "{body}");
+        let (status, body) = app
+            .post(
+                &alice,
+                "/v1/chat/completions",
+                &json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{model}: {body}");
+        assert_eq!(body["error"]["code"], "model_not_found", "{body}");
+    }
+    // Writing agents (not only `admin`) is what lets one see it.
+    let writer =
+        spool_tests::token_with_permissions("wendy", "acme", &["agents:read", "agents:write"]);
+    let (status, _) = app.get(&writer, &format!("/v1/models/{private}")).await;
+    assert_eq!(status, StatusCode::OK);
     let admin = spool_tests::token_with("ops", "acme", true, 3600, spool_tests::JWT_SECRET);
     let (_, list) = app.get(&admin, "/v1/agents").await;
     assert_eq!(list["agents"].as_array().map(Vec::len), Some(1));
