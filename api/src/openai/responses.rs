@@ -234,6 +234,7 @@ pub(crate) async fn create_response(
         tool_choice: None,
         active_tools: None,
         max_steps: None,
+        client: None,
         instructions,
         response_format,
     };
