@@ -30,6 +30,8 @@ pub struct ApiConfig {
     pub min_drain_bytes_per_sec: u64,
     /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Proxies whose `X-Forwarded-For` is believed (`SPOOL_TRUSTED_PROXIES`).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// How long events stay replayable after a run ends (for events the API publishes).
     pub stream_retention: std::time::Duration,
     /// The server's quotas (`SPOOL_QUOTA_*`).
@@ -75,6 +77,8 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .merge(routes::health::router())
         .merge(routes::identity::router())
         .merge(routes::threads::router())
+        .merge(crate::auth::stream_token::router())
+        .merge(crate::auth::public::router())
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
         .merge(routes::webhooks::router())
@@ -98,6 +102,10 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(cors(&state.config.cors_origins))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::public::cors,
+        ))
         .layer(
             TraceLayer::new_for_http()
                 .on_response(
@@ -186,7 +194,7 @@ fn cors(origins: &[String]) -> CorsLayer {
 ///
 /// - The minimum drain rate (`SPOOL_MIN_DRAIN_BYTES_PER_SEC`, [`crate::drain`]) closes one whose
 ///   client takes its bytes, but too slowly for the write timeout to notice (review B-M3).
-struct Connections {
+pub(crate) struct Connections {
     listener: TcpListener,
     write_timeout: Option<std::time::Duration>,
     min_drain: u64,
@@ -213,6 +221,17 @@ impl axum::serve::Listener for Connections {
     }
 }
 
+/// The address of a connection's peer (`ConnectInfo<Peer>` in a request's extensions): a public
+/// session's client, unless it is a trusted proxy (`crate::auth::public::client_address`).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Connections>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Connections>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
 /// Serves the API on `listener` until `shutdown` fires, then lets open requests finish.
 pub async fn serve(
     listener: TcpListener,
@@ -224,10 +243,14 @@ pub async fn serve(
         write_timeout: state.config.write_timeout,
         min_drain: state.config.min_drain_bytes_per_sec,
     };
-    // `into_make_service`: each connection gets a clone of the router (an `Arc`). Serving the
+    // `into_make_service_with_connect_info`: each connection gets a clone of the router (an
+    // `Arc`), and its peer's address (a public session's client, `crate::auth::public`). Serving the
     // `Router` itself rebuilds every route per connection (`with_state`), about 30 KiB that an
     // idle SSE subscriber holds for as long as it is connected (spool-bench P4, massif).
-    axum::serve(listener, router(state).into_make_service())
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    axum::serve(
+        listener,
+        router(state).into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await
 }

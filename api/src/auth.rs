@@ -28,6 +28,9 @@ use crate::error::ApiError;
 pub mod api_key;
 pub mod external;
 pub mod permission;
+pub mod public;
+pub mod scoped;
+pub mod stream_token;
 
 pub use external::{ExternalAuth, ExternalSettings};
 pub use permission::{Permission, Permissions};
@@ -58,6 +61,8 @@ pub struct JwtKeys {
     decoding: DecodingKey,
     validation: Validation,
     external: Option<Arc<ExternalAuth>>,
+    /// The key of the API's own narrow tokens (stream tokens, public sessions).
+    pub(crate) scoped: scoped::ScopedKeys,
 }
 
 impl JwtKeys {
@@ -72,6 +77,7 @@ impl JwtKeys {
             decoding: DecodingKey::from_secret(bytes),
             validation,
             external: None,
+            scoped: scoped::ScopedKeys::new(bytes),
         }
     }
 
@@ -131,6 +137,7 @@ impl JwtKeys {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|err| unauthorized("invalid_token", &format!("malformed token: {err}")))?;
         identity_typed(&header)?;
+        scoped::refuse_scoped(&header)?;
         let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
             .map_err(|err| match err.kind() {
                 ErrorKind::ExpiredSignature => {
@@ -184,6 +191,15 @@ impl Caller {
                 tenant_id: claims.tenant,
                 user_id: claims.sub,
             },
+        }
+    }
+
+    /// A caller with no right beyond its own threads (`runs:create` alone): what a stream
+    /// token or a public session stands for, on the few routes that take them.
+    pub(crate) fn restricted(owner: Owner) -> Self {
+        Self {
+            owner,
+            permissions: Permissions::NONE.with(Permission::RunsCreate),
         }
     }
 

@@ -65,6 +65,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SPOOL_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
 
+    /// Proxies whose `X-Forwarded-For` is believed, comma-separated CIDRs or addresses: a
+    /// public session's client address is the last hop not among them (else the socket's
+    /// peer), for its agent's `governance.ip`.
+    #[arg(long, env = "SPOOL_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+
     /// Live events buffered per streaming thread; a subscriber further behind is dropped.
     #[arg(long, env = "SPOOL_SSE_BUFFER", default_value_t = 1024)]
     pub sse_buffer: usize,
@@ -263,6 +269,7 @@ impl QuotaArgs {
                 max_concurrent_runs: small(self.quota_tenant_concurrent_runs),
                 daily_token_budget: self.quota_tenant_daily_tokens,
             },
+            ip: QuotaLimits::default(),
         }
     }
 }
@@ -441,6 +448,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             write_timeout,
             min_drain_bytes_per_sec: args.min_drain_bytes_per_sec,
             cors_origins: args.cors_origins.clone(),
+            trusted_proxies: args.trusted_proxies.clone(),
             stream_retention: args.stream.retention(),
             quotas: args.quota.quotas(),
             providers: args.worker.providers.providers(),

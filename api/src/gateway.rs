@@ -39,7 +39,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use spool_shared::db::{messages, runs, threads};
+use spool_shared::db::{messages, runs};
 use spool_shared::event::EventType;
 use spool_shared::redis_conn::RedisConn;
 use spool_shared::status::MessageStatus;
@@ -47,7 +47,7 @@ use spool_shared::stream::{self as events, EntryId, FLUSH_WINDOW, StoredEvent};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
-use crate::auth::{Caller, Permission};
+use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiPath, ApiQuery};
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -145,12 +145,13 @@ async fn stream_thread(
     ApiQuery(query): ApiQuery<StreamQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let caller =
-        Caller::from_header_or_query(&headers, &state, query.access_token.as_deref()).await?;
-    caller.require_any(Permission::RUNS_READ)?;
-    threads::find(&state.db, thread_id, caller.scope())
-        .await?
-        .ok_or_else(|| ApiError::not_found("thread_not_found", "no such thread"))?;
+    let caller = crate::auth::stream_token::authorize_stream(
+        &state,
+        &headers,
+        query.access_token.as_deref(),
+        thread_id,
+    )
+    .await?;
     let slot = stream_slot(&state, &caller)?;
     match query.format.as_deref() {
         None | Some("native") => {}

@@ -97,13 +97,20 @@ pub(crate) async fn resolve_model(
     }
     let tenant = &caller.owner.tenant_id;
     if let Ok(id) = model.parse::<AgentId>() {
-        return if spool_shared::db::agents::exists(&state.db, id, tenant).await? {
+        return if visible(state, caller, id).await? {
             Ok(Some(id))
         } else {
             Err(model_not_found(model))
         };
     }
-    let named = spool_shared::db::agents::find_by_name(&state.db, tenant, model).await?;
+    // A `private` agent is no model for a caller who may not use it: neither found by its name
+    // nor counted against another of the same name (`find_by_name` answers at most 2).
+    let mut named = Vec::new();
+    for id in spool_shared::db::agents::find_by_name(&state.db, tenant, model).await? {
+        if visible(state, caller, id).await? {
+            named.push(id);
+        }
+    }
     match named.as_slice() {
         [id] => Ok(Some(*id)),
         [] => Err(model_not_found(model)),
@@ -113,6 +120,16 @@ pub(crate) async fn resolve_model(
         )
         .with("param", "model")),
     }
+}
+
+/// Whether the caller's tenant has the agent and the caller may use it (a `private` one only
+/// with `agents:write`), as `GET /v1/models` lists it.
+async fn visible(state: &AppState, caller: &Caller, id: AgentId) -> Result<bool, ApiError> {
+    Ok(
+        spool_shared::db::agents::find(&state.db, id, &caller.owner.tenant_id)
+            .await?
+            .is_some_and(|agent| crate::auth::public::may_use(caller, &agent.spec.0)),
+    )
 }
 
 fn model_not_found(model: &str) -> ApiError {

@@ -1,7 +1,7 @@
 //! The chat page at `/` (docs/clients.md): three static files compiled into the binary (no build
 //! step, no CDN, no framework). It signs in with `/#token=T` (kept in the tab's
 //! `sessionStorage`), opens `/?thread=ID`, lists threads, sends (the page's only `textarea`;
-//! Enter sends), streams each reply into an element with `data-role="assistant"` (dropping a
+//! Enter sends), streams each reply (its URL carrying a stream token, never the signed-in token) into an element with `data-role="assistant"` (dropping a
 //! crashed attempt's tentative text on `attempt_restarted`, resuming a dropped network with
 //! `Last-Event-ID`, following a reply in progress after a reload), answers approvals and client
 //! tools, and cancels. A refused token shows the sign-in form again.

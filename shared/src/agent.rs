@@ -127,6 +127,40 @@ pub struct AgentSpec {
     /// a run whose answer never validates fails with `invalid_output`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// Who may use it: `tenant` (the default: every user of the tenant), `private` (callers
+    /// that may write agents only) or `public` (also anonymous end users, through
+    /// `POST /v1/public/agents/{id}/sessions`).
+    #[serde(default, skip_serializing_if = "Visibility::is_tenant")]
+    pub visibility: Visibility,
+    /// The browser origins (`https://shop.example`) allowed to use its public sessions; a
+    /// session's request from another origin is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 20)]
+    pub cors_origins: Vec<String>,
+    /// Acknowledges that anonymous users of this public agent can make it call tools that
+    /// write (an HTTP or MCP tool without `read_only: true`): required for such an agent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub safety_acknowledged: bool,
+}
+
+/// Who may use an agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Visibility {
+    /// Callers that may write agents only (`agents:write`, or `admin`).
+    Private,
+    /// Every user of the tenant.
+    #[default]
+    Tenant,
+    /// Every user of the tenant, and anonymous end users through public sessions.
+    Public,
+}
+
+impl Visibility {
+    /// Whether it is `tenant`.
+    pub fn is_tenant(&self) -> bool {
+        *self == Self::Tenant
+    }
 }
 
 /// The form of an agent's final answer (`response_format`).
@@ -438,7 +472,28 @@ impl AgentSpec {
             governance: Quotas::default(),
             status: AgentStatus::Active,
             response_format: None,
+            visibility: Visibility::Tenant,
+            cors_origins: Vec::new(),
+            safety_acknowledged: false,
         }
+    }
+
+    /// The tools that may write (an HTTP tool without `read_only: true`, any MCP server), if
+    /// the agent is public and `safety_acknowledged` is not set: each needs the
+    /// acknowledgement (422 `safety_acknowledgement_required`).
+    pub fn unacknowledged_write_tools(&self) -> Vec<&str> {
+        if self.visibility != Visibility::Public || self.safety_acknowledged {
+            return Vec::new();
+        }
+        self.tools
+            .iter()
+            .filter(|tool| match tool {
+                ToolSpec::Http(http) => !http.read_only,
+                ToolSpec::Mcp(_) => true,
+                ToolSpec::Client(_) | ToolSpec::Agent(_) => false,
+            })
+            .map(ToolSpec::name)
+            .collect()
     }
 
     /// Whether the model may be told to call `name`: one of the tools, or a name an MCP

@@ -91,13 +91,47 @@ pub struct Quotas {
     /// The whole tenant's limits.
     #[serde(default, skip_serializing_if = "QuotaLimits::is_empty")]
     pub tenant: QuotaLimits,
+    /// In an agent's `governance` only: the limits of each client address over the runs of
+    /// the agent's public sessions (`runs_per_hour`, which also bounds how many sessions one
+    /// address opens an hour, and `max_concurrent_runs`).
+    #[serde(default, skip_serializing_if = "QuotaLimits::is_empty")]
+    pub ip: QuotaLimits,
 }
 
 impl Quotas {
     /// Whether no limit is set.
     pub fn is_empty(&self) -> bool {
-        self.user.is_empty() && self.tenant.is_empty()
+        self.user.is_empty() && self.tenant.is_empty() && self.ip.is_empty()
     }
+}
+
+/// The prefix of a counter's `owner_id` that counts a client address (`ip:203.0.113.9`).
+pub const IP_OWNER_PREFIX: &str = "ip:";
+
+/// `quota` with the counter of a public session's client address added (its agent's
+/// `governance.ip`), in lock order.
+pub fn with_client(
+    quota: Option<RunQuota>,
+    agent: AgentId,
+    limits: QuotaLimits,
+    client: &str,
+) -> Option<RunQuota> {
+    if limits.is_empty() {
+        return quota;
+    }
+    let mut quota = quota.unwrap_or_default();
+    quota.counters.push(Counter {
+        owner_id: format!("{IP_OWNER_PREFIX}{client}"),
+        agent_id: agent.to_string(),
+        limits: QuotaLimits {
+            daily_token_budget: None,
+            ..limits
+        },
+    });
+    quota
+        .counters
+        .sort_by(|a, b| (&a.owner_id, &a.agent_id).cmp(&(&b.owner_id, &b.agent_id)));
+    Some(quota)
 }
 
 /// Who a counter counts.
@@ -108,6 +142,8 @@ pub enum QuotaScope {
     User,
     /// The whole tenant's runs.
     Tenant,
+    /// One client address's runs of an agent's public sessions.
+    Ip,
 }
 
 impl QuotaScope {
@@ -116,6 +152,7 @@ impl QuotaScope {
         match self {
             Self::User => "user",
             Self::Tenant => "tenant",
+            Self::Ip => "ip",
         }
     }
 }
@@ -137,6 +174,8 @@ impl Counter {
     pub fn scope(&self) -> QuotaScope {
         if self.owner_id.is_empty() {
             QuotaScope::Tenant
+        } else if self.owner_id.starts_with(IP_OWNER_PREFIX) {
+            QuotaScope::Ip
         } else {
             QuotaScope::User
         }
@@ -253,10 +292,12 @@ mod tests {
         let defaults = Quotas {
             user: limits(10),
             tenant: limits(100),
+            ip: QuotaLimits::default(),
         };
         let governance = Quotas {
             user: limits(2),
             tenant: QuotaLimits::default(),
+            ip: QuotaLimits::default(),
         };
         let quota = counters(&defaults, Some((agent, &governance)), "alice").expect("some");
         let keys: Vec<_> = quota

@@ -8,7 +8,8 @@
 // 3. Sends "cancel me" and clicks Cancel mid-answer.
 // 4. Opens the page with a token the server refuses, then with an expired one (EXPIRED_TOKEN in
 //    the environment): the sign-in form shows for both.
-// Prints one JSON line with what the page showed; saves a screenshot after step 2.
+// Prints one JSON line with what the page showed (and how many stream URLs carried the long
+// token: none should, the page uses stream tokens); saves a screenshot after step 2.
 //
 // Usage: node page_test.mjs --actions BASE TOKEN THREAD
 // Opens /?thread=THREAD (whose agent asks the client for `read_file`, then calls a tool that
@@ -127,6 +128,9 @@ try {
   // The page's console and failed requests, for a failing run's log.
   page.on("console", (m) => console.error(`console ${m.type()}: ${m.text()}`));
   page.on("requestfailed", (r) => console.error(`request failed: ${r.url()} ${r.failure()?.errorText}`));
+  // Every stream URL the page opens: none may carry the long-lived token.
+  const streamUrls = [];
+  page.on("request", (r) => r.url().includes("/stream?") && streamUrls.push(r.url()));
   await page.goto(`${base}/#token=${token}`);
   const replies = page.locator('[data-role="assistant"]');
 
@@ -179,6 +183,8 @@ try {
   result.cancelled = (await lastReply("cancelled", 3)).length;
   result.textareas = await page.locator("textarea").count();
   result.errors = errors;
+  result.streamUrls = streamUrls.length;
+  result.longTokenInStreamUrls = streamUrls.filter((u) => u.includes(token)).length;
 
   const refused = await browser.newPage();
   await refused.goto(`${base}/#token=not-a-token`);

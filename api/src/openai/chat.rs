@@ -169,6 +169,7 @@ pub(crate) async fn create_completion(
         tool_choice: None,
         active_tools: None,
         max_steps: None,
+        client: None,
         instructions: turns.instructions,
         functions: functions.overrides(),
         response_format,
@@ -542,6 +543,7 @@ pub(crate) async fn list_models(
         agents
             .iter()
             .filter(|agent| agent.spec.0.status.is_active())
+            .filter(|agent| crate::auth::public::may_use(&caller, &agent.spec.0))
             .map(|agent| {
                 json!({"id": agent.id, "object": "model", "created": agent.created_at.timestamp(),
                     "owned_by": caller.owner.tenant_id, "name": agent.spec.0.name})
@@ -581,6 +583,7 @@ pub(crate) async fn get_model(
     };
     let agent = agents::find(&state.db, id, &caller.owner.tenant_id)
         .await?
+        .filter(|agent| crate::auth::public::may_use(&caller, &agent.spec.0))
         .ok_or_else(|| ApiError::not_found("model_not_found", "no such model"))?;
     Ok(Json(json!({"id": agent.id, "object": "model",
         "created": agent.created_at.timestamp(), "owned_by": caller.owner.tenant_id,

@@ -267,6 +267,7 @@ pub(crate) async fn create_response(
         tool_choice: None,
         active_tools: None,
         max_steps: None,
+        client: None,
         instructions,
         functions: functions.overrides(),
         response_format,

@@ -152,14 +152,14 @@ function follow(workflow, message) {
   el.dataset.status = "streaming";
   active = { workflow, message, el, committed: [], tentative: [] };
   const reply = active;
+  const threadId = thread;
   const redraw = () => draw(el, [...reply.committed, ...reply.tentative]);
   $("cancel").hidden = false;
   setStatus("queued");
-  const url = `/v1/threads/${thread}/stream?access_token=${encodeURIComponent(token)}&last_message_id=${message}`;
-  const es = new EventSource(url);
-  source = es;
+  let es = null;
+  let lastEntry = null; // the last entry id seen, to resume from with a fresh token
   const finish = (status) => {
-    es.close();
+    if (es) es.close();
     if (source === es) source = null;
     if (active === reply) active = null;
     if (status) el.dataset.status = status;
@@ -171,6 +171,7 @@ function follow(workflow, message) {
   const on = (type, handle) =>
     es.addEventListener(type, (e) => {
       if (e.data === undefined) return; // EventSource's own `error`: it reconnects
+      if (e.lastEventId) lastEntry = e.lastEventId;
       const envelope = JSON.parse(e.data);
       if (envelope.message_id !== message) {
         // An agent run this reply started (agents as tools): its answer comes back as the
@@ -187,43 +188,62 @@ function follow(workflow, message) {
     else if (type === "approval_requested") showApproval(envelope.workflow_id, d);
     else if (type === "done") setStatus("running");
   };
-  on("message_start", () => setStatus("running"));
-  on("text_delta", (d) => {
-    const last = reply.tentative[reply.tentative.length - 1];
-    if (last && last.type === "text") last.text += d.delta;
-    else reply.tentative.push({ type: "text", text: d.delta });
-    redraw();
-  });
-  on("step", (d) => {
-    if (d.phase === "call") {
-      reply.tentative.push({ type: "tool", id: d.tool_call_id, name: d.tool_name, state: "running" });
-    } else {
-      const call = [...reply.committed, ...reply.tentative].find((p) => p.type === "tool" && p.id === d.tool_call_id);
-      if (call) call.state = d.is_error ? "failed" : "answered";
-      reply.committed.push(...reply.tentative);
-      reply.tentative = [];
-    }
-    redraw();
-  });
-  on("attempt_restarted", () => {
-    reply.tentative = [];
-    redraw();
-    setStatus("a worker restarted the run; resuming");
-  });
-  on("requires_action", (d) => showClientTools(workflow, d));
-  on("approval_requested", (d) => showApproval(workflow, d));
-  on("error", (d) => setStatus(`error ${d.code}: ${d.message}`));
-  // The reply's final status is shown at `done`, once the page is ready for the next message.
-  on("done", (d) => finish(d.status));
-  for (const type of ["message_not_streaming", "stream_reset"]) {
-    es.addEventListener(type, () => {
-      finish(null);
-      reloadMessage(el, message).catch(() => {});
+  // The stream URL carries a token for this thread's stream only, valid 5 minutes, never the
+  // long-lived token (URLs end up in histories and logs). EventSource resumes a dropped network
+  // by itself (Last-Event-ID) while that token is valid; once the server refuses it (expired),
+  // EventSource gives up, and a fresh token resumes after the last entry seen.
+  const connect = async () => {
+    const minted = await api("POST", `/v1/threads/${threadId}/stream_token`);
+    if (active !== reply) return;
+    const cursor = lastEntry ? `last_entry_id=${encodeURIComponent(lastEntry)}` : `last_message_id=${message}`;
+    es = new EventSource(`/v1/threads/${threadId}/stream?access_token=${encodeURIComponent(minted.token)}&${cursor}`);
+    source = es;
+    attach();
+  };
+  const reconnect = () => connect().catch((err) => setStatus(err.message));
+  const attach = () => {
+    on("message_start", () => setStatus("running"));
+    on("text_delta", (d) => {
+      const last = reply.tentative[reply.tentative.length - 1];
+      if (last && last.type === "text") last.text += d.delta;
+      else reply.tentative.push({ type: "text", text: d.delta });
+      redraw();
     });
-  }
-  es.addEventListener("error", (e) => {
-    if (e.data === undefined && source === es) setStatus("reconnecting…");
-  });
+    on("step", (d) => {
+      if (d.phase === "call") {
+        reply.tentative.push({ type: "tool", id: d.tool_call_id, name: d.tool_name, state: "running" });
+      } else {
+        const call = [...reply.committed, ...reply.tentative].find((p) => p.type === "tool" && p.id === d.tool_call_id);
+        if (call) call.state = d.is_error ? "failed" : "answered";
+        reply.committed.push(...reply.tentative);
+        reply.tentative = [];
+      }
+      redraw();
+    });
+    on("attempt_restarted", () => {
+      reply.tentative = [];
+      redraw();
+      setStatus("a worker restarted the run; resuming");
+    });
+    on("requires_action", (d) => showClientTools(workflow, d));
+    on("approval_requested", (d) => showApproval(workflow, d));
+    on("error", (d) => setStatus(`error ${d.code}: ${d.message}`));
+    // The reply's final status is shown at `done`, once the page is ready for the next message.
+    on("done", (d) => finish(d.status));
+    for (const type of ["message_not_streaming", "stream_reset"]) {
+      es.addEventListener(type, () => {
+        finish(null);
+        reloadMessage(el, message).catch(() => {});
+      });
+    }
+    const mine = es;
+    es.addEventListener("error", (e) => {
+      if (e.data !== undefined || source !== mine) return;
+      setStatus("reconnecting…");
+      if (mine.readyState === EventSource.CLOSED && active === reply) setTimeout(reconnect, 1000);
+    });
+  };
+  reconnect();
 }
 
 function actionBox(title) {

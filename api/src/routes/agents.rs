@@ -18,6 +18,7 @@ use spool_shared::agent::{AgentSpec, FieldError, ToolSpec};
 use spool_shared::db::agents::{self, Agent};
 
 use crate::app::AppState;
+use crate::auth::public::may_use;
 use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::error::{BadBody, ErrorBody, MissingPermission, Unauthenticated};
@@ -99,10 +100,21 @@ async fn validated(
             });
         }
     }
-    if errors.is_empty() {
-        return Ok(spec);
+    if !errors.is_empty() {
+        return Err(ApiError::invalid_fields(code, "the agent", errors));
     }
-    Err(ApiError::invalid_fields(code, "the agent", errors))
+    let unacknowledged = spec.unacknowledged_write_tools();
+    if !unacknowledged.is_empty() {
+        return Err(ApiError::unprocessable(
+            "safety_acknowledgement_required",
+            format!(
+                "a public agent offers anonymous users tools that may write ({}): set \
+                 `safety_acknowledged: true`, or mark them `read_only`",
+                unacknowledged.join(", ")
+            ),
+        ));
+    }
+    Ok(spec)
 }
 
 fn not_found() -> ApiError {
@@ -129,7 +141,7 @@ fn not_found() -> ApiError {
         BadBody,
         Unauthenticated,
         MissingPermission,
-        (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`)", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`), `safety_acknowledgement_required` (a public agent with a tool that may write, without `safety_acknowledged: true`)", body = ErrorBody),
     )
 )]
 async fn post_agent(
@@ -163,7 +175,11 @@ async fn list_agents(
     caller.require(Permission::AgentsRead)?;
     let agents = agents::list(&state.db, &caller.owner.tenant_id).await?;
     Ok(Json(AgentsResponse {
-        agents: agents.into_iter().map(Into::into).collect(),
+        agents: agents
+            .into_iter()
+            .filter(|agent| may_use(&caller, &agent.spec.0))
+            .map(Into::into)
+            .collect(),
     }))
 }
 
@@ -189,6 +205,7 @@ async fn get_agent(
     caller.require(Permission::AgentsRead)?;
     let agent = agents::find(&state.db, agent_id, &caller.owner.tenant_id)
         .await?
+        .filter(|agent| may_use(&caller, &agent.spec.0))
         .ok_or_else(not_found)?;
     Ok(Json(agent.into()))
 }
@@ -207,7 +224,7 @@ async fn get_agent(
         Unauthenticated,
         MissingPermission,
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`)", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`), `safety_acknowledgement_required` (a public agent with a tool that may write, without `safety_acknowledged: true`)", body = ErrorBody),
     )
 )]
 async fn put_agent(

@@ -23,6 +23,7 @@ use spool_shared::status::{MessageStatus, Role};
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
+use crate::auth::public::EndUser;
 use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::error::{BadBody, ErrorBody, MissingPermission, Unauthenticated};
@@ -129,9 +130,11 @@ impl From<Thread> for ThreadResponse {
 )]
 async fn post_thread(
     State(state): State<AppState>,
-    caller: Caller,
-    ApiJson(request): ApiJson<CreateThreadRequest>,
+    user: EndUser,
+    ApiJson(mut request): ApiJson<CreateThreadRequest>,
 ) -> Result<(StatusCode, Json<ThreadResponse>), ApiError> {
+    request.agent_id = user.agent(request.agent_id)?;
+    let caller = user.caller;
     caller.require(Permission::RunsCreate)?;
     check_agent(&state, &caller, request.agent_id).await?;
     let metadata = Value::Object(request.metadata.unwrap_or_default());
@@ -163,7 +166,7 @@ async fn post_thread(
 )]
 async fn get_thread(
     State(state): State<AppState>,
-    caller: Caller,
+    EndUser { caller, .. }: EndUser,
     ApiPath(thread_id): ApiPath<ThreadId>,
 ) -> Result<Json<ThreadResponse>, ApiError> {
     caller.require_any(Permission::RUNS_READ)?;
@@ -265,7 +268,7 @@ pub struct MessagesResponse {
 )]
 async fn list_messages(
     State(state): State<AppState>,
-    caller: Caller,
+    EndUser { caller, .. }: EndUser,
     ApiPath(thread_id): ApiPath<ThreadId>,
     ApiQuery(query): ApiQuery<ListMessagesQuery>,
 ) -> Result<Json<MessagesResponse>, ApiError> {
@@ -332,11 +335,14 @@ async fn list_messages(
 )]
 async fn post_user_message(
     State(state): State<AppState>,
-    caller: Caller,
+    user: EndUser,
     ApiPath(thread_id): ApiPath<ThreadId>,
     headers: HeaderMap,
-    ApiJson(request): ApiJson<UserMessageRequest>,
+    ApiJson(mut request): ApiJson<UserMessageRequest>,
 ) -> Result<Response, ApiError> {
+    request.agent_id = user.agent(request.agent_id)?;
+    request.client = user.client;
+    let caller = user.caller;
     caller.require(Permission::RunsCreate)?;
     let key = idempotency_key(&headers)?;
     let hash = idempotency::request_hash(&[
@@ -398,7 +404,7 @@ pub struct ThreadList {
 )]
 pub(crate) async fn list_threads(
     State(state): State<AppState>,
-    caller: Caller,
+    EndUser { caller, .. }: EndUser,
     mut query: ListQuery,
 ) -> Result<Json<List<ThreadResponse>>, ApiError> {
     caller.require_any(Permission::RUNS_READ)?;

@@ -18,6 +18,7 @@ use spool_shared::status::RunStatus;
 use spool_shared::{MessageId, ThreadId, WorkflowId};
 
 use crate::app::AppState;
+use crate::auth::public::EndUser;
 use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::error::{ErrorBody, MissingPermission, Unauthenticated};
@@ -278,7 +279,7 @@ pub struct CancelRequest {
 )]
 async fn cancel_workflow(
     State(state): State<AppState>,
-    caller: Caller,
+    EndUser { caller, .. }: EndUser,
     ApiPath(id): ApiPath<WorkflowId>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {

@@ -39,6 +39,9 @@ pub struct UserMessageRequest {
     /// The agent that answers this message; else the thread's, else the default.
     #[serde(default)]
     pub agent_id: Option<AgentId>,
+    /// A public session's client address (never from the body), for `governance.ip`.
+    #[serde(skip)]
+    pub client: Option<String>,
     /// Caller-defined metadata stored on the user message.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -137,12 +140,12 @@ pub(crate) async fn enqueue_message(
     let overrides = request.overrides();
     let owner = &caller.owner;
     let window = state.config.retention.idempotency();
-    if let Some(key) = key {
-        // A missing agent is a 404 before a replay (without a key the enqueue finds out).
-        check_agent(state, caller, request.agent_id).await?;
-        if let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key, window).await? {
-            return replay(stored, hash);
-        }
+    // A missing (or private) agent is a 404 before a replay.
+    check_agent(state, caller, request.agent_id).await?;
+    if let Some(key) = key
+        && let Some(stored) = idempotency::find(&state.db, &owner.tenant_id, key, window).await?
+    {
+        return replay(stored, hash);
     }
 
     // A transaction only when the run has company (a key, earlier turns): alone, its one
@@ -178,6 +181,7 @@ pub(crate) async fn enqueue_message(
         overrides: overrides.as_ref(),
         history,
         in_transaction: matches!(conn, Conn::Tx(_)),
+        client: request.client.as_deref(),
     };
     // The pooled connection (if one was taken) goes back before an error is looked into,
     // which takes another.
@@ -409,14 +413,17 @@ fn replay(stored: idempotency::Stored, hash: &str) -> Result<Enqueue, ApiError> 
     })
 }
 
-/// 404 `agent_not_found` unless the caller's tenant has the agent (if one is named).
+/// 404 `agent_not_found` unless the caller's tenant has the agent (if one is named) and the
+/// caller may use it (a `private` agent: only with `agents:write`).
 pub(crate) async fn check_agent(
     state: &AppState,
     caller: &Caller,
     agent_id: Option<AgentId>,
 ) -> Result<(), ApiError> {
     if let Some(agent_id) = agent_id
-        && !agents::exists(&state.db, agent_id, &caller.owner.tenant_id).await?
+        && !agents::find(&state.db, agent_id, &caller.owner.tenant_id)
+            .await?
+            .is_some_and(|agent| crate::auth::public::may_use(caller, &agent.spec.0))
     {
         return Err(ApiError::not_found("agent_not_found", "no such agent"));
     }

@@ -123,6 +123,8 @@ impl TestApp {
                 write_timeout: None,
                 min_drain_bytes_per_sec: 0,
                 cors_origins: vec!["https://app.example".into()],
+                // Loopback is the tests' proxy: `X-Forwarded-For` names public sessions' clients.
+                trusted_proxies: vec!["127.0.0.0/8".parse().expect("cidr")],
                 stream_retention: Duration::from_secs(retention_secs),
                 quotas: spool_shared::quota::Quotas::default(),
                 providers: args.providers.providers(),

@@ -67,6 +67,7 @@ impl AgentSpec {
         self.validate_tools(&mut problems);
         self.validate_choices(&mut problems);
         self.validate_step_rules(&mut problems);
+        self.validate_origins(&mut problems);
         for (i, hook) in self.hooks.iter().enumerate() {
             validate_hook(i, hook, &mut problems);
         }
@@ -171,6 +172,15 @@ impl AgentSpec {
                 problems.add(format!("governance.{scope}.{name}"), problem);
             }
         }
+        for (name, problem) in self.governance.ip.problems() {
+            problems.add(format!("governance.ip.{name}"), problem);
+        }
+        if self.governance.ip.daily_token_budget.is_some() {
+            problems.add(
+                "governance.ip.daily_token_budget",
+                "per address only runs_per_hour and max_concurrent_runs",
+            );
+        }
         let set = optional
             .into_iter()
             .filter_map(|(field, range, value)| Some((field, range, value?)));
@@ -178,6 +188,26 @@ impl AgentSpec {
             if !range.contains(&value) {
                 let (low, high) = (range.start(), range.end());
                 problems.add(field, format!("must be between {low} and {high}"));
+            }
+        }
+    }
+
+    /// `cors_origins`: at most 20, each an origin (`https://host[:port]`, exactly as a browser
+    /// sends it in `Origin`).
+    fn validate_origins(&self, problems: &mut Problems) {
+        if self.cors_origins.len() > 20 {
+            problems.add("cors_origins", "at most 20 origins");
+        }
+        for (i, origin) in self.cors_origins.iter().enumerate() {
+            let exact = reqwest::Url::parse(origin).ok().filter(|url| {
+                matches!(url.scheme(), "http" | "https")
+                    && url.origin().ascii_serialization() == *origin
+            });
+            if exact.is_none() {
+                problems.add(
+                    format!("cors_origins[{i}]"),
+                    "must be an origin as browsers send it: `https://host` or `https://host:port`, no path or trailing slash",
+                );
             }
         }
     }

@@ -74,6 +74,53 @@ pub async fn find(
     .await
 }
 
+/// A public agent's row: its tenant, then [`Agent`]'s columns.
+type PublicRow = (
+    String,
+    AgentId,
+    Json<AgentSpec>,
+    DateTime<Utc>,
+    DateTime<Utc>,
+);
+
+/// A public agent (`visibility: "public"`) of any tenant, with its tenant: what an anonymous
+/// caller may open a session with. By primary key.
+pub async fn find_public(
+    executor: impl PgExecutor<'_>,
+    id: AgentId,
+) -> sqlx::Result<Option<(String, Agent)>> {
+    let row: Option<PublicRow> = sqlx::query_as(
+        "SELECT tenant_id, id, spec, created_at, updated_at FROM agents
+              WHERE id = $1 AND spec->>'visibility' = 'public'",
+    )
+    .bind(id)
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|(tenant, id, spec, created_at, updated_at)| {
+        (
+            tenant,
+            Agent {
+                id,
+                spec,
+                created_at,
+                updated_at,
+            },
+        )
+    }))
+}
+
+/// Whether any public agent lists `origin` among its `cors_origins` (the partial GIN index
+/// `agents_public_cors_origins`).
+pub async fn origin_listed(executor: impl PgExecutor<'_>, origin: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM agents
+          WHERE spec -> 'cors_origins' ? $1 AND spec ->> 'visibility' = 'public')",
+    )
+    .bind(origin)
+    .fetch_one(executor)
+    .await
+}
+
 /// The tenant's agents, oldest first.
 pub async fn list(executor: impl PgExecutor<'_>, tenant_id: &str) -> sqlx::Result<Vec<Agent>> {
     sqlx::query_as(

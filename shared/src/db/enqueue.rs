@@ -61,6 +61,9 @@ pub struct NewMessage<'a> {
     /// unreachable, Postgres admits the run ([`crate::db::quota::admit`], whose locks must last
     /// to the commit) instead of the enqueue failing with [`EnqueueError::QuotasUnavailable`].
     pub in_transaction: bool,
+    /// The client address of a public session's message, counted under its agent's
+    /// `governance.ip` (`None` for every other caller).
+    pub client: Option<&'a str>,
 }
 
 /// What the enqueue made.
@@ -141,7 +144,10 @@ pub async fn enqueue(
         let agent_id = message.agent_id.or(known.flatten());
         let agent_spec = agent_spec(db, message, agent_id).await?;
         let governance = agent_id.zip(agent_spec.as_ref().map(|spec| &spec.governance));
-        let quota = counters(message.quotas, governance, &message.owner.user_id);
+        let mut quota = counters(message.quotas, governance, &message.owner.user_id);
+        if let (Some(client), Some((agent, governance))) = (message.client, governance) {
+            quota = crate::quota::with_client(quota, agent, governance.ip, client);
+        }
         let mut enqueued = Enqueued {
             workflow_id: WorkflowId::new(),
             user_message_id: MessageId::new(),
@@ -149,7 +155,6 @@ pub async fn enqueue(
             admitted: None,
         };
         let tenant = &message.owner.tenant_id;
-        let mut quota = quota;
         if let Some(run_quota) = quota.take() {
             match admit(db, message, enqueued.workflow_id, &run_quota).await? {
                 Some(taken_ms) => enqueued.admitted = Some((run_quota, taken_ms)),
@@ -372,6 +377,7 @@ pub(crate) mod tests {
             overrides: None,
             history: &[],
             in_transaction: false,
+            client: None,
         }
     }
 
@@ -498,6 +504,7 @@ pub(crate) mod tests {
                 ..QuotaLimits::default()
             },
             tenant: QuotaLimits::default(),
+            ip: QuotaLimits::default(),
         };
         alone(&db, &message(ThreadId::new(), &alice, &quotas, &admission))
             .await

@@ -102,6 +102,9 @@ async fn the_page_streams_resumes_reloads_and_cancels_in_chromium() {
     assert_eq!(shown["signInShown"], true);
     assert_eq!(shown["expiredSignInShown"], true);
     assert_eq!(shown["errors"], serde_json::json!([]), "no script errors");
+    // Streams opened with stream tokens (DESIGN section 13), never the long-lived token.
+    assert!(shown["streamUrls"].as_u64() >= Some(3), "{shown}");
+    assert_eq!(shown["longTokenInStreamUrls"], 0, "{shown}");
     assert!(std::fs::metadata(&screenshot).is_ok_and(|m| m.len() > 0));
     let thread = shown["threadInUrl"].clone();
     let stored = stack.stored(&thread).await;

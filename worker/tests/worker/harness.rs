@@ -164,6 +164,7 @@ impl Harness {
             overrides: None,
             history: &[],
             in_transaction: true,
+            client: None,
         };
         let mut tx = self.db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut spool_shared::db::LazyConn::Held(&mut tx), &message)

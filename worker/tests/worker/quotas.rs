@@ -78,6 +78,7 @@ async fn a_queued_run_whose_budget_another_run_spent_fails_without_calling_the_m
             ..QuotaLimits::default()
         },
         user: QuotaLimits::default(),
+        ip: QuotaLimits::default(),
     };
     // Both admitted: nothing is spent yet.
     let first = app

@@ -15,6 +15,7 @@ fn user_limits(limits: QuotaLimits) -> Quotas {
     Quotas {
         user: limits,
         tenant: QuotaLimits::default(),
+        ip: QuotaLimits::default(),
     }
 }
 
@@ -339,6 +340,7 @@ async fn one_copy_carries_the_tokens_of_every_budgeted_counter_each_on_its_own()
     let quotas = Quotas {
         user: budget,
         tenant: budget,
+        ip: QuotaLimits::default(),
     };
     let quota = crate::quota::counters(&quotas, None, "alice").expect("quota");
     // The take makes both counters in Redis; the worker charges the model call in Postgres.

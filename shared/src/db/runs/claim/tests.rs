@@ -39,6 +39,7 @@ async fn queued(db: &TestDb) -> (WorkflowId, MessageId) {
         overrides: None,
         history: &[],
         in_transaction: false,
+        client: None,
     };
     let mut tx = db.pool.begin().await.expect("begin");
     let enqueued = enqueue(&mut crate::db::LazyConn::Held(&mut tx), &message)
