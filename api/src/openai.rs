@@ -17,6 +17,9 @@ pub mod conversations;
 pub mod echo;
 pub mod feed;
 pub mod format;
+pub mod functions;
+pub mod history;
+pub mod params;
 pub mod responses;
 pub mod schema;
 pub mod translate;
@@ -236,7 +239,7 @@ pub(crate) fn chat_usage(usage: &Usage) -> Value {
 }
 
 /// A stored message's parts as Responses output items, with the ids the stream gave them.
-fn output_items(prefix: &str, parts: &[MessagePart]) -> Vec<Value> {
+pub(crate) fn output_items(prefix: &str, parts: &[MessagePart]) -> Vec<Value> {
     let mut items: Vec<Value> = Vec::new();
     for part in parts {
         match part {

@@ -9,6 +9,7 @@
 
 pub mod agents;
 pub mod api_keys;
+pub mod chat_histories;
 pub mod enqueue;
 pub mod idempotency;
 pub mod messages;

@@ -242,7 +242,8 @@ def typed_errors():
         client.responses.create(model="spool-default", input=[{"type": "function_call_output", "call_id": "c", "output": "1"}])
         check("400", False, "no error")
     except openai.BadRequestError as err:
-        check("400 BadRequestError", err.code == "unsupported_input", err.body)
+        # An output for a call no response of this user waits for.
+        check("400 BadRequestError", err.code == "no_pending_call" and err.param == "input", err.body)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,8 @@ pub(crate) async fn run(a: &Attempt<'_>, spec: &AgentSpec) -> anyhow::Result<Loo
 pub(crate) struct Loop<'a> {
     /// The agent as this run executes it (the run's overrides applied).
     spec: AgentSpec,
+    /// `Some(false)`: at most one tool call per model call (the run's overrides).
+    parallel_tool_calls: Option<bool>,
     /// The agent's model, then its fallbacks.
     models: Vec<Candidate>,
     hooks: Hooks<'a>,
@@ -183,6 +185,7 @@ impl<'a> Loop<'a> {
         if let Some(max_steps) = spec.limits.max_steps {
             spec.max_steps = max_steps;
         }
+        let parallel_tool_calls = run.overrides.as_ref().and_then(|o| o.0.parallel_tool_calls);
         if let Some(overrides) = &run.overrides {
             // Checked and pinned to their steps by the API.
             overrides.0.clone().apply(&mut spec);
@@ -221,6 +224,7 @@ impl<'a> Loop<'a> {
             approval_expired: a.claimed.previous_status() == RunStatus::AwaitingApproval,
             recent: std::mem::take(&mut checkpoint.recent),
             spec,
+            parallel_tool_calls,
             models,
             hooks,
             tools,
@@ -288,6 +292,10 @@ impl<'a> Loop<'a> {
             }
         };
         self.spend(a, output.usage).await?;
+        if self.parallel_tool_calls == Some(false) {
+            // One call per model call, whatever the provider did with the request's flag.
+            output.tool_calls.truncate(1);
+        }
         if output.tool_calls.is_empty() {
             self.answer.final_step = Some(Box::new((step, output.saved(Vec::new(), Vec::new()))));
             return Err(self.final_answer(a, step, output.text).await);
@@ -324,6 +332,7 @@ impl<'a> Loop<'a> {
             temperature: self.spec.temperature,
             max_output_tokens: self.spec.limits.max_output_tokens,
             response_format: self.spec.response_format.clone(),
+            parallel_tool_calls: self.parallel_tool_calls,
         }
     }
 

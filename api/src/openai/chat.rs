@@ -2,16 +2,19 @@
 //!
 //! A completion is one run of the agent `model` names. Its thread: `metadata.thread_id` (any
 //! UUID, created on first use; the thread keeps the conversation, so only the last user
-//! message is sent to it), else a new thread seeded with the request's earlier messages. Tool
-//! calls run server-side: the client sees the answer's text. `stream: true` sends it as
+//! message is sent to it), else a new thread seeded with the request's earlier messages. The
+//! agent's own tool calls run server-side: the client sees the answer's text. Function `tools`
+//! are the run's client tools ([`functions`]): a completion ends at their calls
+//! (`finish_reason: "tool_calls"`), and `tool` messages answer them, linked to the waiting run
+//! by `tool_call_id` (the same run goes on). `stream: true` sends it as
 //! `chat.completion.chunk`s (with a usage chunk when `stream_options.include_usage`), then
 //! `[DONE]`; a run that fails sends an `error` object, which the SDKs raise. There is no cursor
 //! in this protocol: a dropped stream cannot be resumed here, but the run goes on and its
 //! answer is stored (the Responses routes, or Spool's own, resume).
 //!
 //! `n` above 1 is refused; `temperature`, `top_p`, `max_tokens`, `max_completion_tokens`,
-//! `tools`, `tool_choice`, `response_format`, `stop`, `seed`, `logprobs`, `user`, `store` and
-//! the other sampling parameters are accepted and ignored (the agent's spec decides).
+//! `response_format`, `stop`, `seed`, `logprobs`, `user`, `store` and the other sampling
+//! parameters are accepted and ignored (the agent's spec decides).
 
 use std::convert::Infallible;
 
@@ -37,9 +40,12 @@ use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::format;
-use crate::openai::responses::turns;
+use crate::openai::functions::{self, Api, Functions, Segments};
+use crate::openai::responses::{content_text, turns};
 use crate::openai::{DEFAULT_MODEL, chat_usage, find_run, model_of, resolve_model, wait_for_run};
+use crate::openai::{history, params};
 use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
+use spool_shared::event::transcript::Pause;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// `/v1/chat/completions`, `/v1/models`.
@@ -85,11 +91,11 @@ struct StreamOptions {
                 (crate::openai::schema::ChatCompletion = "application/json"),
                 (crate::openai::schema::ChatCompletionChunk = "text/event-stream"),
             )),
-        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`, `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`system` or `developer` messages without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        (status = 403, description = "`forbidden`: the token lacks `runs:create`, or sends `system` or `developer` messages without `admin` (`permission` says which)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks `runs:create` (`permission` says which); `agent_disabled`: the agent (the `model`) is disabled", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 409, description = "`thread_busy`, `agent_disabled`, `run_not_finished` (the run paused for client tools or an approval)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy`, `run_not_finished` (the run waits for an approval)", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
         (status = 502, description = "The run failed: its failure code (`model_unavailable`, `timeout`, ...) and `workflow_id`", body = crate::openai::schema::OpenAiErrorBody),
     )
@@ -106,8 +112,32 @@ pub(crate) async fn create_completion(
     if request.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("unsupported_n", "n must be 1").with("param", "n"));
     }
+    params::check_chat(&raw)?;
+    let functions = Functions::parse(&raw, Api::Chat)?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
-    let turns = turns(&request.messages, "messages")?;
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    if let Some(outputs) = tool_answers(&request.messages)? {
+        // The `tool` messages answer the calls a completion ended with: the same run goes on.
+        let run = functions::waiting_run(&state, &caller, None, &outputs, "messages").await?;
+        let slot = (request.stream == Some(true))
+            .then(|| gateway::stream_slot(&state, &caller))
+            .transpose()?;
+        let segment =
+            functions::answer(&state, &caller, &run, outputs, &functions, "messages").await?;
+        return reply(&state, &caller, slot, run.id, segment, include_usage).await;
+    }
+    let turns = turns(&without_tool_turns(&request.messages), "messages")?;
+    if turns.instructions.is_some() {
+        let param = crate::openai::responses::instructions_item(&request.messages, "messages");
+        params::check_instructions(&caller, &param)?;
+    }
+    if !functions.tools.is_empty() {
+        let names = crate::openai::responses::agent_tool_names(&state, &caller, agent_id).await?;
+        functions.check_names(&names)?;
+    }
     let thread = request
         .metadata
         .as_ref()
@@ -121,8 +151,13 @@ pub(crate) async fn create_completion(
                 })
         })
         .transpose()?;
-    // A thread of its own keeps the conversation; a new one is seeded with it.
-    let (thread_id, history) = match thread {
+    // A thread of its own keeps the conversation; so does the thread of an earlier request
+    // whose conversation this one resends; else a new one is seeded with it.
+    let continued = match thread {
+        Some(thread) => Some(thread),
+        None => history::continued(&state, &caller, &request.messages).await?,
+    };
+    let (thread_id, history) = match continued {
         Some(thread) => (thread, Vec::new()),
         None => (ThreadId::new(), turns.history),
     };
@@ -136,6 +171,7 @@ pub(crate) async fn create_completion(
         max_steps: None,
         client: None,
         instructions: turns.instructions,
+        functions: functions.overrides(),
         response_format,
     };
     let key = idempotency_key(&headers)?;
@@ -150,29 +186,141 @@ pub(crate) async fn create_completion(
     ]);
     let enqueued =
         enqueue_message(&state, &caller, thread_id, &message, key, &hash, &history).await?;
-    let id = enqueued.workflow_id;
+    history::remember(&state, &caller, &request.messages, thread_id).await?;
+    reply(
+        &state,
+        &caller,
+        slot,
+        enqueued.workflow_id,
+        0,
+        include_usage,
+    )
+    .await
+}
+
+/// Segment `segment` of the run (see [`functions`]) as chunks (with a `slot`), or as a
+/// completion once the run has ended or paused.
+async fn reply(
+    state: &AppState,
+    caller: &Caller,
+    slot: Option<gateway::StreamSlot>,
+    id: WorkflowId,
+    segment: u32,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
     if let Some(slot) = slot {
-        let run = find_run(&state, &caller, id).await?;
-        let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        let feed = Feed::open(&state, &caller, slot, &run).await?;
+        let run = find_run(state, caller, id).await?;
+        let feed = Feed::open(state, caller, slot, &run).await?;
         let chunks = Chunks {
             feed,
             workflow_id: run.id,
-            id: format!("chatcmpl-{}", run.id.to_string().replace('-', "")),
+            id: completion_id(run.id, segment),
             model: model_of(&run),
             created: run.created_at.timestamp(),
             include_usage,
             started: false,
             over: false,
+            segment,
+            pauses: 0,
         };
         return Ok(gateway::sse_without_retry(chunks.into_sse()));
     }
-    let run = wait_for_run(&state, &caller, id).await?;
-    completion(&state, &run).await
+    let run = wait_for_run(state, caller, id).await?;
+    completion(state, &run, segment).await
 }
 
-/// The `chat.completion` of a settled run (an error for a failed or paused one).
-async fn completion(state: &AppState, run: &Run) -> Result<Response, ApiError> {
+/// A completion's id: its run's, and the segment's number after the first.
+fn completion_id(id: WorkflowId, segment: u32) -> String {
+    let id = id.to_string().replace('-', "");
+    if segment == 0 {
+        format!("chatcmpl-{id}")
+    } else {
+        format!("chatcmpl-{id}_{segment}")
+    }
+}
+
+/// The outputs the trailing `tool` messages give (`(tool_call_id, content)`), if the
+/// conversation ends with them. Malformed ones are a 400 naming the message.
+fn tool_answers(messages: &[Value]) -> Result<Option<functions::Outputs>, ApiError> {
+    let first = messages
+        .iter()
+        .rposition(|m| m["role"] != "tool")
+        .map_or(0, |i| i + 1);
+    if first == messages.len() {
+        return Ok(None);
+    }
+    let mut outputs = Vec::new();
+    for (index, message) in messages.iter().enumerate().skip(first) {
+        let malformed = |why: &str| {
+            ApiError::bad_request("invalid_input", format!("messages[{index}]: {why}"))
+                .with("param", format!("messages[{index}]"))
+        };
+        let id = message["tool_call_id"]
+            .as_str()
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| malformed("a tool message needs its tool_call_id"))?;
+        let content = content_text(&message["content"])
+            .ok_or_else(|| malformed("a tool message's content is text (or text parts)"))?;
+        outputs.push((id.to_owned(), content));
+    }
+    Ok(Some(outputs))
+}
+
+/// `messages` without the function calls of earlier turns (assistant messages that only
+/// call, and `tool` messages): the thread keeps the text of those turns.
+fn without_tool_turns(messages: &[Value]) -> Vec<Value> {
+    messages
+        .iter()
+        .filter(|m| m["role"] != "tool")
+        .filter(|m| !(m["role"] == "assistant" && m["content"].is_null()))
+        .map(|m| {
+            let mut m = m.clone();
+            if let Some(object) = m.as_object_mut() {
+                object.remove("tool_calls");
+            }
+            m
+        })
+        .collect()
+}
+
+/// The `chat.completion` of a settled run's segment (an error for a failed run, or one that
+/// waits for an approval).
+async fn completion(state: &AppState, run: &Run, segment: u32) -> Result<Response, ApiError> {
+    let segments = Segments::load(state, run).await?;
+    let index = segment as usize;
+    if segments.pauses.len() > index {
+        // Ended at function calls, while the run waits.
+        let usage = segments.pauses[index].usage;
+        let items = segments.output(index);
+        let text = functions::text_of(&items);
+        let calls: Vec<Value> = segments
+            .waiting_calls(index)
+            .iter()
+            .map(|call| {
+                json!({"id": call["call_id"], "type": "function", "function": {
+                    "name": call["name"], "arguments": call["arguments"]}})
+            })
+            .collect();
+        return Ok(Json(json!({
+            "id": completion_id(run.id, segment),
+            "object": "chat.completion",
+            "created": run.created_at.timestamp(),
+            "model": model_of(run),
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant",
+                    "content": if text.is_empty() { Value::Null } else { json!(text) },
+                    "refusal": null, "tool_calls": calls},
+                "finish_reason": "tool_calls",
+                "logprobs": null,
+            }],
+            "usage": chat_usage(&usage),
+        }))
+        .into_response());
+    }
+    if index > segments.pauses.len() {
+        return Err(crate::openai::response_not_found());
+    }
     match run.status {
         RunStatus::Completed | RunStatus::Cancelled => {}
         RunStatus::Failed => {
@@ -206,12 +354,19 @@ async fn completion(state: &AppState, run: &Run) -> Result<Response, ApiError> {
             .with("status", run.status));
         }
     }
-    let message =
-        messages::find_in_thread(&state.db, run.assistant_message_id, run.thread_id).await?;
-    let content = message.map(|m| m.content).unwrap_or_default();
-    let usage = run.usage.as_ref().map(|u| u.0).unwrap_or_default();
+    let content = if segments.pauses.is_empty() {
+        let message =
+            messages::find_in_thread(&state.db, run.assistant_message_id, run.thread_id).await?;
+        message.map(|m| m.content).unwrap_or_default()
+    } else {
+        functions::text_of(&segments.output(index))
+    };
+    let mut usage = run.usage.as_ref().map(|u| u.0).unwrap_or_default();
+    for pause in &segments.pauses {
+        usage = functions::minus(usage, pause.usage);
+    }
     Ok(Json(json!({
-        "id": format!("chatcmpl-{}", run.id.to_string().replace('-', "")),
+        "id": completion_id(run.id, segment),
         "object": "chat.completion",
         "created": run.created_at.timestamp(),
         "model": model_of(run),
@@ -236,6 +391,10 @@ struct Chunks {
     include_usage: bool,
     started: bool,
     over: bool,
+    /// The run's segment this completion is (see [`functions`]).
+    segment: u32,
+    /// The client-tool pauses seen so far.
+    pauses: u32,
 }
 
 impl Chunks {
@@ -266,6 +425,30 @@ impl Chunks {
             );
         }
         match followed {
+            Followed::Shown(Shown::Paused(Pause::RequiresAction(action))) => {
+                self.pauses += 1;
+                if self.pauses == self.segment + 1 {
+                    // Ended at function calls, while the run waits.
+                    let calls: Vec<Value> = action
+                        .tool_calls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, call)| {
+                            let arguments = match &call.arguments {
+                                Value::String(text) => text.clone(),
+                                other => other.to_string(),
+                            };
+                            json!({"index": i, "id": call.tool_call_id, "type": "function",
+                                "function": {"name": call.tool_name, "arguments": arguments}})
+                        })
+                        .collect();
+                    lines.push(self.delta(json!({"tool_calls": calls}), None).to_string());
+                    lines.push(self.delta(json!({}), Some("tool_calls")).to_string());
+                    lines.push("[DONE]".to_owned());
+                    self.over = true;
+                }
+            }
+            Followed::Shown(Shown::TextDelta { .. }) if self.pauses < self.segment => {}
             Followed::Shown(Shown::TextDelta { delta, .. }) => {
                 lines.push(self.delta(json!({"content": delta}), None).to_string());
             }

@@ -6,10 +6,12 @@
 //! thread of that response; with neither, a new thread. Input items before the last user
 //! message are stored as earlier turns of the thread; `system`/`developer` items and
 //! `instructions` replace the agent's system prompt (admin tokens only, as Spool's own
-//! `instructions`). Parameters that shape a model call (`temperature`, `top_p`, `reasoning`,
-//! `max_output_tokens`, `text`, `truncation`, `tools`, `tool_choice`, `parallel_tool_calls`) are
-//! accepted and ignored: the agent's spec decides them and its tools run server-side. `store`,
-//! `include`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier` and
+//! `instructions`). Function `tools`, `tool_choice` and `parallel_tool_calls` are the run's
+//! client tools ([`functions`]): a response ends at their calls, and `function_call_output`
+//! items answer them (the same run goes on as a new response). Other parameters that shape a
+//! model call (`temperature`, `top_p`, `reasoning`, `max_output_tokens`, `text`, `truncation`)
+//! are accepted and ignored: the agent's spec decides them and its own tools run server-side.
+//! `store`, `include`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier` and
 //! `stream_options` are accepted and ignored (every run is stored).
 
 use std::collections::VecDeque;
@@ -38,12 +40,13 @@ use crate::openai::conversations::parse_conversation;
 use crate::openai::echo;
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::format;
+use crate::openai::functions::{self, Api, Functions, ResponseRef};
+use crate::openai::params;
 use crate::openai::translate::ResponseEvents;
-use crate::openai::{
-    find_run as find, load_response, resolve_model, response_not_found, wait_for_run,
-};
+use crate::openai::{find_run as find, resolve_model, response_not_found, wait_for_run};
 use crate::runs::cancel::cancel;
 use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
+use spool_shared::event::transcript::{Pause, Shown};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// `/v1/responses...`.
@@ -102,7 +105,7 @@ pub(crate) struct Turns {
 }
 
 /// The text of an item's `content`: a string, or the text of its text parts.
-fn content_text(content: &Value) -> Option<String> {
+pub(crate) fn content_text(content: &Value) -> Option<String> {
     match content {
         Value::String(text) => Some(text.clone()),
         Value::Array(parts) => {
@@ -191,11 +194,11 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
                 (crate::openai::schema::ResponseObject = "application/json"),
                 (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
             )),
-        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`; `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`instructions`, `system` or `developer` input without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
-        (status = 403, description = "`forbidden`: the token lacks `runs:create`, or sends `instructions`, `system` or `developer` input without `admin` (`permission` says which)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks `runs:create` (`permission` says which); `agent_disabled`: the agent (the `model`) is disabled", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 409, description = "`thread_busy` (the conversation has a run in progress), `agent_disabled`", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy` (the conversation has a run in progress)", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
     )
 )]
@@ -208,19 +211,49 @@ pub(crate) async fn create_response(
     caller.require(Permission::RunsCreate)?;
     let request: CreateResponse = serde_json::from_value(raw.clone())
         .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
+    params::check_responses(&raw)?;
+    let functions = Functions::parse(&raw, Api::Responses)?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
+    if let Some(Input::Items(items)) = &request.input
+        && let Some(outputs) = answers(items)?
+    {
+        // The outputs of the calls a response ended with: the same run goes on.
+        let run = functions::waiting_run(
+            &state,
+            &caller,
+            request.previous_response_id.as_deref(),
+            &outputs,
+            "input",
+        )
+        .await?;
+        let slot = (request.stream == Some(true))
+            .then(|| gateway::stream_slot(&state, &caller))
+            .transpose()?;
+        let segment =
+            functions::answer(&state, &caller, &run, outputs, &functions, "input").await?;
+        return respond(&state, &caller, slot, run.id, segment, request.background).await;
+    }
     let turns = match &request.input {
         Some(Input::Text(text)) => Turns {
             input_text: text.clone(),
             ..Turns::default()
         },
-        Some(Input::Items(items)) => turns(items, "input")?,
+        Some(Input::Items(items)) => turns(&without_calls(items), "input")?,
         None => {
             return Err(
                 ApiError::bad_request("invalid_input", "input is required").with("param", "input")
             );
         }
     };
+    if request.instructions.is_some() {
+        params::check_instructions(&caller, "instructions")?;
+    }
+    if turns.instructions.is_some() {
+        params::check_instructions(&caller, &instructions_param(&request.input, "input"))?;
+    }
+    if !functions.tools.is_empty() {
+        functions.check_names(&agent_tool_names(&state, &caller, agent_id).await?)?;
+    }
     let thread_id = thread_of(&state, &caller, &request).await?;
     let instructions = match (request.instructions.clone(), turns.instructions) {
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
@@ -236,6 +269,7 @@ pub(crate) async fn create_response(
         max_steps: None,
         client: None,
         instructions,
+        functions: functions.overrides(),
         response_format,
     };
     // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread
@@ -262,17 +296,144 @@ pub(crate) async fn create_response(
     .await?;
     let id = enqueued.workflow_id;
     echo::save(&state.db, id, &echo::of_request(&raw)).await?;
+    respond(&state, &caller, slot, id, 0, request.background).await
+}
+
+/// The answer of a create: segment `segment` of the run streamed (with a `slot`), as it is
+/// (`background`), or once the run has ended or paused.
+async fn respond(
+    state: &AppState,
+    caller: &Caller,
+    slot: Option<gateway::StreamSlot>,
+    id: WorkflowId,
+    segment: u32,
+    background: Option<bool>,
+) -> Result<Response, ApiError> {
     if let Some(slot) = slot {
-        let run = find(&state, &caller, id).await?;
-        return stream(&state, &caller, slot, run, None).await;
+        let run = find(state, caller, id).await?;
+        return stream(state, caller, slot, run, segment, None).await;
     }
-    let run = if request.background == Some(true) {
-        find(&state, &caller, id).await?
+    let run = if background == Some(true) {
+        find(state, caller, id).await?
     } else {
         // Ended, or paused or still running: answered as it is.
-        wait_for_run(&state, &caller, id).await?
+        wait_for_run(state, caller, id).await?
     };
-    Ok(Json(load_response(&state, &run).await?).into_response())
+    Ok(Json(functions::segment_response(state, &run, segment).await?).into_response())
+}
+
+/// The names of the agent's own tools (none for the server's default agent).
+pub(crate) async fn agent_tool_names(
+    state: &AppState,
+    caller: &Caller,
+    agent_id: Option<spool_shared::ids::AgentId>,
+) -> Result<Vec<String>, ApiError> {
+    let Some(agent_id) = agent_id else {
+        return Ok(Vec::new());
+    };
+    let agent =
+        spool_shared::db::agents::find(&state.db, agent_id, &caller.owner.tenant_id).await?;
+    Ok(agent
+        .map(|agent| {
+            agent
+                .spec
+                .0
+                .tools
+                .iter()
+                .map(|t| t.name().to_owned())
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The function call outputs that end `items` (after its last user message), if any:
+/// `(call_id, output)`. Malformed outputs are a 400 naming the item.
+fn answers(items: &[Value]) -> Result<Option<functions::Outputs>, ApiError> {
+    let last_user = items
+        .iter()
+        .rposition(|item| item["role"] == "user")
+        .map_or(0, |i| i + 1);
+    let mut outputs = Vec::new();
+    for (index, item) in items.iter().enumerate().skip(last_user) {
+        let malformed = |why: &str| {
+            ApiError::bad_request("invalid_input", format!("input[{index}]: {why}"))
+                .with("param", format!("input[{index}]"))
+        };
+        match item["type"].as_str() {
+            Some("function_call_output") => {
+                let call_id = item["call_id"]
+                    .as_str()
+                    .filter(|id| !id.is_empty())
+                    .ok_or_else(|| malformed("a function_call_output needs its call_id"))?;
+                let output = match &item["output"] {
+                    Value::String(text) => text.clone(),
+                    Value::Array(_) => content_text(&item["output"]).ok_or_else(|| {
+                        malformed("a function_call_output's output is text (or text parts)")
+                    })?,
+                    _ => return Err(malformed("a function_call_output needs its output")),
+                };
+                outputs.push((call_id.to_owned(), output));
+            }
+            // The calls themselves and the text before them, resent: already in the run.
+            Some("function_call") | Some("message") | None => {}
+            Some(other) => {
+                return Err(ApiError::bad_request(
+                    "unsupported_input",
+                    format!("input[{index}]: items of type {other:?} are not supported"),
+                )
+                .with("param", format!("input[{index}].type")));
+            }
+        }
+    }
+    if outputs.is_empty() {
+        return Ok(None);
+    }
+    if let Some(index) = items
+        .iter()
+        .rposition(|item| item["type"] == "function_call_output")
+        && items[index + 1..]
+            .iter()
+            .any(|item| item["role"].is_string())
+    {
+        return Err(ApiError::bad_request(
+            "unsupported_input",
+            "messages after function_call_output items: send the outputs, then the next message \
+             once the response has answered",
+        )
+        .with("param", "input"));
+    }
+    Ok(Some(outputs))
+}
+
+/// Where `input` gives instructions: its first `system` or `developer` item.
+fn instructions_param(input: &Option<Input>, param: &str) -> String {
+    match input {
+        Some(Input::Items(items)) => instructions_item(items, param),
+        _ => param.to_owned(),
+    }
+}
+
+/// `{param}[i]` of the first `system` or `developer` message of `items`.
+pub(crate) fn instructions_item(items: &[Value], param: &str) -> String {
+    items
+        .iter()
+        .position(|item| matches!(item["role"].as_str(), Some("system" | "developer")))
+        .map_or_else(|| param.to_owned(), |i| format!("{param}[{i}]"))
+}
+
+/// `items` without the function calls and outputs of earlier turns (the thread keeps the
+/// text of those turns).
+fn without_calls(items: &[Value]) -> Vec<Value> {
+    items
+        .iter()
+        .filter(|item| {
+            !matches!(
+                item["type"].as_str(),
+                Some("function_call" | "function_call_output")
+            )
+        })
+        .cloned()
+        .collect()
 }
 
 /// The thread a request continues: its `conversation`, the thread of its
@@ -296,10 +457,9 @@ async fn thread_of(
                 )
             })
         }
-        (None, Some(previous)) => {
-            let id: WorkflowId = previous.parse().map_err(|_| response_not_found())?;
-            Ok(find(state, caller, id).await?.thread_id)
-        }
+        (None, Some(previous)) => Ok(functions::find_response(state, caller, previous)
+            .await?
+            .thread_id),
         (None, None) => Ok(ThreadId::new()),
     }
 }
@@ -349,13 +509,16 @@ pub(crate) async fn get_response(
     ApiQuery(query): ApiQuery<GetResponseQuery>,
 ) -> Result<Response, ApiError> {
     caller.require_any(Permission::RUNS_READ)?;
-    let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
-    let run = find(&state, &caller, id).await?;
+    let reference = ResponseRef::parse(&id)?;
+    let run = find(&state, &caller, reference.workflow_id).await?;
+    // 404 for a segment the run does not have.
+    let response = functions::segment_response(&state, &run, reference.segment).await?;
     if query.stream == Some(true) {
         let slot = gateway::stream_slot(&state, &caller)?;
-        return stream(&state, &caller, slot, run, query.starting_after).await;
+        let segment = reference.segment;
+        return stream(&state, &caller, slot, run, segment, query.starting_after).await;
     }
-    Ok(Json(load_response(&state, &run).await?).into_response())
+    Ok(Json(response).into_response())
 }
 
 /// Cancels a response's run (idempotent: an ended response is returned as it is) and returns
@@ -379,13 +542,16 @@ pub(crate) async fn cancel_response(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Permission::RunsCreate)?;
-    let id: WorkflowId = id.parse().map_err(|_| response_not_found())?;
+    let reference = ResponseRef::parse(&id)?;
+    let id = reference.workflow_id;
     // Cancel is the owner's (as on Spool's own route), admins included.
     runs::find(&state.db, id, &caller.owner)
         .await?
         .ok_or_else(response_not_found)?;
     let run = cancel(&state, &caller, id, Some("cancelled through /v1/responses")).await?;
-    Ok(Json(load_response(&state, &run).await?))
+    Ok(Json(
+        functions::segment_response(&state, &run, reference.segment).await?,
+    ))
 }
 
 /// The response's events as SSE, after `starting_after`.
@@ -394,9 +560,10 @@ async fn stream(
     caller: &Caller,
     slot: gateway::StreamSlot,
     run: Run,
+    segment: u32,
     starting_after: Option<u64>,
 ) -> Result<Response, ApiError> {
-    let events = ResponseStream::open(state, caller, slot, run, starting_after).await?;
+    let events = ResponseStream::open(state, caller, slot, run, segment, starting_after).await?;
     Ok(gateway::sse_without_retry(events.into_sse()))
 }
 
@@ -409,6 +576,17 @@ struct ResponseStream {
     after: Option<u64>,
     queue: VecDeque<Value>,
     finished: bool,
+    /// The run's segment this response is (see [`functions`]).
+    segment: u32,
+    /// The client-tool pauses seen so far.
+    pauses: u32,
+    /// The run's index of the segment's first item (its items are numbered from it), once
+    /// the segment has begun.
+    base: Option<usize>,
+    /// The run's index after the last item seen.
+    next_index: usize,
+    run: Run,
+    caller: Caller,
 }
 
 impl ResponseStream {
@@ -418,10 +596,11 @@ impl ResponseStream {
         caller: &Caller,
         slot: gateway::StreamSlot,
         run: Run,
+        segment: u32,
         starting_after: Option<u64>,
     ) -> Result<Self, ApiError> {
         let feed = Feed::open(state, caller, slot, &run).await?;
-        let mut head = load_response(state, &run).await?;
+        let mut head = functions::segment_response(state, &run, segment).await?;
         head["status"] = json!("queued");
         head["output"] = json!([]);
         if let Some(head) = head.as_object_mut() {
@@ -441,7 +620,82 @@ impl ResponseStream {
             after: starting_after,
             queue,
             finished: false,
+            segment,
+            pauses: 0,
+            base: (segment == 0).then_some(0),
+            next_index: 0,
+            run,
+            caller: caller.clone(),
         })
+    }
+
+    /// The events of a transcript item for this segment: none before it, its items numbered
+    /// from its first; the segment's end at the pause that ends it.
+    async fn segment_events(&mut self, shown: Shown) -> Vec<Value> {
+        if let Shown::Paused(Pause::RequiresAction(action)) = &shown {
+            self.pauses += 1;
+            if self.pauses == self.segment + 1 {
+                // Ended at function calls: the calls are done, the response completed, while
+                // the run waits.
+                self.finished = true;
+                let run = match find(&self.state, &self.caller, self.run.id).await {
+                    Ok(run) => run,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "reading a response's end failed");
+                        return Vec::new();
+                    }
+                };
+                let response =
+                    match functions::segment_response(&self.state, &run, self.segment).await {
+                        Ok(response) => response,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "reading a response's end failed");
+                            return Vec::new();
+                        }
+                    };
+                let waiting: Vec<&str> = action
+                    .tool_calls
+                    .iter()
+                    .map(|call| call.tool_call_id.as_str())
+                    .collect();
+                let mut events = Vec::new();
+                let output = response["output"].as_array().cloned().unwrap_or_default();
+                for (index, item) in output.into_iter().enumerate() {
+                    if item["call_id"]
+                        .as_str()
+                        .is_some_and(|id| waiting.contains(&id))
+                    {
+                        events.push(self.events.item_done(index, item));
+                    }
+                }
+                events.push(self.events.terminal(response));
+                return events;
+            }
+            if self.pauses == self.segment {
+                // The answered pause: this response starts, with the items after it.
+                self.base = Some(self.next_index);
+                return self.events.shown(&Shown::Started);
+            }
+            return Vec::new();
+        }
+        let index = shown_index(&shown);
+        if let Some(index) = index {
+            self.next_index = self.next_index.max(index + 1);
+        }
+        let Some(base) = self.base else {
+            return Vec::new();
+        };
+        if index.is_some_and(|index| index < base) {
+            // An item of an earlier response (a call's end, once answered).
+            return Vec::new();
+        }
+        let mut events = self.events.shown(&shown);
+        for event in &mut events {
+            if let Some(index) = event["output_index"].as_u64() {
+                event["output_index"] = json!(index.saturating_sub(base as u64));
+            }
+        }
+        events
     }
 
     fn into_sse(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
@@ -486,7 +740,7 @@ impl ResponseStream {
                     self.finished = true;
                 }
                 Followed::Shown(shown) => {
-                    let events = self.events.shown(&shown);
+                    let events = self.segment_events(shown).await;
                     self.queue.extend(events);
                 }
                 Followed::Live => {
@@ -506,15 +760,29 @@ impl ResponseStream {
                     self.queue.push_back(error);
                     self.finished = true;
                 }
-                Followed::Ended(run) => match load_response(&self.state, &run).await {
-                    Ok(response) => {
-                        let event = self.events.terminal(response);
-                        self.queue.push_back(event);
+                Followed::Ended(run) => {
+                    match functions::segment_response(&self.state, &run, self.segment).await {
+                        Ok(response) => {
+                            let event = self.events.terminal(response);
+                            self.queue.push_back(event);
+                        }
+                        Err(err) => tracing::warn!(error = %err, "reading a response's end failed"),
                     }
-                    Err(err) => tracing::warn!(error = %err, "reading a response's end failed"),
-                },
+                }
             }
         }
+    }
+}
+
+/// The run's index of the item a transcript item shows, if it shows one.
+fn shown_index(shown: &Shown) -> Option<usize> {
+    match shown {
+        Shown::TextStarted { index }
+        | Shown::TextDelta { index, .. }
+        | Shown::TextEnded { index, .. }
+        | Shown::CallMade { index, .. }
+        | Shown::CallEnded { index, .. } => Some(*index),
+        _ => None,
     }
 }
 

@@ -118,8 +118,8 @@ pub enum InputRole {
     Developer,
 }
 
-/// A message of the input (other item types, such as `function_call_output`, are a 400
-/// `unsupported_input`).
+/// A message of the input (`function_call_output` items answer a response's function calls;
+/// `function_call` items resent are skipped; other item types are a 400 `unsupported_input`).
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InputMessage {
     /// `message`, or absent.
@@ -157,9 +157,9 @@ pub enum ConversationParam {
 }
 
 /// The body of `POST /v1/responses`. Other parameters (`temperature`, `top_p`, `reasoning`,
-/// `max_output_tokens`, `text`, `truncation`, `tools`, `tool_choice`, `parallel_tool_calls`,
-/// `store`, `include`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier`,
-/// `stream_options`) are accepted and ignored: the agent's spec decides.
+/// `max_output_tokens`, `text`, `truncation`, `store`, `include`, `user`, `service_tier`,
+/// `prompt_cache_key`, `safety_identifier`, `stream_options`) are accepted and ignored: the
+/// agent's spec decides.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreateResponseRequest {
     /// The agent: its id, its name (unique in the tenant), or `spool-default`.
@@ -180,6 +180,47 @@ pub struct CreateResponseRequest {
     /// Stored with the user's message and shown on the response.
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<BTreeMap<String, Value>>,
+    /// Functions the model may call (client tools of the run): a call ends the response
+    /// (`completed`, with `function_call` items) while the run waits; `function_call_output`
+    /// input items (with `previous_response_id`, or the whole conversation resent) answer it.
+    /// Other tool types are a 400 `unsupported_parameter`.
+    pub tools: Option<Vec<FunctionTool>>,
+    /// `auto`, `none`, `required`, or `{"type": "function", "name"}`: for the response's first
+    /// model call.
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    /// `false`: at most one function call per model call.
+    pub parallel_tool_calls: Option<bool>,
+}
+
+/// A function the model may call, run by the client.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct FunctionTool {
+    /// `function`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^function$")]
+    pub kind: String,
+    /// Its name (1 to 64 letters, digits, `_` or `-`; not one of the agent's own tools).
+    pub name: String,
+    /// What it does, for the model.
+    pub description: Option<String>,
+    /// JSON Schema of its arguments.
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<Value>,
+    /// Accepted (the provider's own strictness applies).
+    pub strict: Option<bool>,
+}
+
+/// A Chat Completions function tool.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatFunctionTool {
+    /// `function`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^function$")]
+    pub kind: String,
+    /// The function (`name`, `description`, `parameters`, `strict`).
+    #[schema(value_type = Object)]
+    pub function: Value,
 }
 
 /// A response's status (a paused run, waiting for client tools or an approval, is
@@ -416,11 +457,15 @@ pub struct ResponseStreamEvent {
 /// Who wrote a chat message.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatMessage {
-    /// `user`, `assistant`, `system` or `developer` (the last two: admin tokens only).
-    #[schema(pattern = "^(user|assistant|system|developer)$")]
+    /// `user`, `assistant`, `system`, `developer` (the last two: admin tokens only) or
+    /// `tool` (a function's output: trailing `tool` messages answer the calls a completion
+    /// ended with).
+    #[schema(pattern = "^(user|assistant|system|developer|tool)$")]
     pub role: String,
-    /// Its text.
-    pub content: MessageContent,
+    /// Its text (null for an assistant message that only calls functions).
+    pub content: Option<MessageContent>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// `stream_options`.
@@ -450,6 +495,14 @@ pub struct ChatCompletionRequest {
     /// 1 (other values: 400 `unsupported_n`).
     #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u32>,
+    /// Functions the model may call (client tools of the run): a call ends the completion
+    /// (`finish_reason: "tool_calls"`) while the run waits; `tool` messages answer it.
+    pub tools: Option<Vec<ChatFunctionTool>>,
+    /// `auto`, `none`, `required`, or `{"type": "function", "function": {"name"}}`.
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    /// `false`: at most one function call per model call.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// The assistant's message of a completion.
@@ -457,8 +510,11 @@ pub struct ChatCompletionRequest {
 pub struct AssistantMessage {
     /// `assistant`.
     pub role: String,
-    /// The answer's text.
-    pub content: String,
+    /// The answer's text (null when it only calls functions).
+    pub content: Option<String>,
+    /// The function calls it ends with (`finish_reason: "tool_calls"`).
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 /// A choice of a completion (there is one).
@@ -468,7 +524,7 @@ pub struct ChatChoice {
     pub index: u32,
     /// The answer.
     pub message: AssistantMessage,
-    /// `stop`.
+    /// `stop`, or `tool_calls` (the run waits for the functions' outputs).
     pub finish_reason: String,
 }
 

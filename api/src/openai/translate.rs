@@ -199,6 +199,14 @@ impl ResponseEvents {
         self.event(json!({"type": kind, "response": response}))
     }
 
+    /// `response.output_item.done` for `item` at `output_index` (a function call the response
+    /// ends with, while the run waits for its output).
+    pub fn item_done(&mut self, output_index: usize, item: Value) -> Value {
+        self.event(json!({
+            "type": "response.output_item.done", "output_index": output_index, "item": item,
+        }))
+    }
+
     /// An `error` event (`code`, `message`).
     pub fn error(&mut self, code: &str, message: &str) -> Value {
         self.event(json!({"type": "error", "code": code, "message": message, "param": null}))

@@ -61,6 +61,10 @@ pub struct UserMessageRequest {
     /// `forbidden` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// What the OpenAI-compatible routes post beside (their function tools, the tool choice of
+    /// the first step, the parallel flag); never read from a request body.
+    #[serde(skip)]
+    pub(crate) functions: Option<RunOverrides>,
     /// The form of the final answer in place of the agent's `response_format` (set by the
     /// OpenAI-compatible routes' `text.format` / `response_format`; not a field of this body).
     #[serde(skip)]
@@ -79,7 +83,7 @@ impl UserMessageRequest {
             max_steps: self.max_steps,
             instructions: self.instructions.clone(),
             response_format: self.response_format.clone(),
-            ..RunOverrides::default()
+            ..self.functions.clone().unwrap_or_default()
         };
         (overrides != RunOverrides::default()).then_some(overrides)
     }

@@ -189,7 +189,7 @@ async fn answers_match_their_documented_schemas_and_tool_steps_are_function_call
 }
 
 #[tokio::test]
-async fn a_run_that_pauses_and_too_many_turns_are_clear_errors() {
+async fn a_client_tool_call_ends_a_completion_and_too_many_turns_are_clear_errors() {
     use spool_tests::fake_llm::{self, tool_results_in};
 
     let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
@@ -209,10 +209,19 @@ async fn a_run_that_pauses_and_too_many_turns_are_clear_errors() {
     let alice = token("alice", "acme");
     let ask = json!({"model": reader, "messages": [{"role": "user", "content": "read /a"}]});
 
-    // A chat completion cannot wait for the client's tool: 409, or an error in the stream.
-    let (status, error) = app.post(&alice, "/v1/chat/completions", &ask).await;
-    assert_eq!(status, StatusCode::CONFLICT, "{error}");
-    assert_eq!(error["error"]["code"], "run_not_finished");
+    // A client tool's call ends the completion with it (the run waits): `tool_calls`.
+    let (status, completion) = app.post(&alice, "/v1/chat/completions", &ask).await;
+    assert_eq!(status, StatusCode::OK, "{completion}");
+    let choice = &completion["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{completion}");
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["id"], "c1",
+        "{completion}"
+    );
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["name"],
+        "read_file"
+    );
     let mut streamed = ask.clone();
     streamed["stream"] = json!(true);
     let response = app
@@ -226,8 +235,18 @@ async fn a_run_that_pauses_and_too_many_turns_are_clear_errors() {
     let mut reader = SseReader::new(response);
     let frames = reader.collect(TIMEOUT).await;
     assert!(reader.closed, "the stream ends");
-    let last = frames.last().expect("a frame").json();
-    assert_eq!(last["error"]["code"], "run_not_finished", "{frames:?}");
+    let data: Vec<String> = frames.iter().map(|f| f.data.clone()).collect();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let finish = frames
+        .iter()
+        .filter(|f| f.data != "[DONE]")
+        .filter_map(|f| {
+            f.json()["choices"][0]["finish_reason"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(finish, ["tool_calls"], "{data:?}");
 
     // More earlier turns than a message may bring: 400, nothing stored.
     let (_, before) = app.get(&alice, "/v1/threads").await;

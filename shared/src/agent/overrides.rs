@@ -11,7 +11,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{AgentSpec, FieldError, ResponseFormat, StepRule, ToolChoice};
+use super::{
+    AgentSpec, ClientToolSpec, FieldError, ResponseFormat, StepRule, ToolChoice, ToolSpec,
+};
 
 /// Steering posted with a pause's answer (`tool_outputs`): the next model call's tool choice
 /// and tools, rules for later steps (ahead of the agent's), and a tool choice for the rest of
@@ -36,6 +38,14 @@ pub struct RunOverrides {
     /// The run's system prompt in place of the agent's (posted with its message, by an admin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// Client tools the run offers beside the agent's (the function `tools` of an
+    /// OpenAI-compatible request): a call pauses the run as `requires_action`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_tools: Option<Vec<ClientToolSpec>>,
+    /// `false`: at most one tool call per model call (asked of the provider, and any further
+    /// call dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
     /// The form of the run's final answer in place of the agent's `response_format` (posted
     /// through the OpenAI-compatible routes' `text.format` / `response_format`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -92,8 +102,31 @@ impl RunOverrides {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps.or(earlier.max_steps),
             instructions: self.instructions.or(earlier.instructions),
+            client_tools: self.client_tools.or(earlier.client_tools),
+            parallel_tool_calls: self.parallel_tool_calls.or(earlier.parallel_tool_calls),
             response_format: self.response_format.or(earlier.response_format),
         }
+    }
+
+    /// The client tools whose names the agent's own tools (or other client tools) already
+    /// use: the model could not tell them apart.
+    pub fn client_tool_collisions(&self, agent: &AgentSpec) -> Vec<FieldError> {
+        let mut seen: std::collections::HashSet<&str> =
+            agent.tools.iter().map(ToolSpec::name).collect();
+        let mut problems = Vec::new();
+        for (i, tool) in self.client_tools.iter().flatten().enumerate() {
+            if !seen.insert(tool.name.as_str()) {
+                problems.push(FieldError {
+                    field: format!("client_tools[{i}].name"),
+                    message: format!(
+                        "`{}` is the name of another tool of this run (the agent's or another \
+                         function)",
+                        tool.name
+                    ),
+                });
+            }
+        }
+        problems
     }
 
     /// Every step from `next_step` on whose rules, with these (accumulated) overrides applied
@@ -156,6 +189,9 @@ impl RunOverrides {
         }
         if let Some(instructions) = self.instructions {
             spec.instructions = instructions;
+        }
+        if let Some(tools) = self.client_tools {
+            spec.tools.extend(tools.into_iter().map(ToolSpec::Client));
         }
         if let Some(format) = self.response_format {
             spec.response_format = Some(format);
@@ -292,5 +328,23 @@ mod tests {
                 (2, Some(ToolChoice::Tool("read".into()))),
             ]
         );
+    }
+
+    #[test]
+    fn client_tools_join_the_run_and_may_not_take_an_agent_tools_name() {
+        let agent = spec(json!({"name": "a", "model": "m", "tools": [
+            {"type": "client", "name": "read"}]}));
+        let posted = overrides(json!({"client_tools": [{"name": "get_weather"},
+            {"name": "read"}], "parallel_tool_calls": false}));
+        let collisions = posted.client_tool_collisions(&agent);
+        assert_eq!(collisions.len(), 1);
+        assert_eq!(collisions[0].field, "client_tools[1].name");
+        // Kept at later pauses, and offered to the model.
+        let kept = RunOverrides::default().accumulate(Some(posted), 3);
+        assert_eq!(kept.parallel_tool_calls, Some(false));
+        let mut run = agent.clone();
+        kept.apply(&mut run);
+        let names: Vec<&str> = run.tools.iter().map(ToolSpec::name).collect();
+        assert_eq!(names, ["read", "get_weather", "read"]);
     }
 }

@@ -144,7 +144,7 @@ pub struct McpToolSpec {
 }
 
 /// A client tool.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClientToolSpec {
     /// The name the model sees.

@@ -303,7 +303,18 @@ async fn agent_spec(
         let agent = agent_spec
             .clone()
             .unwrap_or_else(|| AgentSpec::default_agent("default", ""));
-        let mut problems = overrides.validate(&agent, 1);
+        // Choices may name the run's client tools, which the overrides add.
+        let mut offered = agent.clone();
+        offered.tools.extend(
+            overrides
+                .client_tools
+                .iter()
+                .flatten()
+                .cloned()
+                .map(crate::agent::ToolSpec::Client),
+        );
+        let mut problems = overrides.validate(&offered, 1);
+        problems.extend(overrides.client_tool_collisions(&agent));
         problems.extend(overrides.clashes(&agent, 1));
         if !problems.is_empty() {
             // Named as the message posts them: its tool choice and tools are the run's

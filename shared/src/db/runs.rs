@@ -384,6 +384,26 @@ pub fn push_list(
     page::push_order(query, "r", limit);
 }
 
+/// The run in `scope` paused as `requires_action` with a pending client call of id `call_id`,
+/// if any (the newest, should ids repeat): one probe of the partial index on pending calls.
+pub async fn find_waiting_for_call(
+    executor: impl PgExecutor<'_>,
+    call_id: &str,
+    scope: Scope<'_>,
+) -> sqlx::Result<Option<Run>> {
+    let mut query = sqlx::QueryBuilder::new(concat!(
+        "SELECT ",
+        columns!("r."),
+        " FROM runs r WHERE r.status = 'requires_action' AND (r.pending_action -> 'tool_calls') @> "
+    ));
+    query.push_bind(sqlx::types::Json(
+        serde_json::json!([{ "tool_call_id": call_id }]),
+    ));
+    scope.push(&mut query, "r");
+    query.push(" ORDER BY r.updated_at DESC LIMIT 1");
+    query.build_query_as().fetch_optional(executor).await
+}
+
 /// The thread's active run, if any.
 pub async fn find_active(
     executor: impl PgExecutor<'_>,

@@ -382,7 +382,8 @@ pub async fn lock_for_erasure(
 }
 
 /// Erases a thread locked by [`lock_for_erasure`]: its idempotency keys, webhook deliveries,
-/// runs (with their steps) and messages are deleted; the row keeps only its id and
+/// runs (with their steps), messages, summaries and Chat Completions conversation hashes are
+/// deleted; the row keeps only its id and
 /// `erased_at`, so the id can never be used again.
 pub async fn erase(conn: &mut PgConnection, id: ThreadId) -> sqlx::Result<()> {
     sqlx::query(
@@ -402,6 +403,11 @@ pub async fn erase(conn: &mut PgConnection, id: ThreadId) -> sqlx::Result<()> {
         .execute(&mut *conn)
         .await?;
     sqlx::query("DELETE FROM thread_summaries WHERE thread_id = $1")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    // The hashes of its Chat Completions conversations (derived from the erased words).
+    sqlx::query("DELETE FROM chat_histories WHERE thread_id = $1")
         .bind(id)
         .execute(&mut *conn)
         .await?;

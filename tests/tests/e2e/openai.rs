@@ -11,7 +11,7 @@ use spool_tests::fake_llm::{self, FakeLlm, Reply};
 use crate::stack::{Stack, TIMEOUT, demo_reply};
 
 /// The stack, with its clients going through a [`Conformance`] proxy (check it at the end).
-async fn conforming(stack: &mut Stack) -> Conformance {
+pub(crate) async fn conforming(stack: &mut Stack) -> Conformance {
     let conform = Conformance::start(&stack.base).await;
     stack.base = conform.base.clone();
     conform

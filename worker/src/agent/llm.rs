@@ -110,6 +110,8 @@ pub struct ChatRequest {
     pub max_output_tokens: Option<u32>,
     /// The form the answer must take (a JSON Schema), for providers that support it.
     pub response_format: Option<spool_shared::agent::ResponseFormat>,
+    /// `Some(false)`: ask for at most one tool call (providers that take the flag).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 impl ChatRequest {

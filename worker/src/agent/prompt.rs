@@ -336,6 +336,7 @@ async fn summarise_once(model: &Candidate, transcript: String) -> (Result<String
         temperature: None,
         max_output_tokens: Some(SUMMARY_OUTPUT_TOKENS),
         response_format: None,
+        parallel_tool_calls: None,
     };
     let response = async {
         let mut stream = model.model.stream(request).await?;

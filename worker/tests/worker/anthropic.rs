@@ -43,6 +43,7 @@ fn request() -> ChatRequest {
         temperature: None,
         max_output_tokens: Some(256),
         response_format: None,
+        parallel_tool_calls: None,
     }
 }
 

@@ -64,6 +64,7 @@ fn request() -> ChatRequest {
         temperature: None,
         max_output_tokens: None,
         response_format: None,
+        parallel_tool_calls: None,
     }
 }
 

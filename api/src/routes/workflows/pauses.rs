@@ -14,7 +14,9 @@ use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 
 use spool_shared::WorkflowId;
-use spool_shared::agent::{AgentSpec, FieldError, RunDefaults, RunOverrides, StepRule, ToolChoice};
+use spool_shared::agent::{
+    AgentSpec, FieldError, RunDefaults, RunOverrides, StepRule, ToolChoice, ToolSpec,
+};
 use spool_shared::db::runs::{self, Run};
 use spool_shared::db::steps::{self, AnswerError, DecideError, SavedStep};
 use spool_shared::db::{self, agents};
@@ -105,7 +107,6 @@ pub(crate) async fn post_tool_outputs(
     ApiJson(request): ApiJson<ToolOutputsRequest>,
 ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
     caller.require(Permission::RunsCreate)?;
-    let mut paused = Paused::lock(&state, &caller, id, RunStatus::RequiresAction).await?;
     let outputs = request
         .tool_outputs
         .into_iter()
@@ -117,27 +118,38 @@ pub(crate) async fn post_tool_outputs(
             (output.tool_call_id, text)
         })
         .collect();
-    paused
-        .step
-        .answer_client(outputs)
-        .map_err(|err| match err {
-            AnswerError::Unknown(_) => {
-                ApiError::unprocessable("unknown_tool_call", err.to_string())
-            }
-            AnswerError::Missing(ref missing) => {
-                ApiError::unprocessable("missing_tool_outputs", err.to_string())
-                    .with("missing", missing)
-            }
-        })?;
     let overrides = RunOverrides {
         tool_choice: request.tool_choice,
         active_tools: request.active_tools,
         step_rules: request.step_rules,
         defaults: request.defaults,
-        max_steps: None,
-        instructions: None,
-        response_format: None,
+        ..RunOverrides::default()
     };
+    let refuse = |err: AnswerError| match err {
+        AnswerError::Unknown(_) => ApiError::unprocessable("unknown_tool_call", err.to_string()),
+        AnswerError::Missing(ref missing) => {
+            ApiError::unprocessable("missing_tool_outputs", err.to_string())
+                .with("missing", missing)
+        }
+    };
+    answer_client_tools(&state, &caller, id, outputs, overrides, refuse).await?;
+    Ok(accepted(find_own(&state, id, &caller).await?))
+}
+
+/// Answers the caller's run paused as `requires_action` with every pending call's output
+/// (`(tool_call_id, output)`) and the `overrides` the answer posts (checked against the run's
+/// agent, its client tools included), and re-queues it, in one transaction; nothing changes
+/// on an error. `refuse` words outputs that do not answer the pending calls.
+pub(crate) async fn answer_client_tools(
+    state: &AppState,
+    caller: &Caller,
+    id: WorkflowId,
+    outputs: Vec<(String, String)>,
+    overrides: RunOverrides,
+    refuse: impl FnOnce(AnswerError) -> ApiError,
+) -> Result<(), ApiError> {
+    let mut paused = Paused::lock(state, caller, id, RunStatus::RequiresAction).await?;
+    paused.step.answer_client(outputs).map_err(refuse)?;
     // Checked against the agent as the worker will run it: a tool the agent does not have
     // would otherwise fail the run at its next model call, after the outputs were accepted.
     let run = &paused.run;
@@ -148,24 +160,30 @@ pub(crate) async fn post_tool_outputs(
             .map(|agent| agent.spec.0),
         (None, None) => Some(AgentSpec::default_agent("default", "")),
     };
+    let earlier = run.overrides.clone().map(|stored| stored.0);
     // The paused step is settled by these outputs; the next model call is the one after it.
     let next_step = u32::try_from(paused.number).unwrap_or(0).saturating_add(1);
     // `None` only for a run enqueued before specs were stored with runs, whose agent was since
-    // deleted: it fails when it resumes, whatever is posted.
-    let errors = agent
-        .as_ref()
-        .map_or_else(Vec::new, |agent| overrides.validate(agent, next_step));
+    // deleted: it fails when it resumes, whatever is posted. The run's client tools (posted
+    // with its message) are among the tools a choice may name.
+    let errors = agent.as_ref().map_or_else(Vec::new, |agent| {
+        let mut offered = agent.clone();
+        let clients = earlier.as_ref().and_then(|e| e.client_tools.clone());
+        offered
+            .tools
+            .extend(clients.into_iter().flatten().map(ToolSpec::Client));
+        overrides.validate(&offered, next_step)
+    });
     if !errors.is_empty() {
         return Err(invalid_overrides(errors));
     }
     // Kept with what earlier pauses of the run posted: their rules and defaults last.
-    let earlier = run.overrides.clone().map(|stored| stored.0);
     let overrides = overrides.accumulate(earlier, next_step);
     let clashes = agent.map_or_else(Vec::new, |agent| overrides.clashes(&agent, next_step));
     if !clashes.is_empty() {
         return Err(invalid_overrides(clashes));
     }
-    paused.resume(&state, &caller, Some(&overrides)).await
+    paused.resume(Some(&overrides)).await
 }
 
 /// Body of `POST .../approvals/{tool_call_id}`.
@@ -219,7 +237,8 @@ pub(crate) async fn post_approval(
         DecideError::NotPending => ApiError::not_found("tool_call_not_found", err.to_string()),
         DecideError::Expired => ApiError::conflict("approval_expired", err.to_string()),
     })?;
-    paused.resume(&state, &caller, None).await
+    paused.resume(None).await?;
+    Ok(accepted(find_own(&state, id, &caller).await?))
 }
 
 /// A paused run locked in its transaction, with the step it paused on.
@@ -260,13 +279,8 @@ impl Paused {
     }
 
     /// Saves the answered step, re-queues the run (with `overrides`, if given) and wakes a
-    /// worker, in one commit; answers 202 with the run.
-    async fn resume(
-        mut self,
-        state: &AppState,
-        caller: &Caller,
-        overrides: Option<&RunOverrides>,
-    ) -> Result<(StatusCode, Json<WorkflowResponse>), ApiError> {
+    /// worker, in one commit.
+    async fn resume(mut self, overrides: Option<&RunOverrides>) -> Result<(), ApiError> {
         let id = self.run.id;
         steps::replace(&mut *self.tx, id, self.number, &self.step).await?;
         if !runs::resume(&mut *self.tx, id, self.run.status, overrides).await? {
@@ -274,6 +288,6 @@ impl Paused {
         }
         db::notify_runs(&mut *self.tx).await?;
         self.tx.commit().await?;
-        Ok(accepted(find_own(state, id, caller).await?))
+        Ok(())
     }
 }

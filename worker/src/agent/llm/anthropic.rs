@@ -415,6 +415,7 @@ mod tests {
             temperature: Some(1.5),
             max_output_tokens: None,
             response_format: None,
+            parallel_tool_calls: None,
         };
         let body = body(&request);
         assert_eq!(body["system"], "Be brief.");

@@ -143,6 +143,7 @@ mod tests {
             temperature: None,
             max_output_tokens: None,
             response_format: None,
+            parallel_tool_calls: None,
         };
         let streamed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = streamed.clone();

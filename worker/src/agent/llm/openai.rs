@@ -90,6 +90,9 @@ pub fn body(request: &ChatRequest) -> Value {
             Choice::None => json!("none"),
             Choice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
         };
+        if let Some(parallel) = request.parallel_tool_calls {
+            body["parallel_tool_calls"] = json!(parallel);
+        }
     }
     if let Some(max_tokens) = request.max_output_tokens {
         body["max_tokens"] = json!(max_tokens);
@@ -373,8 +376,10 @@ data: [DONE]"#;
                 schema: json!({"type": "object"}),
                 strict: Some(true),
             }),
+            parallel_tool_calls: Some(false),
         };
         let body = body(&request);
+        assert_eq!(body["parallel_tool_calls"], false);
         assert_eq!(body["stream"], true);
         assert_eq!(
             body["messages"][1]["tool_calls"][0]["function"]["name"],
