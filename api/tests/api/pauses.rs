@@ -721,11 +721,18 @@ async fn a_client_output_over_the_result_limit_is_cut_like_any_tool_result() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn a_follower_of_a_run_whose_pause_event_was_lost_is_told_from_postgres() {
-    let fake = file_reader().await;
-    let (app, thread, accepted, paused) = paused_on_the_client(&fake).await;
-    // Lose the pause event, as a Redis outage past the publisher's last flush would.
+/// Deletes the thread's `requires_action` event from its stream, as a Redis outage past the
+/// publisher's last flush would lose it, then follows the thread from the start until the
+/// gateway tells the pause; returns the reader, the events seen before, and that event.
+async fn lose_the_pause_event_then_follow(
+    app: &TestApp,
+    thread: uuid::Uuid,
+    token: &str,
+) -> (
+    spool_tests::sse::SseReader,
+    Vec<String>,
+    spool_tests::sse::Frame,
+) {
     let pause = poll_until(
         "the pause event to be stored",
         Duration::from_secs(10),
@@ -744,9 +751,7 @@ async fn a_follower_of_a_run_whose_pause_event_was_lost_is_told_from_postgres() 
         .query_async(&mut app.streams.conn())
         .await
         .expect("xdel");
-
-    let alice = token("alice", "acme");
-    let mut reader = app.stream(&alice, thread, "", None).await;
+    let mut reader = app.stream(token, thread, "", None).await;
     let mut seen = Vec::new();
     let told = loop {
         // The gateway looks at Postgres once the stream has been quiet for 15 s.
@@ -759,6 +764,15 @@ async fn a_follower_of_a_run_whose_pause_event_was_lost_is_told_from_postgres() 
         }
         seen.push(frame.event);
     };
+    (reader, seen, told)
+}
+
+#[tokio::test]
+async fn a_follower_of_a_run_whose_pause_event_was_lost_is_told_from_postgres() {
+    let fake = file_reader().await;
+    let (app, thread, accepted, paused) = paused_on_the_client(&fake).await;
+    let alice = token("alice", "acme");
+    let (mut reader, seen, told) = lose_the_pause_event_then_follow(&app, thread, &alice).await;
     assert!(seen.contains(&"step".to_owned()), "{seen:?}");
     assert_eq!(told.id, None, "a rebuilt event moves no cursor");
     let event = told.json();
@@ -817,40 +831,8 @@ async fn a_follower_of_a_waiting_run_whose_childs_pause_event_was_lost_is_told_f
         .await;
     let (thread, accepted) = ask(&app, &boss, "what is in a.txt?").await;
     app.wait_run(&accepted, |s| s == "waiting").await;
-    // Lose the child's pause event, as a Redis outage past the publisher's last flush would.
-    let pause = poll_until(
-        "the child's pause event to be stored",
-        Duration::from_secs(10),
-        || async {
-            let stored = app.stored(thread).await;
-            stored
-                .into_iter()
-                .find(|(_, kind)| kind == "requires_action")
-        },
-    )
-    .await;
-    let key = app.keys.events(spool_shared::ThreadId(thread));
-    let _: i64 = redis::cmd("XDEL")
-        .arg(&key)
-        .arg(&pause.0)
-        .query_async(&mut app.streams.conn())
-        .await
-        .expect("xdel");
-
     let alice = token("alice", "acme");
-    let mut reader = app.stream(&alice, thread, "", None).await;
-    let mut seen = Vec::new();
-    let told = loop {
-        // The gateway looks at Postgres once the stream has been quiet for 15 s.
-        let frame = reader
-            .next(Duration::from_secs(25))
-            .await
-            .unwrap_or_else(|| panic!("the stream went quiet after {seen:?}"));
-        if frame.event == "requires_action" {
-            break frame;
-        }
-        seen.push(frame.event);
-    };
+    let (mut reader, _, told) = lose_the_pause_event_then_follow(&app, thread, &alice).await;
     let event = told.json();
     assert_ne!(
         event["workflow_id"], accepted["workflow_id"],
