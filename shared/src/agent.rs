@@ -141,6 +141,10 @@ pub struct AgentSpec {
     /// write (an HTTP or MCP tool without `read_only: true`): required for such an agent.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub safety_acknowledged: bool,
+    /// Lets any caller post `instructions` with a message, appended to the agent's for that
+    /// run (admin tokens may always).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_instruction_override: bool,
 }
 
 /// Who may use an agent.
@@ -278,7 +282,8 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 604_800)]
     pub human_timeout_secs: Option<u32>,
-    /// Model calls per run at most (1 to 200); overrides the agent's `max_steps`.
+    /// Model calls per run at most (1 to 200): the ceiling a message may raise its run's
+    /// `max_steps` to (unset: the agent's `max_steps`); below `max_steps`, it lowers every run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 200)]
     pub max_steps: Option<u32>,
@@ -475,7 +480,20 @@ impl AgentSpec {
             visibility: Visibility::Tenant,
             cors_origins: Vec::new(),
             safety_acknowledged: false,
+            allow_instruction_override: false,
         }
+    }
+
+    /// The most model calls a run may make: `limits.max_steps`, else `max_steps` (a message
+    /// may raise its run's `max_steps` up to it, never past it).
+    pub fn step_ceiling(&self) -> u32 {
+        self.limits.max_steps.unwrap_or(self.max_steps)
+    }
+
+    /// The model calls a run makes when its message asks nothing else: `max_steps`, within
+    /// the ceiling.
+    pub fn default_steps(&self) -> u32 {
+        self.max_steps.min(self.step_ceiling())
     }
 
     /// The tools that may write (an HTTP tool without `read_only: true`, any MCP server), if
@@ -612,6 +630,31 @@ mod tests {
             ),
             (Some(0), Some(3), Some(30))
         );
+    }
+
+    #[test]
+    fn a_tool_choice_reads_as_a_string_or_an_object_and_is_written_as_a_string() {
+        let read = |value: serde_json::Value| serde_json::from_value::<ToolChoice>(value);
+        assert_eq!(
+            read(json!({"type": "tool", "tool_name": "search"})).ok(),
+            Some(ToolChoice::Tool("search".into()))
+        );
+        assert_eq!(read(json!({"type": "none"})).ok(), Some(ToolChoice::None));
+        assert_eq!(
+            read(json!("search")).ok(),
+            Some(ToolChoice::Tool("search".into()))
+        );
+        for wrong in [
+            json!({"type": "tool"}),
+            json!({"type": "auto", "tool_name": "x"}),
+            json!({"type": "function", "tool_name": "x"}),
+            json!({"type": "tool", "tool_name": "x", "extra": 1}),
+            json!(3),
+        ] {
+            assert!(read(wrong.clone()).is_err(), "{wrong}");
+        }
+        let written = serde_json::to_value(ToolChoice::Tool("search".into())).expect("json");
+        assert_eq!(written, json!("search"));
     }
 
     #[test]

@@ -182,14 +182,17 @@ impl<'a> Loop<'a> {
             }
         };
         let mut spec = spec.clone();
-        if let Some(max_steps) = spec.limits.max_steps {
-            spec.max_steps = max_steps;
-        }
+        // The agent's max_steps within its ceiling, unless the message raised or lowered it.
+        let steps = run
+            .overrides
+            .as_ref()
+            .map_or_else(|| spec.default_steps(), |o| o.0.run_steps(&spec));
         let parallel_tool_calls = run.overrides.as_ref().and_then(|o| o.0.parallel_tool_calls);
         if let Some(overrides) = &run.overrides {
             // Checked and pinned to their steps by the API.
             overrides.0.clone().apply(&mut spec);
         }
+        spec.max_steps = steps;
         let prompt::Prompt {
             mut conversation,
             input,

@@ -173,6 +173,9 @@ pub(crate) async fn create_completion(
         instructions: turns.instructions,
         functions: functions.overrides(),
         response_format,
+        // An OpenAI request's instructions are its system prompt.
+        replaces_instructions: true,
+        ..UserMessageRequest::default()
     };
     let key = idempotency_key(&headers)?;
     // A stream's slot before anything is enqueued: a refused stream creates nothing.

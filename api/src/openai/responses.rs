@@ -271,6 +271,9 @@ pub(crate) async fn create_response(
         instructions,
         functions: functions.overrides(),
         response_format,
+        // An OpenAI request's instructions are its system prompt.
+        replaces_instructions: true,
+        ..UserMessageRequest::default()
     };
     // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread
     // is not part of the request's identity (a new conversation gets a new id on each try).

@@ -29,9 +29,11 @@ use crate::error::ApiError;
 use crate::error::{BadBody, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::routes::list::{self, List, ListQuery};
+use crate::routes::workflows::{MAX_WAIT_SECS, WorkflowResponse};
 use crate::runs::enqueue::{
     UserMessageRequest, UserMessageResponse, check_agent, enqueue_message, idempotency_key,
 };
+use crate::runs::wait::{settled, until_settled};
 use crate::runs::{erase, thread_not_found, workflow_url};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -289,10 +291,25 @@ async fn list_messages(
     }))
 }
 
-/// Enqueues a run that answers the message; answers 202 at once.
+/// Query of `POST /v1/threads/{thread_id}/user_message`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UserMessageQuery {
+    /// Wait up to this many seconds (at most 60) for the run to end or pause: `200` with the
+    /// run if it does in time, else the usual `202`. Absent or 0: `202` at once.
+    #[serde(default)]
+    #[param(minimum = 0, maximum = 60)]
+    pub wait: Option<u64>,
+}
+
+/// Enqueues a run that answers the message; answers 202 at once (or, with `?wait=S`, 200 with
+/// the run once it ends or pauses within S seconds).
 ///
 /// The thread is created on first use. With an `Idempotency-Key`, a repeat of the same request
-/// replays the first 202 (with `Idempotent-Replayed: true`).
+/// replays the first 202 (with `Idempotent-Replayed: true`). The message may steer its own run
+/// (`tool_choice`, `active_tools`, `step_rules`, `stop_conditions`, `max_steps`,
+/// `max_call_depth`, `instructions`, earlier turns in `messages`): kept with the run, so every
+/// attempt of it (after a crash or a pause) applies the same.
 #[utoipa::path(
     post,
     path = "/v1/threads/{thread_id}/user_message",
@@ -302,9 +319,14 @@ async fn list_messages(
         ("thread_id" = ThreadId, Path, description = "The thread (any UUID: created on first use)."),
         ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
             description = "Replays the first 202 of a request with this key (1 to 255 visible ASCII characters)."),
+        UserMessageQuery,
     ),
     request_body = UserMessageRequest,
     responses(
+        (status = 200, description = "With `?wait=S`: the run ended or paused (`pending_action`) within S seconds.", body = crate::routes::workflows::WorkflowResponse,
+            headers(
+                ("Location" = String, description = "The workflow: `/v1/workflows/{workflow_id}`."),
+            )),
         (status = 202, description = "The run is queued.", body = UserMessageResponse,
             headers(
                 ("Location" = String, description = "The workflow: `/v1/workflows/{workflow_id}`."),
@@ -320,14 +342,14 @@ async fn list_messages(
                 ("GetSteps" = (operation_id = "get_steps",
                     parameters(("workflow_id" = "$response.body#/workflow_id")))),
             )),
-        (status = 400, description = "`invalid_json`, `invalid_idempotency_key`", body = ErrorBody),
+        (status = 400, description = "`invalid_json`, `invalid_idempotency_key`, `invalid_wait`", body = ErrorBody),
         Unauthenticated,
-        (status = 403, description = "`forbidden`: the token lacks `runs:create`, or sends `instructions` without `admin` (`permission` says which); `agent_disabled`: the agent is disabled", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks `runs:create` (`permission` says which); `agent_disabled`: the agent is disabled", body = ErrorBody),
         (status = 404, description = "`thread_not_found` (another owner's), `agent_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`thread_busy`, with `active_workflow_id` and `stream_url`", body = ErrorBody),
         (status = 413, description = "`input_too_large`, `body_too_large`", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`, `invalid_overrides` (`tool_choice`, `active_tools`, `max_steps` or `instructions` that do not fit the agent that answers; with `errors: [{field, message}]`)", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_input_text`, `idempotency_key_reused`, `invalid_overrides` (with `errors: [{field, message}]`, every problem at once: a field of the wrong type; `tool_choice`, `active_tools`, `step_rules` or `stop_conditions` naming tools the agent that answers does not have; `max_steps` above the agent's ceiling; `max_call_depth` above the agent's; `messages` too many, blank or too long; `instructions` too long, or to an agent without `allow_instruction_override` from a token without `admin`); `invalid_query`", body = ErrorBody),
         (status = 429, description = "A quota refuses the run: `rate_limited` (runs per hour), `concurrency_limited` (active runs), `budget_exceeded` (daily tokens); with `scope`, `limit`, `agent_id` (an agent's own quota) and `retry_after`. Nothing is created.",
             body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds until the window or the UTC day ends (5 for `concurrency_limited`: a hint)."))),
@@ -338,8 +360,17 @@ async fn post_user_message(
     user: EndUser,
     ApiPath(thread_id): ApiPath<ThreadId>,
     headers: HeaderMap,
-    ApiJson(mut request): ApiJson<UserMessageRequest>,
+    ApiQuery(query): ApiQuery<UserMessageQuery>,
+    ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
+    let wait = query.wait.unwrap_or(0);
+    if wait > MAX_WAIT_SECS {
+        return Err(ApiError::bad_request(
+            "invalid_wait",
+            format!("wait must be from 0 to {MAX_WAIT_SECS} seconds"),
+        ));
+    }
+    let mut request = UserMessageRequest::parse(body)?;
     request.agent_id = user.agent(request.agent_id)?;
     request.client = user.client;
     let caller = user.caller;
@@ -351,7 +382,20 @@ async fn post_user_message(
         &serde_json::to_vec(&request).map_err(anyhow::Error::from)?,
     ]);
     let enqueued = enqueue_message(&state, &caller, thread_id, &request, key, &hash, &[]).await?;
-    let mut response = accepted(enqueued.status, enqueued.body, enqueued.workflow_id);
+    // With a wait: the run as soon as it ends or pauses, if that is within the wait.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(wait);
+    let run = match wait {
+        0 => None,
+        _ => Some(until_settled(&state, &caller, enqueued.workflow_id, Some(deadline)).await?),
+    };
+    let mut response = match run {
+        Some(run) if settled(run.status) => accepted(
+            StatusCode::OK,
+            WorkflowResponse::from(run),
+            enqueued.workflow_id,
+        ),
+        _ => accepted(enqueued.status, enqueued.body, enqueued.workflow_id),
+    };
     if enqueued.replayed {
         response
             .headers_mut()
@@ -360,7 +404,7 @@ async fn post_user_message(
     Ok(response)
 }
 
-fn accepted(status: StatusCode, body: Value, workflow_id: WorkflowId) -> Response {
+fn accepted(status: StatusCode, body: impl Serialize, workflow_id: WorkflowId) -> Response {
     let location = HeaderValue::try_from(workflow_url(workflow_id)).ok();
     let mut response = (status, Json(body)).into_response();
     if let Some(location) = location {

@@ -11,7 +11,9 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use spool_shared::agent::{RunDefaults, RunOverrides, ToolChoice};
+use spool_shared::agent::{
+    FieldError, RunDefaults, RunOverrides, StepRule, StopCondition, ToolChoice,
+};
 use spool_shared::db::LazyConn;
 use spool_shared::db::enqueue::{EnqueueError, Enqueued, NewMessage, enqueue};
 use spool_shared::db::quota::Refusal;
@@ -30,7 +32,10 @@ use crate::error::ApiError;
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// Body of `POST /v1/threads/{thread_id}/user_message`.
-#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+///
+/// Beside the text, a message may steer its own run (its overrides): each that has the wrong
+/// type, or does not fit the agent that answers, is a 422 `invalid_overrides` naming it.
+#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserMessageRequest {
     /// What the user said (not blank; at most the server's input limit in bytes).
@@ -53,14 +58,37 @@ pub struct UserMessageRequest {
     /// `active_tools`; step rules still apply).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_tools: Option<Vec<String>>,
-    /// Model calls of this run at most (1 to 200; only lowers the agent's).
+    /// Model calls of this run at most: from 1 up to the agent's ceiling (its
+    /// `limits.max_steps`, else its `max_steps`, which is the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 200)]
     pub max_steps: Option<u32>,
-    /// The system prompt of this run in place of the agent's (`admin` tokens only: 403
-    /// `forbidden` otherwise).
+    /// Appended to the agent's system prompt for this run (at most 64 KiB): from an `admin`
+    /// token, or from any caller when the agent sets `allow_instruction_override`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// Earlier turns stored in the thread before `input_text` (at most 100, each held to the
+    /// limits of `input_text`): a conversation to seed or extend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 100)]
+    pub messages: Option<Vec<Turn>>,
+    /// Rules for steps of this run (ahead of the agent's): `{step, tool_choice?,
+    /// active_tools?}`, step 1 to the run's `max_steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_rules: Option<Vec<StepRule>>,
+    /// Conditions that end this run after a step, beside the agent's (a `has_tool_call` of one
+    /// of its tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_conditions: Option<Vec<StopCondition>>,
+    /// Levels of agent calls this run may start below itself: 0 up to the agent's
+    /// `limits.max_call_depth` (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 10)]
+    pub max_call_depth: Option<u32>,
+    /// `instructions` replace the agent's system prompt instead of adding to it (the
+    /// OpenAI-compatible routes; admin only); never read from a request body.
+    #[serde(skip)]
+    pub(crate) replaces_instructions: bool,
     /// What the OpenAI-compatible routes post beside (their function tools, the tool choice of
     /// the first step, the parallel flag); never read from a request body.
     #[serde(skip)]
@@ -71,22 +99,135 @@ pub struct UserMessageRequest {
     pub response_format: Option<spool_shared::agent::ResponseFormat>,
 }
 
+/// One earlier turn of a message's `messages`.
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Turn {
+    /// Who said it.
+    pub role: TurnRole,
+    /// What was said (not blank).
+    #[schema(min_length = 1)]
+    pub content: String,
+}
+
+/// The speaker of an earlier turn.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnRole {
+    /// The user.
+    User,
+    /// The assistant.
+    Assistant,
+}
+
+impl From<TurnRole> for Role {
+    fn from(role: TurnRole) -> Self {
+        match role {
+            TurnRole::User => Role::User,
+            TurnRole::Assistant => Role::Assistant,
+        }
+    }
+}
+
 impl UserMessageRequest {
+    /// The body of `POST user_message`: a field of the message's overrides with the wrong type
+    /// is a 422 `invalid_overrides` naming it (every one of them), anything else wrong a 422
+    /// `invalid_body`.
+    pub(crate) fn parse(body: Value) -> Result<Self, ApiError> {
+        let err = match serde_json::from_value(body.clone()) {
+            Ok(request) => return Ok(request),
+            Err(err) => err,
+        };
+        let mut problems = Vec::new();
+        if let Value::Object(fields) = &body {
+            let mut check = |name: &str, check: fn(&Value) -> Option<(String, String)>| {
+                if let Some((at, message)) = fields.get(name).and_then(check) {
+                    let field = match at.as_str() {
+                        "." => name.to_owned(),
+                        at if at.starts_with('[') => format!("{name}{at}"),
+                        at => format!("{name}.{at}"),
+                    };
+                    problems.push(FieldError { field, message });
+                }
+            };
+            check("tool_choice", wrong::<ToolChoice>);
+            check("active_tools", wrong::<Vec<String>>);
+            check("max_steps", wrong::<u32>);
+            check("instructions", wrong::<String>);
+            check("messages", wrong::<Vec<Turn>>);
+            check("step_rules", wrong::<Vec<StepRule>>);
+            check("stop_conditions", wrong::<Vec<StopCondition>>);
+            check("max_call_depth", wrong::<u32>);
+        }
+        if problems.is_empty() {
+            return Err(ApiError::unprocessable("invalid_body", err.to_string()));
+        }
+        Err(ApiError::invalid_fields(
+            "invalid_overrides",
+            "the message's overrides",
+            problems,
+        ))
+    }
+
     /// What the message posts to steer its run, if anything.
     fn overrides(&self) -> Option<RunOverrides> {
         let defaults = RunDefaults {
             tool_choice: self.tool_choice.clone(),
             active_tools: self.active_tools.clone(),
         };
+        let (instructions, extra_instructions) = if self.replaces_instructions {
+            (self.instructions.clone(), None)
+        } else {
+            (None, self.instructions.clone())
+        };
         let overrides = RunOverrides {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps,
-            instructions: self.instructions.clone(),
+            instructions,
+            extra_instructions,
+            step_rules: self.step_rules.clone(),
+            stop_conditions: self.stop_conditions.clone(),
+            max_call_depth: self.max_call_depth,
             response_format: self.response_format.clone(),
             ..self.functions.clone().unwrap_or_default()
         };
         (overrides != RunOverrides::default()).then_some(overrides)
     }
+
+    /// The problems of the message's earlier turns (`messages`), by field: too many, blank or
+    /// too long ones.
+    fn turn_problems(&self, max_bytes: usize) -> Vec<FieldError> {
+        let turns = self.messages.as_deref().unwrap_or_default();
+        let mut problems = Vec::new();
+        if turns.len() > MAX_TURNS {
+            problems.push(FieldError {
+                field: "messages".into(),
+                message: format!("at most {MAX_TURNS} earlier messages"),
+            });
+            return problems;
+        }
+        for (i, turn) in turns.iter().enumerate() {
+            let message = if turn.content.trim().is_empty() {
+                "must not be blank".to_owned()
+            } else if turn.content.len() > max_bytes {
+                format!("must be at most {max_bytes} bytes")
+            } else {
+                continue;
+            };
+            problems.push(FieldError {
+                field: format!("messages[{i}].content"),
+                message,
+            });
+        }
+        problems
+    }
+}
+
+/// Where and why `value` is not a `T`, if it is not.
+fn wrong<T: serde::de::DeserializeOwned>(value: &Value) -> Option<(String, String)> {
+    serde_path_to_error::deserialize::<_, T>(value)
+        .err()
+        .map(|err| (err.path().to_string(), err.inner().to_string()))
 }
 
 /// The `202` body of `POST user_message`.
@@ -138,6 +279,19 @@ pub(crate) async fn enqueue_message(
 ) -> Result<Enqueue, ApiError> {
     check_message(state, caller, request, history)?;
     let overrides = request.overrides();
+    let problems = request.turn_problems(state.config.max_input_bytes);
+    // The message's own earlier turns, stored before it (none if any is refused).
+    let turns: Vec<(Role, String)>;
+    let history = match &request.messages {
+        Some(messages) if !messages.is_empty() && problems.is_empty() => {
+            turns = messages
+                .iter()
+                .map(|turn| (turn.role.into(), turn.content.clone()))
+                .collect();
+            &turns[..]
+        }
+        _ => history,
+    };
     let owner = &caller.owner;
     let window = state.config.retention.idempotency();
     // A missing (or private) agent is a 404 before a replay.
@@ -182,6 +336,8 @@ pub(crate) async fn enqueue_message(
         history,
         in_transaction: matches!(conn, Conn::Tx(_)),
         client: request.client.as_deref(),
+        may_instruct: caller.holds(Permission::Admin),
+        problems: &problems,
     };
     // The pooled connection (if one was taken) goes back before an error is looked into,
     // which takes another.
@@ -233,7 +389,7 @@ fn accepted_body(thread_id: ThreadId, enqueued: &Enqueued) -> Result<Value, ApiE
 }
 
 /// The checks of a message before anything is read or written: its text and earlier turns
-/// within the limits, `instructions` only from an admin.
+/// within the limits, instructions that replace the agent's only from an admin.
 fn check_message(
     state: &AppState,
     caller: &Caller,
@@ -250,7 +406,7 @@ fn check_message(
     for (_, text) in history {
         check_input(text, state.config.max_input_bytes)?;
     }
-    if request.instructions.is_some() {
+    if request.instructions.is_some() && request.replaces_instructions {
         caller.require(Permission::Admin)?;
     }
     Ok(())

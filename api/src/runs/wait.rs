@@ -73,7 +73,7 @@ impl Drop for Waiting {
 }
 
 /// Whether a `?wait=` is over: the run has ended or waits for someone.
-fn settled(status: RunStatus) -> bool {
+pub(crate) fn settled(status: RunStatus) -> bool {
     status.is_terminal()
         || matches!(
             status,

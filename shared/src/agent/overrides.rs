@@ -1,8 +1,10 @@
 //! Overrides: the steering a message (`user_message`) or a pause's answer (`tool_outputs`)
 //! posts, kept on the run.
 //!
-//! A message may set the run's tool choice and active tools (as `defaults`), lower its
-//! `max_steps`, and (with an admin token) replace its instructions.
+//! A message may set the run's tool choice and active tools (as `defaults`), step rules and
+//! stop conditions of its own, its `max_steps` (up to the agent's ceiling) and
+//! `max_call_depth` (up to the agent's), and add to its instructions (with an admin token, or
+//! when the agent allows it); the OpenAI-compatible routes replace the instructions (admin).
 //! A pause's answer may set the next model call's tool choice and tools, rules for later steps
 //! and a default tool choice for the rest of the run. The run keeps what every pause posted
 //! ([`RunOverrides::accumulate`]: the next-step choices pinned to their steps, the newest rules
@@ -12,7 +14,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AgentSpec, ClientToolSpec, FieldError, ResponseFormat, StepRule, ToolChoice, ToolSpec,
+    AgentSpec, ClientToolSpec, FieldError, ResponseFormat, StepRule, StopCondition, ToolChoice,
+    ToolSpec,
 };
 
 /// Steering posted with a pause's answer (`tool_outputs`): the next model call's tool choice
@@ -32,12 +35,24 @@ pub struct RunOverrides {
     /// Defaults for the rest of the run.
     #[serde(default)]
     pub defaults: Option<RunDefaults>,
-    /// Model calls of the run at most (posted with its message; only lowers the agent's).
+    /// Model calls of the run at most (posted with its message; up to the agent's
+    /// [`AgentSpec::step_ceiling`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u32>,
-    /// The run's system prompt in place of the agent's (posted with its message, by an admin).
+    /// The run's system prompt in place of the agent's (the OpenAI-compatible routes'
+    /// instructions, by an admin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// Appended to the agent's system prompt for this run (a message's `instructions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_instructions: Option<String>,
+    /// Conditions that end the run after a step, beside the agent's (posted with its message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_conditions: Option<Vec<StopCondition>>,
+    /// Levels of agent calls the run may start below itself (posted with its message; up to
+    /// the agent's `limits.max_call_depth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_call_depth: Option<u32>,
     /// Client tools the run offers beside the agent's (the function `tools` of an
     /// OpenAI-compatible request): a call pauses the run as `requires_action`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,10 +117,22 @@ impl RunOverrides {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps.or(earlier.max_steps),
             instructions: self.instructions.or(earlier.instructions),
+            extra_instructions: self.extra_instructions.or(earlier.extra_instructions),
+            stop_conditions: self.stop_conditions.or(earlier.stop_conditions),
+            max_call_depth: self.max_call_depth.or(earlier.max_call_depth),
             client_tools: self.client_tools.or(earlier.client_tools),
             parallel_tool_calls: self.parallel_tool_calls.or(earlier.parallel_tool_calls),
             response_format: self.response_format.or(earlier.response_format),
         }
+    }
+
+    /// The model calls of a run of `agent` with these overrides at most: the message's
+    /// `max_steps` within the agent's ceiling, else the agent's default.
+    pub fn run_steps(&self, agent: &AgentSpec) -> u32 {
+        self.max_steps.map_or_else(
+            || agent.default_steps(),
+            |steps| steps.min(agent.step_ceiling()),
+        )
     }
 
     /// The client tools whose names the agent's own tools (or other client tools) already
@@ -185,10 +212,22 @@ impl RunOverrides {
             spec.active_tools = Some(active);
         }
         if let Some(max_steps) = self.max_steps {
-            spec.max_steps = spec.max_steps.min(max_steps);
+            spec.max_steps = max_steps.min(spec.step_ceiling());
+        }
+        if let Some(depth) = self.max_call_depth {
+            spec.limits.max_call_depth = Some(depth.min(spec.limits.call_depth()));
+        }
+        if let Some(conditions) = self.stop_conditions {
+            spec.stop_conditions.extend(conditions);
         }
         if let Some(instructions) = self.instructions {
             spec.instructions = instructions;
+        }
+        if let Some(extra) = self.extra_instructions {
+            if !spec.instructions.is_empty() {
+                spec.instructions.push_str("\n\n");
+            }
+            spec.instructions.push_str(&extra);
         }
         if let Some(tools) = self.client_tools {
             spec.tools.extend(tools.into_iter().map(ToolSpec::Client));
@@ -328,6 +367,64 @@ mod tests {
                 (2, Some(ToolChoice::Tool("read".into()))),
             ]
         );
+    }
+
+    #[test]
+    fn a_message_s_controls_are_kept_with_the_run_and_applied_within_the_agent_s_bounds() {
+        let agent = spec(
+            json!({"name": "a", "model": "demo", "instructions": "Agent.",
+            "max_steps": 3, "limits": {"max_steps": 8, "max_call_depth": 2},
+            "tools": [{"type": "client", "name": "done"}]}),
+        );
+        let message = overrides(json!({"max_steps": 6, "max_call_depth": 1,
+            "extra_instructions": "Message.",
+            "stop_conditions": [{"type": "has_tool_call", "tool_name": "done"}],
+            "step_rules": [{"step": 5, "tool_choice": {"type": "tool", "tool_name": "done"}}]}));
+        assert_eq!(message.validate(&agent, 1), []);
+        // Stored with the run as JSON and read back by every attempt: the same overrides.
+        let stored: RunOverrides =
+            serde_json::from_value(serde_json::to_value(&message).expect("json")).expect("read");
+        assert_eq!(stored, message);
+        // Kept through a pause's answer.
+        let kept = RunOverrides::default().accumulate(Some(stored), 2);
+        assert_eq!(kept.run_steps(&agent), 6);
+        let mut run = agent.clone();
+        kept.apply(&mut run);
+        assert_eq!(
+            run.max_steps, 6,
+            "raised above max_steps, within the ceiling"
+        );
+        assert_eq!(run.limits.max_call_depth, Some(1));
+        assert_eq!(run.instructions, "Agent.\n\nMessage.");
+        assert_eq!(run.stop_conditions.len(), 1);
+        assert_eq!(
+            run.rules_for(5).choice,
+            &ToolChoice::Tool("done".into()),
+            "the object form names the tool"
+        );
+        // Past the agent's bounds: refused by field.
+        let beyond = overrides(json!({"max_steps": 9, "max_call_depth": 3,
+            "stop_conditions": [{"type": "has_tool_call", "tool_name": "ghost"}],
+            "step_rules": [{"step": 9}]}));
+        let fields: Vec<String> = beyond
+            .validate(&agent, 1)
+            .into_iter()
+            .map(|p| p.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "max_steps",
+                "max_call_depth",
+                "stop_conditions[0].tool_name",
+                "step_rules[0].step"
+            ]
+        );
+        // Without a message's max_steps, the agent's within its ceiling.
+        let capped = spec(json!({"name": "a", "model": "demo", "max_steps": 10,
+            "limits": {"max_steps": 4}}));
+        assert_eq!(RunOverrides::default().run_steps(&capped), 4);
+        assert_eq!(RunOverrides::default().run_steps(&agent), 3);
     }
 
     #[test]

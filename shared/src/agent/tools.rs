@@ -9,9 +9,11 @@ use serde_json::Value;
 
 use crate::ids::AgentId;
 
-/// `auto`, `required`, `none`, or the name of one tool the model must call.
+/// `auto`, `required`, `none`, or the name of one tool the model must call; also read in the
+/// object form `{"type": "tool", "tool_name": "..."}` (or `{"type": "auto"}`, ...), and always
+/// written as a string.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "String", into = "String")]
+#[serde(try_from = "ToolChoiceForm", into = "String")]
 pub enum ToolChoice {
     /// The model decides.
     #[default]
@@ -24,15 +26,80 @@ pub enum ToolChoice {
     Tool(String),
 }
 
+/// The forms a tool choice is read in: a string, or an object naming its type.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ToolChoiceForm {
+    Name(String),
+    Object(ToolChoiceObject),
+}
+
+/// `{"type": "tool", "tool_name": "..."}`, or `{"type": "auto" | "required" | "none"}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolChoiceObject {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    tool_name: Option<String>,
+}
+
+impl TryFrom<ToolChoiceForm> for ToolChoice {
+    type Error = String;
+
+    fn try_from(form: ToolChoiceForm) -> Result<Self, String> {
+        let ToolChoiceObject { kind, tool_name } = match form {
+            ToolChoiceForm::Name(name) => return Ok(name.into()),
+            ToolChoiceForm::Object(object) => object,
+        };
+        match (kind.as_str(), tool_name) {
+            ("tool", Some(name)) => Ok(Self::Tool(name)),
+            ("tool", None) => Err("`{\"type\": \"tool\"}` needs a `tool_name`".into()),
+            ("auto" | "required" | "none", None) => Ok(kind.into()),
+            ("auto" | "required" | "none", Some(_)) => {
+                Err(format!("`{{\"type\": \"{kind}\"}}` takes no `tool_name`"))
+            }
+            _ => Err(format!(
+                "unknown tool choice type `{kind}`: `tool` (with `tool_name`), `auto`, \
+                 `required` or `none`"
+            )),
+        }
+    }
+}
+
 impl utoipa::PartialSchema for ToolChoice {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        // Serialized as one string (`from`/`into` String), so it is documented as one.
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
+        use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Type};
+        // Written as one string (`into` String); read as a string or an object.
+        let name = ObjectBuilder::new()
+            .schema_type(Type::String)
             .description(Some(
                 "`auto`, `required`, `none`, or the name of one tool the model must call.",
             ))
-            .examples(["auto", "required", "none"])
+            .examples(["auto", "required", "none"]);
+        let object = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "The object form: `{\"type\": \"tool\", \"tool_name\": \"search\"}` (the model \
+                 must call that tool), or `{\"type\": \"auto\" | \"required\" | \"none\"}`. \
+                 Read only: a stored choice is shown as a string.",
+            ))
+            .property(
+                "type",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["tool", "auto", "required", "none"])),
+            )
+            .required("type")
+            .property("tool_name", ObjectBuilder::new().schema_type(Type::String))
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+        OneOfBuilder::new()
+            .item(name)
+            .item(object)
+            .description(Some(
+                "`auto`, `required`, `none`, or the name of one tool the model must call (a \
+                 string, or the object form `{\"type\": \"tool\", \"tool_name\"}`).",
+            ))
             .into()
     }
 }

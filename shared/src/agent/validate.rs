@@ -457,17 +457,35 @@ impl RunOverrides {
             defaults.tool_choice.as_ref(),
             defaults.active_tools.as_ref(),
         );
+        let ceiling = agent.step_ceiling();
         if let Some(max_steps) = self.max_steps
-            && !MAX_STEPS_RANGE.contains(&max_steps)
+            && !(MAX_STEPS_RANGE.contains(&max_steps) && max_steps <= ceiling)
         {
-            let (low, high) = (MAX_STEPS_RANGE.start(), MAX_STEPS_RANGE.end());
-            problems.add("max_steps", format!("must be between {low} and {high}"));
+            let low = MAX_STEPS_RANGE.start();
+            problems.add(
+                "max_steps",
+                format!(
+                    "must be between {low} and the agent's ceiling, {ceiling} (its \
+                     `limits.max_steps`, else its `max_steps`)"
+                ),
+            );
         }
-        if self
-            .instructions
-            .as_ref()
-            .is_some_and(|i| i.len() > MAX_INSTRUCTIONS_BYTES)
-        {
+        let depth = agent.limits.call_depth();
+        if self.max_call_depth.is_some_and(|d| d > depth) {
+            problems.add(
+                "max_call_depth",
+                format!("must be between 0 and the agent's `limits.max_call_depth`, {depth}"),
+            );
+        }
+        for (i, condition) in self.stop_conditions.iter().flatten().enumerate() {
+            let StopCondition::HasToolCall { tool_name } = condition;
+            problems.unknown_tool(agent, format!("stop_conditions[{i}].tool_name"), tool_name);
+        }
+        let long = |text: &Option<String>| {
+            text.as_ref()
+                .is_some_and(|i| i.len() > MAX_INSTRUCTIONS_BYTES)
+        };
+        if long(&self.instructions) || long(&self.extra_instructions) {
             problems.add(
                 "instructions",
                 format!("must be at most {MAX_INSTRUCTIONS_BYTES} bytes"),
@@ -489,14 +507,13 @@ impl RunOverrides {
                 rule.active_tools.as_ref(),
             );
         }
+        // The run's own max_steps: the message's, or the agent's default.
+        let steps = self.run_steps(agent);
         for (i, rule) in rules.iter().enumerate() {
-            if rule.step < next_step || rule.step > agent.max_steps {
+            if rule.step < next_step || rule.step > steps {
                 problems.add(
                     format!("step_rules[{i}].step"),
-                    format!(
-                        "must be a later step: between {next_step} and max_steps ({})",
-                        agent.max_steps
-                    ),
+                    format!("must be a later step: between {next_step} and max_steps ({steps})"),
                 );
             }
         }

@@ -61,6 +61,12 @@ pub struct NewMessage<'a> {
     /// unreachable, Postgres admits the run ([`crate::db::quota::admit`], whose locks must last
     /// to the commit) instead of the enqueue failing with [`EnqueueError::QuotasUnavailable`].
     pub in_transaction: bool,
+    /// Whether the caller may post `instructions` to any agent (an admin); others may only
+    /// to an agent with `allow_instruction_override`.
+    pub may_instruct: bool,
+    /// Problems the caller found in the message's overrides itself (its earlier turns), reported
+    /// with those found against the agent; any of them refuses the message.
+    pub problems: &'a [FieldError],
     /// The client address of a public session's message, counted under its agent's
     /// `governance.ip` (`None` for every other caller).
     pub client: Option<&'a str>,
@@ -134,7 +140,7 @@ pub async fn enqueue(
         for (role, content) in message.history {
             messages::insert_turn(&mut *conn, MessageId::new(), thread_id, *role, content).await?;
         }
-    } else if message.agent_id.is_none() && message.overrides.is_some() {
+    } else if message.agent_id.is_none() && checks_overrides(message) {
         // Overrides are checked against the agent that answers: know it before.
         known = Some(thread_agent(db.get().await?, message).await?);
     }
@@ -298,7 +304,8 @@ async fn agent_spec(
         }
         None => None,
     };
-    if let Some(overrides) = message.overrides {
+    if checks_overrides(message) {
+        let overrides = message.overrides.cloned().unwrap_or_default();
         // The server's default agent has no tools: only tool choices that name none fit it.
         let agent = agent_spec
             .clone()
@@ -313,9 +320,21 @@ async fn agent_spec(
                 .cloned()
                 .map(crate::agent::ToolSpec::Client),
         );
-        let mut problems = overrides.validate(&offered, 1);
+        let mut problems = message.problems.to_vec();
+        problems.extend(overrides.validate(&offered, 1));
         problems.extend(overrides.client_tool_collisions(&agent));
         problems.extend(overrides.clashes(&agent, 1));
+        if overrides.extra_instructions.is_some()
+            && !message.may_instruct
+            && !agent.allow_instruction_override
+        {
+            problems.push(FieldError {
+                field: "instructions".into(),
+                message: "this agent takes no instructions from a message (it does not set \
+                          `allow_instruction_override`; an admin token always may)"
+                    .into(),
+            });
+        }
         if !problems.is_empty() {
             // Named as the message posts them: its tool choice and tools are the run's
             // defaults.
@@ -330,6 +349,11 @@ async fn agent_spec(
         }
     }
     Ok(agent_spec)
+}
+
+/// Whether the message's overrides are to be checked against the agent that answers.
+fn checks_overrides(message: &NewMessage<'_>) -> bool {
+    message.overrides.is_some() || !message.problems.is_empty()
 }
 
 /// Test helpers the quota and queue tests share.
@@ -378,6 +402,8 @@ pub(crate) mod tests {
             history: &[],
             in_transaction: false,
             client: None,
+            may_instruct: false,
+            problems: &[],
         }
     }
 

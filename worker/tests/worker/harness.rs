@@ -165,6 +165,8 @@ impl Harness {
             history: &[],
             in_transaction: true,
             client: None,
+            may_instruct: false,
+            problems: &[],
         };
         let mut tx = self.db.pool.begin().await.expect("begin");
         let enqueued = enqueue(&mut spool_shared::db::LazyConn::Held(&mut tx), &message)

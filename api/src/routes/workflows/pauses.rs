@@ -168,6 +168,10 @@ pub(crate) async fn answer_client_tools(
     // with its message) are among the tools a choice may name.
     let errors = agent.as_ref().map_or_else(Vec::new, |agent| {
         let mut offered = agent.clone();
+        // Later steps go up to the run's max_steps (its message's, if it posted one).
+        if let Some(earlier) = &earlier {
+            offered.max_steps = earlier.run_steps(agent);
+        }
         let clients = earlier.as_ref().and_then(|e| e.client_tools.clone());
         offered
             .tools

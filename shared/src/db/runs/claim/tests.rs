@@ -40,6 +40,8 @@ async fn queued(db: &TestDb) -> (WorkflowId, MessageId) {
         history: &[],
         in_transaction: false,
         client: None,
+        may_instruct: false,
+        problems: &[],
     };
     let mut tx = db.pool.begin().await.expect("begin");
     let enqueued = enqueue(&mut crate::db::LazyConn::Held(&mut tx), &message)
