@@ -20,7 +20,7 @@ pub const MAX_SNIPPET_CHARS: usize = 500;
 const MAX_ID_CHARS: usize = 200;
 
 /// A chunk of a retrieval result, numbered for the model, as its step saves it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Source {
     /// Its number in the run (`[n]`), from 1.
     pub number: u32,

@@ -477,7 +477,6 @@ pub(crate) fn number_sources(results: &mut [CallResult], first: u32) -> Vec<Sour
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spool_shared::db::steps::CallState;
 
     fn result(id: &str, output: &str, is_error: bool) -> CallResult {
         let call = ToolCall {
