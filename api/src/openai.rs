@@ -13,6 +13,7 @@
 //! status (401, 403, 404, 409, 422, 429).
 
 pub mod chat;
+pub mod citations;
 pub mod conversations;
 pub mod echo;
 pub mod feed;
@@ -238,14 +239,22 @@ pub(crate) fn chat_usage(usage: &Usage) -> Value {
     })
 }
 
-/// A stored message's parts as Responses output items, with the ids the stream gave them.
+/// A stored message's parts as Responses output items, with the ids the stream gave them and
+/// the answer's citations as `url_citation` annotations on the texts that hold them.
 pub(crate) fn output_items(prefix: &str, parts: &[MessagePart]) -> Vec<Value> {
     let mut items: Vec<Value> = Vec::new();
+    let cited = citations::of_parts(parts);
+    let mut offsets = citations::text_offsets(parts).into_iter();
     for part in parts {
         match part {
             MessagePart::Text { text } => {
                 let id = format!("msg_{prefix}_{}", items.len());
-                items.push(translate::message_item(&id, text, "completed"));
+                let mut item = translate::message_item(&id, text, "completed");
+                if let Some((from, len)) = offsets.next() {
+                    item["content"][0]["annotations"] =
+                        json!(citations::url_citations(cited, from, len));
+                }
+                items.push(item);
             }
             MessagePart::ToolCall {
                 tool_call_id,

@@ -1,5 +1,5 @@
 //! Spool's domain and the infrastructure every process shares: ids ([`ids`]), statuses
-//! ([`status`]), what a run records ([`run`]), agent specs and their validation ([`agent`]),
+//! ([`status`]), what a run records ([`run`]) and the citations of its answer ([`citation`]), agent specs and their validation ([`agent`]),
 //! the Postgres queries ([`db`], with the run queue in [`db::runs`], the saved step in
 //! [`db::steps`] and the enqueue in [`db::enqueue`]), the event envelope ([`event`]), the
 //! Redis stream layout ([`stream`]), quotas and their counters in Redis ([`quota`]), named
@@ -11,6 +11,7 @@
 //! --embedded-worker N`) and for the tools' network policy, which webhook URLs pass too.
 
 pub mod agent;
+pub mod citation;
 pub mod config;
 pub mod db;
 pub mod egress;

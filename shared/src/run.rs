@@ -257,19 +257,37 @@ impl PendingAction {
     }
 }
 
-/// A source an answer cites, as a tool result gave it (`{"citations": [{title, url,
-/// snippet}]}`).
+/// A source the answer cites: a chunk of a retrieval result whose marker (`[n]` or
+/// `[^chunk_id]`) the answer holds (DESIGN section 9, [`crate::citation`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Citation {
+    /// Its number among the answer's citations, from 1, in order of first appearance.
+    #[serde(default)]
+    pub index: u32,
+    /// The chunk's id, if its result gave one.
+    #[serde(default)]
+    pub chunk_id: Option<String>,
     /// Its title.
     #[schema(value_type = Option<String>)]
     pub title: Value,
     /// Its address.
     #[schema(value_type = Option<String>)]
     pub url: Value,
-    /// The quoted passage.
+    /// The start of the chunk's text.
     #[schema(value_type = Option<String>)]
     pub snippet: Value,
+    /// Where the answer cites it: one span per marker, in characters of the stored text.
+    #[serde(default)]
+    pub spans: Vec<Span>,
+}
+
+/// A part of a text, in characters (Unicode scalar values): `start` included, `end` not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Span {
+    /// The first character.
+    pub start: usize,
+    /// The character after the last.
+    pub end: usize,
 }
 
 /// One part of an assistant message: its text blocks, tool steps and citations, in order.

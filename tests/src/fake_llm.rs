@@ -284,6 +284,17 @@ pub fn weather_then_echo() -> impl Fn(&Value, usize) -> Reply + Send + Sync + 's
     }
 }
 
+/// A retrieval run, scripted: the model calls `search` first, then answers `answer` (which
+/// cites the numbered chunks, or not).
+pub fn search_then_answer(
+    answer: &'static str,
+) -> impl Fn(&Value, usize) -> Reply + Send + Sync + 'static {
+    move |request, _| match tool_results_in(request) {
+        0 => tool_calls(&[("call_s", "search", r#"{"query": "harbour"}"#)]),
+        _ => text(answer, 3),
+    }
+}
+
 /// Agents as tools, scripted: the lead ([`lead_spec`]) hands the question to its `research`
 /// tool once and then answers `The researcher says: {the tool's result}`; the researcher
 /// ([`researcher_spec`]) answers with `research()`.

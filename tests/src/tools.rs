@@ -1,5 +1,6 @@
 //! A real local HTTP tool server for agent tests: it records every call (path, idempotency
-//! key, JSON body, identity headers) and answers by path: `weather` (a forecast with citations), `big` (60,000
+//! key, JSON body, identity headers) and answers by path: `weather` (a forecast with citations),
+//! `search` (a retrieval result: [`SEARCH_CHUNKS`], the query kept), `big` (60,000
 //! characters), `nul` (text with a NUL character), `finish`, `create`, `list` (`ok`), `hang`
 //! (never answers).
 
@@ -10,6 +11,29 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use serde_json::{Value, json};
+
+/// The chunks the `search` path answers, in order: `(id, title, url, text)`.
+pub const SEARCH_CHUNKS: [(&str, &str, &str, &str); 2] = [
+    (
+        "tides",
+        "Tide tables",
+        "https://docs.example/tides",
+        "High tide is at 06:12.",
+    ),
+    (
+        "harbour",
+        "Harbour guide",
+        "https://docs.example/harbour",
+        "The harbour closes at dusk.",
+    ),
+];
+
+fn search_chunks() -> Value {
+    SEARCH_CHUNKS
+        .iter()
+        .map(|(id, title, url, text)| json!({"id": id, "title": title, "url": url, "text": text}))
+        .collect()
+}
 
 /// A tool server: records every request (path, idempotency key, body) and answers by path.
 #[derive(Clone, Default)]
@@ -70,6 +94,7 @@ impl Tools {
                 match path {
                     "weather" => json!({"forecast": format!("sunny in {}", body["city"].as_str().unwrap_or("?")),
                         "citations": [{"title": "Weather service", "url": "https://weather.example/paris", "snippet": "Sunny"}]}).to_string(),
+                    "search" => json!({"query": body["query"], "chunks": search_chunks()}).to_string(),
                     "big" => "z".repeat(60_000),
                     "nul" => "zero\0byte".to_owned(),
                     "hang" => {
@@ -82,6 +107,7 @@ impl Tools {
         };
         let app = axum::Router::new()
             .route("/weather", post(record("weather")))
+            .route("/search", post(record("search")))
             .route("/big", post(record("big")))
             .route("/nul", post(record("nul")))
             .route("/finish", post(record("finish")))

@@ -23,7 +23,7 @@ use spool_shared::db::runs::{Claimed, Fence, Outcome};
 use spool_shared::event::{
     AttemptRestarted, Citations, MessageEnd, MessageStart, Origin, end_of_message,
 };
-use spool_shared::run::{FailureCode, MessagePart, RunFailure};
+use spool_shared::run::{FailureCode, RunFailure};
 use spool_shared::status::RunStatus;
 use spool_shared::stream::FLUSH_WINDOW;
 
@@ -273,11 +273,7 @@ async fn attempt(
             end(a, spec, RunStatus::Failed, answer, Some(&error)).await
         }
         LoopEnd::Completed(mut answer) => {
-            if !answer.citations.is_empty() {
-                answer.parts.push(MessagePart::Citations {
-                    citations: answer.citations.clone(),
-                });
-            }
+            answer.cite();
             end(a, spec, RunStatus::Completed, answer, None).await
         }
     }

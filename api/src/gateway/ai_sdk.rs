@@ -9,7 +9,7 @@
 //! | text | `text-start`, `text-delta`, `text-end` |
 //! | `step` (call) | `tool-input-available` (`providerExecuted`: Spool runs it) |
 //! | `step` (result) | `tool-output-available`, or `tool-output-error` for a failed call |
-//! | `citations` | `source-url` per source |
+//! | `citations` | `source-url` per cited source with an address (`source-document` for one without), in the citations' order |
 //! | `requires_action`, `approval_requested` | `data-spool-requires-action`, `data-spool-approval-requested` (the event's data: answer on Spool's routes) |
 //! | `error` | `error` (`errorText`: `code: message`) |
 //! | `done` | `finish` (`stop`, or `error` for a failed run), or `abort` for a cancelled one; then `[DONE]` |
@@ -152,17 +152,33 @@ impl Chunks {
     }
 }
 
-/// A `source-url` chunk per cited source.
+/// A chunk per cited source, in the citations' order: `source-url` for a source with an
+/// address, `source-document` (text) for one without. `sourceId` is the chunk's id (else the
+/// citation's index); `providerMetadata.spool` has the `index`, the `spans` and the `snippet`.
 fn sources(citations: &[Citation]) -> Vec<Value> {
     citations
         .iter()
         .map(|citation| {
-            let url = citation.url.as_str().unwrap_or_default();
-            let mut chunk = json!({"type": "source-url", "sourceId": url, "url": url});
-            if let Some(title) = citation.title.as_str() {
-                chunk["title"] = json!(title);
+            let id = citation
+                .chunk_id
+                .clone()
+                .unwrap_or_else(|| citation.index.to_string());
+            let metadata = json!({"spool": {"index": citation.index, "spans": citation.spans,
+                "snippet": citation.snippet}});
+            let title = citation.title.as_str();
+            match citation.url.as_str() {
+                Some(url) => {
+                    let mut chunk = json!({"type": "source-url", "sourceId": id, "url": url,
+                        "providerMetadata": metadata});
+                    if let Some(title) = title {
+                        chunk["title"] = json!(title);
+                    }
+                    chunk
+                }
+                None => json!({"type": "source-document", "sourceId": id,
+                    "mediaType": "text/plain", "title": title.unwrap_or(id.as_str()),
+                    "providerMetadata": metadata}),
             }
-            chunk
         })
         .collect()
 }

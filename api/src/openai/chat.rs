@@ -38,6 +38,7 @@ use crate::auth::{Caller, Permission};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
+use crate::openai::citations;
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::format;
 use crate::openai::functions::{self, Api, Functions, Segments};
@@ -357,12 +358,19 @@ async fn completion(state: &AppState, run: &Run, segment: u32) -> Result<Respons
             .with("status", run.status));
         }
     }
-    let content = if segments.pauses.is_empty() {
+    let (content, annotations) = if segments.pauses.is_empty() {
         let message =
             messages::find_in_thread(&state.db, run.assistant_message_id, run.thread_id).await?;
-        message.map(|m| m.content).unwrap_or_default()
+        message.map_or_else(Default::default, |m| {
+            let annotations = citations::chat_annotations(citations::of_parts(&m.parts.0));
+            (m.content, annotations)
+        })
     } else {
-        functions::text_of(&segments.output(index))
+        let items = segments.output(index);
+        (
+            functions::text_of(&items),
+            citations::chat_annotations_of(&items),
+        )
     };
     let mut usage = run.usage.as_ref().map(|u| u.0).unwrap_or_default();
     for pause in &segments.pauses {
@@ -375,7 +383,8 @@ async fn completion(state: &AppState, run: &Run, segment: u32) -> Result<Respons
         "model": model_of(run),
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": content, "refusal": null},
+            "message": {"role": "assistant", "content": content, "refusal": null,
+                "annotations": annotations},
             "finish_reason": "stop",
             "logprobs": null,
         }],

@@ -126,7 +126,9 @@ fn item(message: &Message) -> Value {
         ),
         Role::Assistant => (
             "assistant",
-            json!({"type": "output_text", "text": message.content, "annotations": [],
+            json!({"type": "output_text", "text": message.content,
+                "annotations": super::citations::url_citations(
+                    super::citations::of_parts(&message.parts.0), 0, usize::MAX / 2),
                 "logprobs": []}),
         ),
     };

@@ -277,8 +277,49 @@ pub struct OutputText {
     pub kind: String,
     /// The text.
     pub text: String,
-    /// Always empty.
-    pub annotations: Vec<Empty>,
+    /// The sources the text cites (docs/agents.md, "Citations").
+    pub annotations: Vec<UrlCitation>,
+}
+
+/// A `url_citation` annotation: a span of the text that cites a source.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct UrlCitation {
+    /// `url_citation`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^url_citation$")]
+    pub kind: String,
+    /// The span's first character in the text.
+    pub start_index: u64,
+    /// The character after its last.
+    pub end_index: u64,
+    /// The source's address.
+    pub url: String,
+    /// Its title (its address when it has none).
+    pub title: String,
+}
+
+/// A Chat Completions `url_citation` annotation.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatUrlCitation {
+    /// `url_citation`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^url_citation$")]
+    pub kind: String,
+    /// The span and its source.
+    pub url_citation: ChatUrlCitationSpan,
+}
+
+/// The span of a Chat Completions `url_citation` and its source.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ChatUrlCitationSpan {
+    /// The span's first character in the message's content.
+    pub start_index: u64,
+    /// The character after its last.
+    pub end_index: u64,
+    /// The source's address.
+    pub url: String,
+    /// Its title (its address when it has none).
+    pub title: String,
 }
 
 /// An empty object.
@@ -515,6 +556,8 @@ pub struct AssistantMessage {
     /// The function calls it ends with (`finish_reason: "tool_calls"`).
     #[schema(value_type = Option<Vec<Object>>)]
     pub tool_calls: Option<Vec<Value>>,
+    /// The sources the answer cites (docs/agents.md, "Citations").
+    pub annotations: Option<Vec<ChatUrlCitation>>,
 }
 
 /// A choice of a completion (there is one).

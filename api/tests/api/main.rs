@@ -4,6 +4,7 @@ mod agents;
 mod ai_sdk;
 mod api_keys;
 mod cancel;
+mod citations;
 mod common;
 mod control;
 mod enqueue;

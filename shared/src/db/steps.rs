@@ -15,8 +15,9 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 use sqlx::types::Json;
 
+use crate::citation::Source;
 use crate::ids::WorkflowId;
-use crate::run::{Citation, Usage};
+use crate::run::Usage;
 
 /// Longest reason recorded with an approval decision, in characters.
 pub const MAX_REASON_CHARS: usize = 1000;
@@ -225,7 +226,7 @@ pub struct ModelCall {
 }
 
 /// A step as it is saved: what the model said and asked for, where each call stands, the
-/// tokens the model call used, and the citations its results carry.
+/// tokens the model call used, and the retrieval chunks its results numbered.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SavedStep {
     /// The model's text and tool calls.
@@ -236,9 +237,10 @@ pub struct SavedStep {
     /// Tokens of the step's model call.
     #[serde(default)]
     pub usage: Usage,
-    /// Sources its results cite (once settled).
-    #[serde(default)]
-    pub citations: Vec<Citation>,
+    /// The chunks of its retrieval results, numbered for the model (once settled; steps
+    /// saved before numbering held `citations`, which are not read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<Source>,
     /// Its model call (absent in steps saved before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_call: Option<ModelCall>,
@@ -611,7 +613,7 @@ mod tests {
         let step: SavedStep = serde_json::from_value(stored).expect("parses");
         assert_eq!(step.results[0].state, CallState::PendingApproval);
         assert_eq!(step.assistant.tool_calls[0].parsed_arguments()["q"], 1);
-        assert!(step.citations.is_empty());
+        assert!(step.sources.is_empty());
         assert!(!step.is_settled());
     }
 

@@ -1,16 +1,21 @@
 //! What the loop produces ([`Answer`]) and how it ends ([`LoopEnd`]).
 
+use spool_shared::citation::{self, Source};
 use spool_shared::db::steps::SavedStep;
 use spool_shared::run::{Citation, FailureCode, MessagePart, RunFailure, Usage};
 
 use crate::stop::Halt;
 
-/// What the run produced: the message's text and parts, the tokens used, the sources cited.
+/// What the run produced: the message's text and parts, the tokens used, the retrieval chunks
+/// its steps numbered, and (once it completes) the sources its text cites.
 #[derive(Debug, Default)]
 pub(crate) struct Answer {
     pub(crate) content: String,
     pub(crate) parts: Vec<MessagePart>,
     pub(crate) usage: Usage,
+    /// The settled steps' retrieval chunks, in the order of their numbers.
+    pub(crate) sources: Vec<Source>,
+    /// What [`Answer::cite`] resolved.
     pub(crate) citations: Vec<Citation>,
     /// The step whose model call answered without tool calls, saved with the run's end (for
     /// the timeline).
@@ -35,7 +40,25 @@ impl Answer {
         self.parts.push(MessagePart::Text { text: text.into() });
     }
 
-    /// Adds a settled step: its text, each tool call followed by its result, its citations.
+    /// The number the next retrieval chunk gets.
+    pub(crate) fn next_source(&self) -> u32 {
+        self.sources
+            .last()
+            .map_or(1, |s| s.number.saturating_add(1))
+    }
+
+    /// Resolves the markers of the finished text into citations (kept, and added as the
+    /// message's last part): from saved data only, so every attempt finds the same.
+    pub(crate) fn cite(&mut self) {
+        self.citations = citation::resolve(&self.content, &self.sources);
+        if !self.citations.is_empty() {
+            self.parts.push(MessagePart::Citations {
+                citations: self.citations.clone(),
+            });
+        }
+    }
+
+    /// Adds a settled step: its text, each tool call followed by its result, its chunks.
     pub(crate) fn add_step(&mut self, step: u32, saved: &SavedStep) {
         self.add_text(&saved.assistant.text);
         for call in &saved.assistant.tool_calls {
@@ -56,7 +79,7 @@ impl Answer {
                 is_error: result.is_error,
             });
         }
-        self.citations.extend(saved.citations.iter().cloned());
+        self.sources.extend(saved.sources.iter().cloned());
     }
 }
 

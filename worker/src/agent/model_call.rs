@@ -20,9 +20,10 @@ use futures::StreamExt as _;
 use tracing::Instrument as _;
 
 use chrono::Utc;
+use spool_shared::citation::Source;
 use spool_shared::db::steps::{AssistantTurn, CallResult, ModelCall, SavedStep};
 use spool_shared::event::{BlockId, TextDelta, TextEnd, TextStart};
-use spool_shared::run::{Citation, Usage};
+use spool_shared::run::Usage;
 
 use super::context::Attempt;
 use super::engine::Candidate;
@@ -47,8 +48,8 @@ pub(crate) struct ModelOutput {
 }
 
 impl ModelOutput {
-    /// The step to save: this output with its calls' `results` and `citations`.
-    pub(crate) fn saved(&self, results: Vec<CallResult>, citations: Vec<Citation>) -> SavedStep {
+    /// The step to save: this output with its calls' `results` and their numbered `sources`.
+    pub(crate) fn saved(&self, results: Vec<CallResult>, sources: Vec<Source>) -> SavedStep {
         SavedStep {
             assistant: AssistantTurn {
                 text: self.text.clone(),
@@ -56,7 +57,7 @@ impl ModelOutput {
             },
             results,
             usage: self.usage,
-            citations,
+            sources,
             model_call: self.model_call.clone(),
         }
     }

@@ -18,10 +18,11 @@
 use serde_json::Value;
 
 use spool_shared::agent::{StopCondition, schema_problems};
+use spool_shared::citation::{self, Source};
 use spool_shared::db::runs::Pause;
 use spool_shared::db::steps::{CallResult, CallState, DecidedBy, Decision, SavedStep};
 use spool_shared::event::{StepCall, StepEnd, StepResult};
-use spool_shared::run::{Citation, FailureCode, PendingAction, PendingCall};
+use spool_shared::run::{FailureCode, PendingAction, PendingCall};
 use spool_shared::status::RunStatus;
 
 use super::Loop;
@@ -220,21 +221,28 @@ impl Loop<'_> {
         Ok(())
     }
 
-    /// Saves the settled step with its results and citations, adds it to the answer and the
-    /// conversation, and ends the run if a stop condition holds.
+    /// Saves the settled step with its results (retrieval results numbered for the model, see
+    /// [`number_sources`]), adds it to the answer and the conversation, and ends the run if a
+    /// stop condition holds.
     async fn commit(
         &mut self,
         a: &Attempt<'_>,
         step: u32,
         output: ModelOutput,
         results: Vec<CallResult>,
-        shown: Vec<StepResult>,
+        mut shown: Vec<StepResult>,
     ) -> Result<(), Exit> {
-        let citations = results
-            .iter()
-            .flat_map(|r| citations_in(&r.output, r.is_error))
-            .collect();
-        let saved = output.saved(results, citations);
+        let mut results = results;
+        let sources = number_sources(&mut results, self.answer.next_source());
+        for result in &mut shown {
+            if let Some(r) = results
+                .iter()
+                .find(|r| r.tool_call_id == result.tool_call_id)
+            {
+                result.output.clone_from(&r.output);
+            }
+        }
+        let saved = output.saved(results, sources);
         a.save_step(step, &saved).await?;
         publish(a, shown);
         a.events.send(step_end(step, &saved));
@@ -450,43 +458,57 @@ pub(super) fn publish(a: &Attempt<'_>, shown: Vec<StepResult>) {
     }
 }
 
-/// The citations a tool result carries: `{"citations": [{title, url, snippet}]}` in JSON.
-pub(crate) fn citations_in(output: &str, is_error: bool) -> Vec<Citation> {
-    if is_error {
-        return Vec::new();
+/// Numbers the chunks of the step's retrieval results for the model, from `first` on, in the
+/// calls' order: each such result becomes the numbered text (what the model and the client
+/// see), and the chunks are returned to be saved with the step. A step settled again after a
+/// crash numbers the same results from the same place, so the numbers never change.
+pub(crate) fn number_sources(results: &mut [CallResult], first: u32) -> Vec<Source> {
+    let mut sources: Vec<Source> = Vec::new();
+    for result in results.iter_mut().filter(|r| !r.is_error) {
+        let next = sources.last().map_or(first, |s| s.number.saturating_add(1));
+        if let Some((text, mut chunks)) = citation::number(&result.output, next) {
+            result.output = text;
+            sources.append(&mut chunks);
+        }
     }
-    let Ok(value) = serde_json::from_str::<Value>(output) else {
-        return Vec::new();
-    };
-    value["citations"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["url"].is_string() || c["title"].is_string())
-        .map(|c| Citation {
-            title: c["title"].clone(),
-            url: c["url"].clone(),
-            snippet: c["snippet"].clone(),
-        })
-        .collect()
+    sources
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+
+    fn result(id: &str, output: &str, is_error: bool) -> CallResult {
+        let call = ToolCall {
+            id: id.into(),
+            name: "search".into(),
+            arguments: "{}".into(),
+        };
+        let mut result = CallResult::new(&call, CallState::Approved);
+        result.settle(output.into(), is_error);
+        result
+    }
 
     #[test]
-    fn citations_are_read_from_json_results() {
-        let output = r#"{"answer": 1, "citations": [{"title": "T", "url": "https://x", "snippet": "s", "extra": 1}]}"#;
+    fn retrieval_results_are_numbered_on_from_the_run_s_earlier_chunks() {
+        let chunks = r#"{"chunks": [{"id": "a", "text": "A"}, {"id": "b", "text": "B"}]}"#;
+        let mut results = [
+            result("c1", chunks, false),
+            result("c2", "plain", false),
+            result("c3", chunks, true),
+            result("c4", chunks, false),
+        ];
+        let sources = number_sources(&mut results, 3);
+        let numbers: Vec<u32> = sources.iter().map(|s| s.number).collect();
+        assert_eq!(numbers, [3, 4, 5, 6]);
+        assert!(results[0].output.contains("[3]") && results[0].output.contains("[4]"));
+        assert_eq!(results[1].output, "plain");
         assert_eq!(
-            citations_in(output, false),
-            [Citation {
-                title: json!("T"),
-                url: json!("https://x"),
-                snippet: json!("s")
-            }]
+            results[2].output, chunks,
+            "an error is not a retrieval result"
         );
-        assert!(citations_in("plain text", false).is_empty());
+        assert!(results[3].output.contains("[6]"));
+        // Settled again: the numbered text is no retrieval result, nothing moves.
+        assert!(number_sources(&mut results, 3).is_empty());
     }
 }

@@ -19,7 +19,7 @@ use crate::harness::Harness;
 async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
     let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
         0 => fake_llm::tool_calls(&[("call_1", "get_weather", r#"{"city": "Paris"}"#)]),
-        _ => fake_llm::text("It is sunny in Paris.", 4),
+        _ => fake_llm::text("It is sunny in Paris [1].", 4),
     })
     .await;
     let (tools, base) = Tools::start().await;
@@ -55,7 +55,7 @@ async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
 
     let page = app.messages(thread).await;
     let message = &page["messages"][1];
-    assert_eq!(message["content"], "It is sunny in Paris.");
+    assert_eq!(message["content"], "It is sunny in Paris [1].");
     let part_types: Vec<&str> = message["parts"]
         .as_array()
         .expect("parts")
@@ -69,6 +69,10 @@ async fn a_two_step_tool_run_streams_calls_results_and_the_answer_end_to_end() {
     assert_eq!(
         message["parts"][3]["citations"][0]["url"],
         "https://weather.example/paris"
+    );
+    assert_eq!(
+        message["parts"][3]["citations"][0]["spans"],
+        json!([{"start": 21, "end": 24}])
     );
     assert_eq!(
         message["usage"]["input_tokens"], 30,

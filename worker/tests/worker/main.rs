@@ -5,6 +5,7 @@
 mod agent_loop;
 mod agents;
 mod anthropic;
+mod citations;
 mod context;
 mod harness;
 mod hooks;

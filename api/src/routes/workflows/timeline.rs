@@ -15,9 +15,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use spool_shared::WorkflowId;
+use spool_shared::citation::Source;
 use spool_shared::db::runs;
 use spool_shared::db::steps::{self, CallResult, CallState, Decision, ModelCall, Step};
-use spool_shared::run::{Citation, PendingAction, Usage};
+use spool_shared::run::{PendingAction, Usage};
 use spool_shared::status::RunStatus;
 
 use crate::app::AppState;
@@ -135,8 +136,9 @@ pub struct TimelineStep {
     pub usage: Usage,
     /// Its tool calls, in the model's order.
     pub tool_calls: Vec<TimelineToolCall>,
-    /// Sources its results cite.
-    pub citations: Vec<Citation>,
+    /// The chunks of its retrieval results, numbered for the model (`[n]`, counted over the
+    /// run); what the answer cites is the message's `citations` part.
+    pub sources: Vec<Source>,
     /// Whether every call is done (a step is unsettled while it waits for the client or a
     /// person, or when a crash cut it short).
     pub settled: bool,
@@ -212,7 +214,7 @@ impl From<Step> for TimelineStep {
             text: saved.assistant.text,
             usage: saved.usage,
             tool_calls,
-            citations: saved.citations,
+            sources: saved.sources,
             settled,
         }
     }
