@@ -46,14 +46,10 @@ fn by_workflow(receiver: &Receiver) -> BTreeMap<String, (BTreeSet<String>, usize
 #[tokio::test]
 async fn postgres_restarted_while_webhooks_are_due_loses_none_and_repeats_only_under_one_id() {
     let _turn = SERIAL.lock().await;
-    // Later settings win: the demo runs of `SETTINGS` over the restart tests' ones.
-    let worker = [&WORKER[..], &SETTINGS[..]].concat();
-    let deployment = OnOwnPostgres::start(
-        "spool_faults_webhooks",
-        &[("SPOOL_DB_MAX_CONNECTIONS", "8")],
-        &worker,
-    )
-    .await;
+    // Later settings win: the demo runs of `SETTINGS` over the restart tests' ones. The API
+    // gets them too: it checks a webhook's URL against the same allowed networks.
+    let settings = [&WORKER[..], &SETTINGS[..]].concat();
+    let deployment = OnOwnPostgres::start("spool_faults_webhooks", &settings, &settings).await;
     let base = &deployment.base;
     // 30 ms an answer, 16 tries in flight in all: slower than the runs end, so deliveries
     // queue up and are due (and in flight) when Postgres goes down.
