@@ -177,7 +177,7 @@ mod tests {
         drop(bob);
         assert_eq!((slots.open(&alice), slots.open(&owner("bob"))), (3, 0));
         assert!(
-            slots.lock().by_owner.get(&owner("bob")).is_none(),
+            !slots.lock().by_owner.contains_key(&owner("bob")),
             "no entry left behind"
         );
         let _unlimited: Vec<StreamSlot> = (0..10)
