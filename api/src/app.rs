@@ -23,6 +23,8 @@ pub struct ApiConfig {
     pub max_body_bytes: usize,
     /// Streams one user may hold open on this process (0: no limit).
     pub max_streams_per_user: usize,
+    /// Streams this process holds open in all (0: no limit).
+    pub max_streams: usize,
     /// How long a write to a client may wait for the client to read (`None`: forever).
     pub write_timeout: Option<std::time::Duration>,
     /// The slowest a client may take what the API writes to it, in bytes a second, when it is

@@ -80,6 +80,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SPOOL_SSE_MAX_STREAMS_PER_USER", default_value_t = 20)]
     pub sse_max_streams_per_user: usize,
 
+    /// Streams (SSE) this process holds open in all, whoever opens them; one more gets 503
+    /// `server_stream_capacity`. 0: no limit.
+    #[arg(long, env = "SPOOL_SSE_MAX_STREAMS", default_value_t = 10_000)]
+    pub sse_max_streams: usize,
+
     /// Seconds a write to a client may wait for the client to read before the connection is
     /// closed (a stream whose client stopped reading); 0: no limit.
     #[arg(long, env = "SPOOL_WRITE_TIMEOUT_SECS", default_value_t = 60.0)]
@@ -445,6 +450,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_input_bytes: args.max_input_bytes,
             max_body_bytes: args.max_body_bytes,
             max_streams_per_user: args.sse_max_streams_per_user,
+            max_streams: args.sse_max_streams,
             write_timeout,
             min_drain_bytes_per_sec: args.min_drain_bytes_per_sec,
             cors_origins: args.cors_origins.clone(),

@@ -55,16 +55,20 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 pub use hub::Hub;
 pub(crate) use session::{Item, Session, sse, sse_without_retry};
 use session::{Linger, Start, Until};
-pub use slots::{StreamSlot, StreamSlots};
+pub use slots::{StreamLimits, StreamSlot, StreamSlots};
 
 /// A slot for one more stream of the caller on this process (429 `too_many_streams` when it
-/// holds `SPOOL_SSE_MAX_STREAMS_PER_USER` already): taken by every streaming route before it
-/// changes anything.
+/// holds `SPOOL_SSE_MAX_STREAMS_PER_USER` already, 503 `server_stream_capacity` when the
+/// process holds `SPOOL_SSE_MAX_STREAMS`): taken by every streaming route before it changes
+/// anything.
 pub(crate) fn stream_slot(state: &AppState, caller: &Caller) -> Result<StreamSlot, ApiError> {
-    state
-        .streams
-        .slots()
-        .take(&caller.owner, state.config.max_streams_per_user)
+    state.streams.slots().take(
+        &caller.owner,
+        StreamLimits {
+            per_user: state.config.max_streams_per_user,
+            per_process: state.config.max_streams,
+        },
+    )
 }
 
 /// `/v1/threads/{thread_id}/stream`.
@@ -135,7 +139,7 @@ pub(crate) fn unavailable(err: redis::RedisError) -> ApiError {
         (status = 422, description = "`invalid_query`", body = ErrorBody),
         (status = 429, description = "`too_many_streams`: the caller holds `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server already; with `limit` and `retry_after`.", body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
-        (status = 503, description = "`stream_unavailable` (Redis is down)", body = ErrorBody,
+        (status = 503, description = "`stream_unavailable` (Redis is down); `server_stream_capacity`: this server holds `SPOOL_SSE_MAX_STREAMS` streams open already", body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
     )
 )]

@@ -17,6 +17,7 @@ export DATABASE_URL="postgres://root@127.0.0.1:5432/spool_$run"
 export SPOOL_REDIS_PREFIX="$run"
 export SPOOL_API_ADDR="127.0.0.1:$port"
 export SPOOL_SSE_MAX_STREAMS_PER_USER=0 # one user follows every thread
+export SPOOL_SSE_MAX_STREAMS=0
 base="http://$SPOOL_API_ADDR"
 
 pids=()

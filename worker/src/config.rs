@@ -87,6 +87,11 @@ pub struct WorkerArgs {
     #[arg(long, env = "SPOOL_TOOL_TIMEOUT_SECS", default_value_t = 30.0)]
     pub tool_timeout_secs: f64,
 
+    /// The most tools one MCP server's discovery keeps for a run (1 to 1,000); the rest are
+    /// dropped and logged.
+    #[arg(long, env = "SPOOL_MCP_MAX_TOOLS", default_value_t = 128)]
+    pub mcp_max_tools: usize,
+
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub lease: LeaseArgs,
@@ -120,6 +125,11 @@ impl WorkerArgs {
         seconds("SPOOL_SHUTDOWN_GRACE_SECS", self.shutdown_grace_secs, 0.0)?;
         // Above zero: a tool timeout of 0 would fail every call.
         seconds("SPOOL_TOOL_TIMEOUT_SECS", self.tool_timeout_secs, 0.001)?;
+        anyhow::ensure!(
+            (1..=1000).contains(&self.mcp_max_tools),
+            "SPOOL_MCP_MAX_TOOLS must be from 1 to 1000, not {}",
+            self.mcp_max_tools
+        );
         anyhow::ensure!(
             (1..=86_400).contains(&self.llm_call_timeout_secs),
             "SPOOL_LLM_CALL_TIMEOUT_SECS must be between 1 and 86400, not {}",

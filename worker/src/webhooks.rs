@@ -4,10 +4,11 @@
 //!   off every run's path (a slow receiver never delays a run). It claims
 //!   ([`webhooks::claim_due`]: a lease from the database clock, `SKIP LOCKED` among workers,
 //!   turns taken between tenants and between endpoints) as many deliveries as it has free
-//!   slots, and claims again as soon as a slot frees while deliveries are due: delivery goes at
-//!   the pace receivers answer, not at a fixed one. When a claim finds fewer than it had room
-//!   for, the outbox is drained and it looks again after the poll interval (the outbox has no
-//!   NOTIFY: one on every run's end would serialize their commits).
+//!   slots, and claims again as soon as a slot frees while deliveries are due (after [`GATHER`],
+//!   so that one claim serves the slots that free meanwhile): delivery goes at the pace
+//!   receivers answer, not at a fixed one. When a claim finds fewer than it had room for, the
+//!   outbox is drained and it looks again after the poll interval (the outbox has no NOTIFY:
+//!   one on every run's end would serialize their commits).
 //! - Back-pressure: a receiver that is slow or never answers holds a slot for at most one try's
 //!   timeout, and the claim's turns give the next free slot to another tenant's delivery; an
 //!   endpoint that keeps failing opens its circuit ([`webhooks::BREAKER_THRESHOLD`]) and
@@ -17,9 +18,13 @@
 //!   `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, with the key the
 //!   base64 after `whsec_` in the endpoint's secret; after a rotation, a second signature with
 //!   the previous secret, space-separated, while its grace window lasts.
-//! - Right before the POST the delivery is checked to still be this try's
-//!   ([`webhooks::still_held`]): its thread may have been erased, or its endpoint deleted,
-//!   since the claim, and then nothing is sent.
+//! - A claim is made only for slots in hand, and each claimed delivery's POST starts at once:
+//!   the claim's own read (the delivery still exists, so its thread was not erased nor its
+//!   endpoint deleted, and it is not delivered) is the check right before the POST; no claimed
+//!   payload waits in memory.
+//! - Tries' outcomes are recorded together ([`webhooks::record_all`], one statement for every
+//!   outcome that ended while the previous statement ran); a try's slot frees once its outcome
+//!   is recorded, so a worker never holds more than its concurrency in leases.
 //! - The URL goes through the tools' network policy ([`NetworkPolicy::check_url`], and the
 //!   resolver of [`guarded_client`]) at every try; redirects are never followed: a 3xx is a
 //!   failed try (following a 303 would turn the signed POST into a GET whose 2xx would count as
@@ -38,7 +43,7 @@ use base64::Engine as _;
 use chrono::Utc;
 use hmac::{KeyInit as _, Mac as _};
 use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -48,6 +53,11 @@ use spool_shared::egress::{NetworkPolicy, Redirects, Refused, guarded_client};
 
 /// The longest a try may take.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a claim waits, from its first free slot, for more slots to free and more
+/// deliveries to fall due: one claim then serves them all.
+pub const GATHER: Duration = Duration::from_millis(5);
+/// Tries' outcomes recorded in one statement at most.
+const RECORD_BATCH: usize = 64;
 /// How often the oldest due delivery's age is measured for the metric.
 pub const GAUGE_EVERY: Duration = Duration::from_secs(5);
 
@@ -103,10 +113,13 @@ pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, pace: Pace, shutdown: C
         }
     };
     let gauge = tokio::spawn(measure(db.clone(), shutdown.clone()));
+    let (tried, outcomes) = mpsc::unbounded_channel();
+    let recorder = tokio::spawn(record(db.clone(), outcomes));
     let slots = Arc::new(Semaphore::new(pace.concurrency.max(1)));
     let tries = TaskTracker::new();
     loop {
-        // Wait for a free slot, then take every free one: one claim fills them all.
+        // Wait for a free slot, then a moment for more, and take every free one: one claim
+        // fills them all.
         let first = tokio::select! {
             permit = Arc::clone(&slots).acquire_owned() => match permit {
                 Ok(permit) => permit,
@@ -114,26 +127,31 @@ pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, pace: Pace, shutdown: C
             },
             () = shutdown.cancelled() => break,
         };
+        tokio::select! {
+            () = tokio::time::sleep(GATHER) => {}
+            () = shutdown.cancelled() => break,
+        }
         let mut permits = vec![first];
         while let Ok(permit) = Arc::clone(&slots).try_acquire_owned() {
             permits.push(permit);
         }
         let room = permits.len();
-        let claimed =
-            match webhooks::claim_due(&db, i64::try_from(room).unwrap_or(1), pace.lease).await {
-                Ok(due) => {
-                    let claimed = due.len();
-                    for (delivery, permit) in due.into_iter().zip(permits.drain(..)) {
-                        let (db, clients) = (db.clone(), Arc::clone(&clients));
-                        tries.spawn(async move { deliver(&db, &clients, delivery, permit).await });
-                    }
-                    claimed
+        let claimed = match webhooks::claim_due(&db, i64::try_from(room).unwrap_or(1), pace.lease)
+            .await
+        {
+            Ok(claimed) => {
+                let count = claimed.len();
+                for (delivery, permit) in claimed.into_iter().zip(permits.drain(..)) {
+                    let (clients, tried) = (Arc::clone(&clients), tried.clone());
+                    tries.spawn(async move { deliver(&clients, delivery, permit, tried).await });
                 }
-                Err(err) => {
-                    tracing::warn!(error = %err, "claiming webhook deliveries failed");
-                    0
-                }
-            };
+                count
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "claiming webhook deliveries failed");
+                0
+            }
+        };
         drop(permits);
         if claimed == room {
             // Every slot found a delivery: more may be due. Claim again when one frees.
@@ -146,7 +164,39 @@ pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, pace: Pace, shutdown: C
     }
     gauge.abort();
     tries.close();
-    let _ = tokio::time::timeout(timeout, tries.wait()).await;
+    drop(tried);
+    // The tries in flight end and their outcomes are recorded (the recorder ends with the last
+    // try), within one try's timeout.
+    let _ = tokio::time::timeout(timeout, async {
+        tries.wait().await;
+        let _ = recorder.await;
+    })
+    .await;
+}
+
+/// A try that ended, and the slot it holds until its outcome is recorded.
+struct Tried {
+    id: uuid::Uuid,
+    attempt: i32,
+    outcome: Outcome,
+    slot: OwnedSemaphorePermit,
+}
+
+/// Records tries' outcomes as they end: every outcome that arrived while the previous
+/// statement ran goes in the next one (at most [`RECORD_BATCH`]), then their slots free.
+async fn record(db: PgPool, mut ended: mpsc::UnboundedReceiver<Tried>) {
+    let mut batch = Vec::with_capacity(RECORD_BATCH);
+    while ended.recv_many(&mut batch, RECORD_BATCH).await > 0 {
+        let (rows, slots): (Vec<_>, Vec<_>) = batch
+            .drain(..)
+            .map(|t| ((t.id, t.attempt, t.outcome), t.slot))
+            .unzip();
+        if let Err(err) = webhooks::record_all(&db, &rows).await {
+            // Their leases expire and the deliveries are tried again.
+            tracing::warn!(error = %err, tries = rows.len(), "recording webhook tries failed");
+        }
+        drop(slots);
+    }
 }
 
 /// Sets `spool_webhook_oldest_due_seconds` every [`GAUGE_EVERY`]: a scrape reads the last
@@ -166,22 +216,13 @@ async fn measure(db: PgPool, shutdown: CancellationToken) {
     }
 }
 
-/// One try of one delivery, and its outcome recorded; its slot frees when it ends.
-async fn deliver(db: &PgPool, clients: &Clients, due: Due, slot: OwnedSemaphorePermit) {
-    let _slot = slot;
-    match webhooks::still_held(db, due.id, due.attempts).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::info!(webhook.delivery = %due.id, attempt = due.attempts,
-                "webhook delivery gone or taken over since its claim; not sent");
-            return;
-        }
-        Err(err) => {
-            // The lease expires and the delivery is tried again.
-            tracing::warn!(error = %err, webhook.delivery = %due.id, "checking a webhook delivery failed");
-            return;
-        }
-    }
+/// One try of one delivery; its outcome and slot go to the recorder.
+async fn deliver(
+    clients: &Clients,
+    due: Due,
+    slot: OwnedSemaphorePermit,
+    tried: mpsc::UnboundedSender<Tried>,
+) {
     let outcome = Outcome {
         retry_in: retry_in(due.attempts),
         ..attempt(clients, &due).await
@@ -195,10 +236,13 @@ async fn deliver(db: &PgPool, clients: &Clients, due: Due, slot: OwnedSemaphoreP
     metrics::counter!("spool_webhook_deliveries_total",
         "outcome" => if outcome.delivered { "delivered" } else { "failed" })
     .increment(1);
-    if let Err(err) = webhooks::record(db, due.id, due.attempts, &outcome).await {
-        // The lease expires and the delivery is tried again.
-        tracing::warn!(error = %err, webhook.delivery = %due.id, "recording a webhook try failed");
-    }
+    // Without a recorder (shutdown), the lease expires and the delivery is tried again.
+    let _ = tried.send(Tried {
+        id: due.id,
+        attempt: due.attempts,
+        outcome,
+        slot,
+    });
 }
 
 /// The POST itself.

@@ -502,7 +502,8 @@ pub(crate) struct GetResponseQuery {
         (status = 422, description = "`invalid_query`", body = crate::openai::schema::OpenAiErrorBody),
         (status = 429, description = "`too_many_streams` (`stream=true` while the caller holds `SPOOL_SSE_MAX_STREAMS_PER_USER` streams open on this server)", body = crate::openai::schema::OpenAiErrorBody,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
-        (status = 503, description = "`stream_unavailable` (Redis is down)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 503, description = "`stream_unavailable` (Redis is down); `server_stream_capacity` (`stream=true` while this server holds `SPOOL_SSE_MAX_STREAMS` streams)", body = crate::openai::schema::OpenAiErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait."))),
     )
 )]
 pub(crate) async fn get_response(

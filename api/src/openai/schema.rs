@@ -59,6 +59,14 @@ pub enum OpenAiEnqueueRefusals {
         headers(("Retry-After" = u32, description = "Seconds to wait."))
     )]
     Quota(OpenAiErrorBody),
+    /// The process holds as many streams as it may.
+    #[response(
+        status = 503,
+        description = "`server_stream_capacity` (`stream: true` while this server holds \
+                       `SPOOL_SSE_MAX_STREAMS` streams; nothing is created)",
+        headers(("Retry-After" = u32, description = "Seconds to wait."))
+    )]
+    Busy(OpenAiErrorBody),
 }
 
 /// OpenAI's error body: `{"error": {"message", "type", "code", "param"}}`.

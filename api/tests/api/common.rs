@@ -120,6 +120,7 @@ impl TestApp {
                 max_input_bytes: 32 * 1024,
                 max_body_bytes: 1 << 20,
                 max_streams_per_user: 100,
+                max_streams: 10_000,
                 write_timeout: None,
                 min_drain_bytes_per_sec: 0,
                 cors_origins: vec!["https://app.example".into()],

@@ -238,10 +238,15 @@ async fn a_run_end_is_delivered_signed_and_retried_until_the_receiver_accepts_it
     }
 
     let id = hook["id"].as_str().expect("id");
-    let (status, page) = app
-        .get(&acme, &format!("/v1/webhooks/{id}/deliveries"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{page}");
+    // The outcome is recorded after the receiver answered: wait for it.
+    let page = poll_until("the 2xx recorded", Duration::from_secs(20), || async {
+        let (status, page) = app
+            .get(&acme, &format!("/v1/webhooks/{id}/deliveries"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        (page["data"][0]["status"] == "delivered").then_some(page)
+    })
+    .await;
     let delivery = &page["data"][0];
     assert_eq!(page["data"].as_array().map(Vec::len), Some(1), "{page}");
     assert_eq!(delivery["id"], received[0].id.as_str());

@@ -6,7 +6,8 @@
 //! deliver them: [`claim_due`] takes due rows with a lease from the database clock (`FOR
 //! UPDATE SKIP LOCKED`, so workers share the work), taking turns between tenants and between
 //! endpoints so that one tenant's backlog or dead endpoints cannot hold back another's, and
-//! [`record`] writes each try's outcome and the endpoint's circuit breaker. A worker that dies
+//! [`record_all`] writes the outcomes of tries (a batch in one statement) and the endpoints'
+//! circuit breakers. A worker that dies
 //! mid-delivery leaves its lease to expire; another worker delivers again (at least once:
 //! receivers de-duplicate on `webhook-id`). [`purge`] keeps the outbox to its retention.
 //!
@@ -363,25 +364,6 @@ pub const CLAIM: &str = "WITH RECURSIVE
                CASE WHEN w.previous_secret_expires_at > now() THEN w.previous_secret END
                    AS previous_secret";
 
-/// Whether try `attempt` of delivery `id` is still this worker's to make: the delivery still
-/// exists (its thread was not erased, its endpoint not deleted), is not delivered, and no
-/// later try took it over. Checked right before the POST: a claimed delivery's payload is in
-/// memory, and erasure must not be outrun by it.
-pub async fn still_held(
-    executor: impl PgExecutor<'_>,
-    id: Uuid,
-    attempt: i32,
-) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM webhook_deliveries
-                         WHERE id = $1 AND attempts = $2 AND delivered_at IS NULL)",
-    )
-    .bind(id)
-    .bind(attempt)
-    .fetch_one(executor)
-    .await
-}
-
 /// How a try ended.
 #[derive(Clone, Debug)]
 pub struct Outcome {
@@ -395,50 +377,94 @@ pub struct Outcome {
     pub retry_in: Duration,
 }
 
-/// Records try `attempt` of delivery `id` and its outcome. A failure is tried again after
-/// `retry_in`, unless [`RETRY_WINDOW`] has passed since the event (by the database clock):
-/// then the delivery is abandoned. Only the latest try moves the delivery (a slow worker's late
-/// outcome of an earlier try is listed but changes nothing), and a delivered one stays so.
-///
-/// The endpoint's circuit follows the try (only the latest try's outcome counts): a 2xx closes
-/// it, a failure counts, and the [`BREAKER_THRESHOLD`]th failure in a row opens it for
-/// [`BREAKER_OPEN`], doubling with each failure after (at most [`BREAKER_MAX_OPEN`]). The
-/// endpoint's row is written only when that changes something.
+/// Records try `attempt` of delivery `id` and its outcome: [`record_all`] of one.
 pub async fn record(
     executor: impl PgExecutor<'_>,
     id: Uuid,
     attempt: i32,
     outcome: &Outcome,
 ) -> sqlx::Result<()> {
+    record_all(executor, &[(id, attempt, outcome.clone())]).await
+}
+
+/// Records tries (delivery id, try number, outcome), in the order they ended, in one
+/// statement. A failure is tried again after its `retry_in`, unless [`RETRY_WINDOW`] has
+/// passed since the event (by the database clock): then the delivery is abandoned. Only the
+/// latest try moves a delivery (a slow worker's late outcome of an earlier try is listed but
+/// changes nothing), and a delivered one stays so.
+///
+/// Each endpoint's circuit follows its tries in order (only tries that moved their delivery
+/// count): a 2xx closes it, a failure counts, and the [`BREAKER_THRESHOLD`]th failure in a row
+/// opens it for [`BREAKER_OPEN`], doubling with each failure after (at most
+/// [`BREAKER_MAX_OPEN`]). So of an endpoint's tries in one call, the failures after its last
+/// 2xx count, from 0 if there was a 2xx and from its stored count if not. The endpoint's row is
+/// written only when that changes something.
+pub async fn record_all(
+    executor: impl PgExecutor<'_>,
+    tries: &[(Uuid, i32, Outcome)],
+) -> sqlx::Result<()> {
+    if tries.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = tries.iter().map(|(id, _, _)| *id).collect();
+    let attempts: Vec<i32> = tries.iter().map(|(_, attempt, _)| *attempt).collect();
+    let codes: Vec<Option<i32>> = tries
+        .iter()
+        .map(|(_, _, o)| o.status_code.map(i32::from))
+        .collect();
+    let errors: Vec<Option<String>> = tries.iter().map(|(_, _, o)| o.error.clone()).collect();
+    let delivered: Vec<bool> = tries.iter().map(|(_, _, o)| o.delivered).collect();
+    let retry_us: Vec<i64> = tries
+        .iter()
+        .map(|(_, _, o)| i64::try_from(o.retry_in.as_micros()).unwrap_or(i64::MAX))
+        .collect();
     sqlx::query(
-        "WITH t AS (INSERT INTO webhook_attempts (delivery_id, attempt, status_code, error)
-                    VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING),
-              d AS (UPDATE webhook_deliveries
+        "WITH o AS (SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::text[],
+                                         $5::bool[], $6::int8[])
+                             WITH ORDINALITY AS o(id, attempt, status_code, error, delivered,
+                                                  retry_us, n)),
+              t AS (INSERT INTO webhook_attempts (delivery_id, attempt, status_code, error)
+                    SELECT id, attempt, status_code, error FROM o ON CONFLICT DO NOTHING),
+              d AS (UPDATE webhook_deliveries d
                        SET lease_expires_at = NULL,
-                           delivered_at = CASE WHEN $5 THEN now() END,
-                           abandoned_at = CASE WHEN NOT $5 AND created_at + $7 <= now() + $6
-                                               THEN now() END,
-                           next_attempt_at = now() + $6
-                     WHERE id = $1 AND attempts = $2 AND delivered_at IS NULL
-                 RETURNING webhook_id)
+                           delivered_at = CASE WHEN o.delivered THEN now() END,
+                           abandoned_at = CASE
+                               WHEN NOT o.delivered
+                                    AND d.created_at + $7
+                                        <= now() + o.retry_us * interval '1 microsecond'
+                               THEN now() END,
+                           next_attempt_at = now() + o.retry_us * interval '1 microsecond'
+                      FROM o
+                     WHERE d.id = o.id AND d.attempts = o.attempt AND d.delivered_at IS NULL
+                 RETURNING d.webhook_id, o.delivered, o.n),
+              k AS (SELECT webhook_id, max(n) FILTER (WHERE delivered) AS last_ok
+                      FROM d GROUP BY webhook_id),
+              e AS (SELECT d.webhook_id, k.last_ok IS NOT NULL AS ok,
+                           count(*) FILTER (WHERE NOT d.delivered
+                                              AND d.n > coalesce(k.last_ok, 0))::int4 AS failed
+                      FROM d JOIN k ON k.webhook_id = d.webhook_id
+                     GROUP BY d.webhook_id, k.last_ok)
          UPDATE webhooks w
-            SET consecutive_failures = CASE WHEN $5 THEN 0 ELSE w.consecutive_failures + 1 END,
+            SET consecutive_failures =
+                    CASE WHEN e.ok THEN 0 ELSE w.consecutive_failures END + e.failed,
                 circuit_open_until = CASE
-                    WHEN $5 THEN NULL
-                    WHEN w.consecutive_failures + 1 >= $8
-                    THEN now() + least($9 * power(2, least(w.consecutive_failures + 1 - $8, 16)),
-                                       $10)
+                    WHEN e.failed > 0
+                         AND CASE WHEN e.ok THEN 0 ELSE w.consecutive_failures END + e.failed >= $8
+                    THEN now() + least($9 * power(2, least(
+                             CASE WHEN e.ok THEN 0 ELSE w.consecutive_failures END
+                                 + e.failed - $8, 16)), $10)
+                    WHEN e.ok THEN NULL
                     ELSE w.circuit_open_until END
-           FROM d
-          WHERE w.id = d.webhook_id
-            AND NOT ($5 AND w.consecutive_failures = 0 AND w.circuit_open_until IS NULL)",
+           FROM e
+          WHERE w.id = e.webhook_id
+            AND NOT (e.failed = 0 AND w.consecutive_failures = 0 AND w.circuit_open_until IS NULL)",
     )
-    .bind(id)
-    .bind(attempt)
-    .bind(outcome.status_code.map(i32::from))
-    .bind(outcome.error.as_deref())
-    .bind(outcome.delivered)
-    .bind(interval(outcome.retry_in))
+    .bind(ids)
+    .bind(attempts)
+    .bind(codes)
+    .bind(errors)
+    .bind(delivered)
+    .bind(retry_us)
     .bind(interval(RETRY_WINDOW))
     .bind(BREAKER_THRESHOLD)
     .bind(interval(BREAKER_OPEN))
@@ -765,6 +791,59 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn tries_recorded_in_one_batch_move_each_delivery_and_count_for_the_circuit_in_order() {
+        let db = TestDb::new().await.expect("db");
+        let hook = endpoint(&db, "acme").await;
+        let zero = Duration::ZERO;
+        for _ in 0..8 {
+            delivery_to(&db, hook, "acme", zero, zero, "pending").await;
+        }
+        let due = claim_due(&db.pool, 8, LEASE).await.expect("claim");
+        assert_eq!(due.len(), 8);
+        let tries = |from: usize, outcomes: &[Outcome]| -> Vec<(Uuid, i32, Outcome)> {
+            due[from..]
+                .iter()
+                .zip(outcomes)
+                .map(|(d, o)| (d.id, d.attempts, o.clone()))
+                .collect()
+        };
+        let circuit = async || {
+            let row = find(&db.pool, hook, "acme")
+                .await
+                .expect("find")
+                .expect("hook");
+            (row.consecutive_failures, row.circuit_open_until)
+        };
+        // A failure, a 2xx, two failures: the two after the 2xx count.
+        let first = [failed(zero), ok(), failed(zero), failed(zero)];
+        record_all(&db.pool, &tries(0, &first))
+            .await
+            .expect("record");
+        assert_eq!(circuit().await, (2, None));
+        assert!(state(&db, due[1].id).await.0, "the 2xx is delivered");
+        assert!(!state(&db, due[0].id).await.0);
+        // Three more failures in one batch: five in a row open the circuit.
+        let second = [failed(zero), failed(zero), failed(zero)];
+        record_all(&db.pool, &tries(4, &second))
+            .await
+            .expect("record");
+        let (failures, open) = circuit().await;
+        assert_eq!(failures, BREAKER_THRESHOLD);
+        let secs = (open.expect("open") - Utc::now()).num_seconds();
+        assert!((25..=30).contains(&secs), "open for 30 s: {secs}");
+        // A 2xx closes it.
+        record_all(&db.pool, &tries(7, &[ok()]))
+            .await
+            .expect("record");
+        assert_eq!(circuit().await, (0, None));
+        let listed: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_attempts")
+            .fetch_one(&db.pool)
+            .await
+            .expect("tries");
+        assert_eq!(listed, 8, "every try is listed");
+    }
+
+    #[tokio::test]
     async fn the_oldest_due_age_counts_waiting_deliveries_not_those_in_flight_or_held_by_a_circuit()
     {
         let db = TestDb::new().await.expect("db");
@@ -791,34 +870,6 @@ mod tests {
             oldest_due_seconds(&db.pool).await.expect("age"),
             0.0,
             "in flight"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_claimed_delivery_whose_thread_was_erased_is_no_longer_held() {
-        let db = TestDb::new().await.expect("db");
-        let (_, id) = delivery(&db, Duration::ZERO).await;
-        let due = claim_due(&db.pool, 10, LEASE).await.expect("claim");
-        assert!(
-            still_held(&db.pool, id, due[0].attempts)
-                .await
-                .expect("held")
-        );
-        assert!(
-            !still_held(&db.pool, id, due[0].attempts - 1)
-                .await
-                .expect("held"),
-            "an earlier try is not"
-        );
-        sqlx::query("DELETE FROM webhook_deliveries WHERE id = $1")
-            .bind(id)
-            .execute(&db.pool)
-            .await
-            .expect("erased");
-        assert!(
-            !still_held(&db.pool, id, due[0].attempts)
-                .await
-                .expect("held")
         );
     }
 

@@ -641,6 +641,80 @@ async fn a_user_past_the_stream_limit_gets_429_too_many_streams_and_creates_noth
     drop((second, again, bob_stream));
 }
 
+/// Issue 37: the API process holds at most `SPOOL_SSE_MAX_STREAMS` streams in all, whoever
+/// opens them: users each within their own limit cannot together open more. One more is 503
+/// `server_stream_capacity` with `Retry-After` (an OpenAI-compatible `stream: true` request is
+/// refused before it enqueues anything); a closed stream makes room.
+#[tokio::test]
+async fn past_the_process_stream_limit_every_user_gets_503_server_stream_capacity_and_nothing_is_created()
+ {
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[
+            ("SPOOL_SSE_MAX_STREAMS", "2"),
+            ("SPOOL_SSE_MAX_STREAMS_PER_USER", "5"),
+        ],
+    )
+    .await;
+    let (alice, bob, carol) = (
+        token("alice", "acme"),
+        token("bob", "acme"),
+        token("carol", "globex"),
+    );
+    // No worker: the runs stay queued, and a stream follows its run until it ends.
+    let alices = stack.enqueue(&alice, "hold a stream").await;
+    let bobs = stack.enqueue(&bob, "hold another").await;
+    let carols = stack.enqueue(&carol, "one too many").await;
+    let first = stack.stream(&alice, &alices["thread_id"], None).await;
+    let second = stack.stream(&bob, &bobs["thread_id"], None).await;
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+
+    let refused = stack.stream(&carol, &carols["thread_id"], None).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("2")
+    );
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "server_stream_capacity", "{body}");
+
+    let runs = || async {
+        let count: (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
+            .fetch_one(&stack.db.pool)
+            .await
+            .expect("runs");
+        count.0
+    };
+    let before = runs().await;
+    let refused = stack
+        .http
+        .post(format!("{}/v1/chat/completions", stack.base))
+        .bearer_auth(&alice)
+        .json(&json!({"model": "spool-default", "stream": true,
+            "messages": [{"role": "user", "content": "within my own limit"}]}))
+        .send()
+        .await
+        .expect("chat");
+    assert_eq!(refused.status(), 503);
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "server_stream_capacity", "{body}");
+    assert_eq!(runs().await, before, "a refused stream enqueues nothing");
+
+    drop(first);
+    let again = poll_until("a closed stream to make room", TIMEOUT, || async {
+        let response = stack.stream(&carol, &carols["thread_id"], None).await;
+        (response.status() == 200).then_some(response)
+    })
+    .await;
+    drop((second, again));
+}
+
 /// `spool_sse_streams_open` on the API's `/metrics`.
 async fn open_streams(stack: &Stack) -> Option<f64> {
     let url = format!("{}/metrics", stack.base);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use spool_tests::process::Backing;
+use spool_tests::process::{Backing, Process};
 use spool_tests::servers::{OwnPostgres, OwnRedis, free_port};
 use spool_tests::{poll_until, token};
 
@@ -27,9 +27,9 @@ pub(crate) const WORKER: [(&str, &str); 5] = [
     ("SPOOL_DB_MAX_CONNECTIONS", "8"),
 ];
 /// When the server goes down and comes back, and when the clients stop, from the start.
-const DOWN_AT: Duration = Duration::from_secs(2);
-const UP_AT: Duration = Duration::from_secs(5);
-const LOAD_FOR: Duration = Duration::from_secs(8);
+pub(crate) const DOWN_AT: Duration = Duration::from_secs(2);
+pub(crate) const UP_AT: Duration = Duration::from_secs(5);
+pub(crate) const LOAD_FOR: Duration = Duration::from_secs(8);
 
 /// What the clients sent: the acknowledged messages (202 body and input) and the others.
 #[derive(Default)]
@@ -79,6 +79,58 @@ pub(crate) async fn drive(base: String, until: Instant) -> Load {
         total.refused += load.refused;
     }
     total
+}
+
+/// The API and two workers on a private Postgres that a test crashes under load.
+pub(crate) struct OnOwnPostgres {
+    /// The private server.
+    pub(crate) postgres: OwnPostgres,
+    /// Its database the processes use.
+    pub(crate) database_url: String,
+    /// The API's base URL.
+    pub(crate) base: String,
+    _processes: (Process, Process, Process),
+}
+
+impl OnOwnPostgres {
+    /// Starts a private Postgres, then the API with `api` settings and two workers with
+    /// `worker` settings on its database `database`.
+    pub(crate) async fn start(
+        database: &str,
+        api: &[(&str, &str)],
+        worker: &[(&str, &str)],
+    ) -> Self {
+        let postgres = OwnPostgres::start(free_port()).expect("a private Postgres");
+        let database_url = postgres.url(database);
+        let prefix = spool_tests::redis_prefix();
+        let redis_url = spool_tests::redis_url();
+        let backing = Backing {
+            database_url: &database_url,
+            redis_url: &redis_url,
+            redis_prefix: &prefix,
+        };
+        let (api, base) = backing.start_api(api, TIMEOUT).await.expect("spool-api");
+        let first = backing.start_worker(worker, TIMEOUT).await.expect("worker");
+        let second = backing.start_worker(worker, TIMEOUT).await.expect("worker");
+        Self {
+            postgres,
+            database_url,
+            base,
+            _processes: (api, first, second),
+        }
+    }
+
+    /// [`drive`]s the load for [`LOAD_FOR`], with Postgres crashed at [`DOWN_AT`] and started
+    /// again at [`UP_AT`]; what the clients sent.
+    pub(crate) async fn crash_under_load(&self) -> Load {
+        let start = Instant::now();
+        let load = tokio::spawn(drive(self.base.clone(), start + LOAD_FOR));
+        tokio::time::sleep_until((start + DOWN_AT).into()).await;
+        self.postgres.crash().expect("crash");
+        tokio::time::sleep_until((start + UP_AT).into()).await;
+        self.postgres.start_server().expect("start again");
+        load.await.expect("load")
+    }
 }
 
 /// Waits until every acknowledged run has ended, then checks that each completed once with
@@ -180,41 +232,19 @@ async fn redis_restarted_under_load_loses_no_acknowledged_message_and_every_run_
 #[tokio::test]
 async fn postgres_crashed_under_load_loses_no_acknowledged_message_and_every_run_ends() {
     let _turn = SERIAL.lock().await;
-    let postgres = OwnPostgres::start(free_port()).expect("a private Postgres");
-    let database_url = postgres.url("spool_faults");
-    let prefix = spool_tests::redis_prefix();
-    let redis_url = spool_tests::redis_url();
-    let backing = Backing {
-        database_url: &database_url,
-        redis_url: &redis_url,
-        redis_prefix: &prefix,
-    };
-    let (_api, base) = backing
-        .start_api(&[("SPOOL_DB_MAX_CONNECTIONS", "8")], TIMEOUT)
-        .await
-        .expect("spool-api");
     let lease = [("SPOOL_LEASE_SECS", "3"), ("SPOOL_HEARTBEAT_SECS", "0.5")];
     let settings = [&WORKER[..], &lease[..]].concat();
-    let _workers = (
-        backing
-            .start_worker(&settings, TIMEOUT)
-            .await
-            .expect("worker"),
-        backing
-            .start_worker(&settings, TIMEOUT)
-            .await
-            .expect("worker"),
-    );
+    let deployment = OnOwnPostgres::start(
+        "spool_faults",
+        &[("SPOOL_DB_MAX_CONNECTIONS", "8")],
+        &settings,
+    )
+    .await;
+    let load = deployment.crash_under_load().await;
 
-    let start = Instant::now();
-    let load = tokio::spawn(drive(base, start + LOAD_FOR));
-    tokio::time::sleep_until((start + DOWN_AT).into()).await;
-    postgres.crash().expect("crash");
-    tokio::time::sleep_until((start + UP_AT).into()).await;
-    postgres.start_server().expect("start again");
-    let load = load.await.expect("load");
-
-    let pool = PgPool::connect(&database_url).await.expect("pool");
+    let pool = PgPool::connect(&deployment.database_url)
+        .await
+        .expect("pool");
     let (runs, reclaims, attempts, settle) = settled(&pool, &load).await;
     assert!(runs > 100, "the load was real: {runs} runs");
     assert!(load.refused > 0, "some requests met the outage");

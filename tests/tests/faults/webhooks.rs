@@ -11,60 +11,21 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sqlx::PgPool;
 
-use spool_tests::process::Backing;
-use spool_tests::servers::{OwnPostgres, free_port};
 use spool_tests::webhooks::Receiver;
 use spool_tests::{JWT_SECRET, poll_until, token_with};
 
 use crate::SERIAL;
-use crate::stack::TIMEOUT;
+use crate::restarts::{DOWN_AT, OnOwnPostgres, UP_AT, WORKER};
 
-const SETTINGS: [(&str, &str); 9] = [
+/// The restart tests' workers (`restarts::WORKER`), with short demo runs, a short lease, and
+/// deliveries to loopback receivers.
+const SETTINGS: [(&str, &str); 5] = [
     ("SPOOL_DEMO_TOKENS", "5"),
-    ("SPOOL_DEMO_DELAY_MS", "10"),
-    ("SPOOL_WORKER_CONCURRENCY", "8"),
-    ("SPOOL_POLL_INTERVAL_MS", "100"),
-    ("SPOOL_DB_MAX_CONNECTIONS", "8"),
     ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.0/8"),
     ("SPOOL_WEBHOOKS_CONCURRENCY", "8"),
     ("SPOOL_LEASE_SECS", "3"),
     ("SPOOL_HEARTBEAT_SECS", "0.5"),
 ];
-/// When the server goes down and comes back, and when the clients stop, from the start.
-const DOWN_AT: Duration = Duration::from_secs(2);
-const UP_AT: Duration = Duration::from_secs(5);
-const LOAD_FOR: Duration = Duration::from_secs(7);
-
-/// Posts a message to a new thread every 50 ms from each of 4 clients until `until`;
-/// returns how many got a 202.
-async fn drive(base: String, until: Instant) -> usize {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .expect("client");
-    let alice = token_with("alice", "acme", false, 3600, JWT_SECRET);
-    let clients = (0..4).map(|_| {
-        let (http, base, alice) = (http.clone(), base.clone(), alice.clone());
-        async move {
-            let mut acknowledged = 0;
-            while Instant::now() < until {
-                let thread = uuid::Uuid::new_v4();
-                let sent = http
-                    .post(format!("{base}/v1/threads/{thread}/user_message"))
-                    .bearer_auth(&alice)
-                    .json(&json!({"input_text": "notify"}))
-                    .send()
-                    .await;
-                if sent.is_ok_and(|r| r.status() == reqwest::StatusCode::ACCEPTED) {
-                    acknowledged += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            acknowledged
-        }
-    });
-    futures::future::join_all(clients).await.into_iter().sum()
-}
 
 /// Each workflow's event as one receiver got it: the `webhook-id`s it arrived under, and how
 /// many times it arrived.
@@ -85,29 +46,11 @@ fn by_workflow(receiver: &Receiver) -> BTreeMap<String, (BTreeSet<String>, usize
 #[tokio::test]
 async fn postgres_restarted_while_webhooks_are_due_loses_none_and_repeats_only_under_one_id() {
     let _turn = SERIAL.lock().await;
-    let postgres = OwnPostgres::start(free_port()).expect("a private Postgres");
-    let database_url = postgres.url("spool_faults_webhooks");
-    let prefix = spool_tests::redis_prefix();
-    let redis_url = spool_tests::redis_url();
-    let backing = Backing {
-        database_url: &database_url,
-        redis_url: &redis_url,
-        redis_prefix: &prefix,
-    };
-    let (_api, base) = backing
-        .start_api(&SETTINGS, TIMEOUT)
-        .await
-        .expect("spool-api");
-    let _workers = (
-        backing
-            .start_worker(&SETTINGS, TIMEOUT)
-            .await
-            .expect("worker"),
-        backing
-            .start_worker(&SETTINGS, TIMEOUT)
-            .await
-            .expect("worker"),
-    );
+    // Later settings win: the demo runs of `SETTINGS` over the restart tests' ones. The API
+    // gets them too: it checks a webhook's URL against the same allowed networks.
+    let settings = [&WORKER[..], &SETTINGS[..]].concat();
+    let deployment = OnOwnPostgres::start("spool_faults_webhooks", &settings, &settings).await;
+    let base = &deployment.base;
     // 30 ms an answer, 16 tries in flight in all: slower than the runs end, so deliveries
     // queue up and are due (and in flight) when Postgres goes down.
     let receivers = [
@@ -127,15 +70,11 @@ async fn postgres_restarted_while_webhooks_are_due_loses_none_and_repeats_only_u
         assert_eq!(created.status(), reqwest::StatusCode::CREATED);
     }
 
-    let start = Instant::now();
-    let load = tokio::spawn(drive(base, start + LOAD_FOR));
-    tokio::time::sleep_until((start + DOWN_AT).into()).await;
-    postgres.crash().expect("crash");
-    tokio::time::sleep_until((start + UP_AT).into()).await;
-    postgres.start_server().expect("start again");
-    let acknowledged = load.await.expect("load");
+    let acknowledged = deployment.crash_under_load().await.acknowledged.len();
 
-    let pool = PgPool::connect(&database_url).await.expect("pool");
+    let pool = PgPool::connect(&deployment.database_url)
+        .await
+        .expect("pool");
     let started = Instant::now();
     let (completed, outbox): (Vec<uuid::Uuid>, i64) = poll_until(
         "every run ended and every delivery delivered",

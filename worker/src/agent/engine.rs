@@ -31,6 +31,8 @@ pub struct Engine {
     pub http: GuardedClients,
     /// How long one tool call may take.
     pub tool_timeout: Duration,
+    /// The most tools one MCP server's discovery keeps (`SPOOL_MCP_MAX_TOOLS`).
+    pub mcp_max_tools: usize,
     /// Signs the identity token of outbound calls.
     identity: Option<Arc<IdentitySigner>>,
 }
@@ -94,6 +96,7 @@ impl Engine {
             default_agent: AgentSpec::default_agent(model, &args.default_instructions),
             http,
             tool_timeout: args.tool_timeout(),
+            mcp_max_tools: args.mcp_max_tools,
             identity,
         })
     }

@@ -140,6 +140,7 @@ impl Server {
                     &engine.http,
                     identity,
                     engine.tool_timeout,
+                    engine.mcp_max_tools,
                 )
                 .await?;
                 Ok(session)
@@ -476,8 +477,14 @@ async fn discover(
             url: &mcp.url,
             headers: &mcp.headers,
         };
-        let connected =
-            McpSession::connect(&server, &engine.http, identity, engine.tool_timeout).await;
+        let connected = McpSession::connect(
+            &server,
+            &engine.http,
+            identity,
+            engine.tool_timeout,
+            engine.mcp_max_tools,
+        )
+        .await;
         (*mcp, connected)
     });
     let mut found = McpTools::default();

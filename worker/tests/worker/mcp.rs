@@ -192,6 +192,15 @@ fn api_key() -> BTreeMap<String, String> {
 }
 
 async fn connect(url: &str, timeout: Duration) -> anyhow::Result<(McpSession, Vec<McpTool>)> {
+    connect_keeping(url, timeout, 128).await
+}
+
+/// [`connect`], keeping at most `max_tools` of the server's tools.
+async fn connect_keeping(
+    url: &str,
+    timeout: Duration,
+    max_tools: usize,
+) -> anyhow::Result<(McpSession, Vec<McpTool>)> {
     let headers = api_key();
     let server = McpServer {
         prefix: "calc",
@@ -201,7 +210,7 @@ async fn connect(url: &str, timeout: Duration) -> anyhow::Result<(McpSession, Ve
     // Through the guarded clients, allowed to reach the loopback servers of these tests.
     let policy = Arc::new(NetworkPolicy::parse("127.0.0.1/32").expect("allow list parses"));
     let clients = GuardedClients::new(&policy, timeout).expect("clients build");
-    McpSession::connect(&server, &clients, &identity(), timeout).await
+    McpSession::connect(&server, &clients, &identity(), timeout, max_tools).await
 }
 
 /// Alice of acme in run `wf`, signed with the identity key of the default settings.
@@ -279,6 +288,40 @@ async fn discovery_lists_namespaced_tools_with_their_schemas_and_read_only_flags
             (Some("alice"), Some("acme"))
         );
     }
+}
+
+/// Issue 37: what a run keeps of a server's tools (`runs.mcp_tools`, sent to the model on every
+/// step) is bounded by `SPOOL_MCP_MAX_TOOLS`: the first tools in the server's order, and no
+/// page past the limit is asked for.
+#[tokio::test]
+async fn discovery_keeps_at_most_the_configured_number_of_tools_and_asks_for_no_page_past_it() {
+    let (url, seen) = start_calculator().await;
+    let posts = || {
+        seen.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(method, ..)| method == "POST")
+            .count()
+    };
+    let (all, every) = connect_keeping(&url, TIMEOUT, 3).await.expect("connect");
+    all.close().await;
+    let listed_all = posts();
+    assert_eq!(every.len(), 3, "exactly the limit: all three");
+
+    let (session, tools) = connect_keeping(&url, TIMEOUT, 2).await.expect("connect");
+    session.close().await;
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["calc_add", "calc_shout"], "the first two, in order");
+    assert_eq!(
+        posts() - listed_all,
+        listed_all - 1,
+        "one tools/list page fewer than when all were listed"
+    );
+
+    let (session, tools) = connect_keeping(&url, TIMEOUT, 1).await.expect("connect");
+    session.close().await;
+    assert_eq!(tools.len(), 1);
+    assert_eq!(tools[0].name, "calc_add");
 }
 
 #[tokio::test]
@@ -461,7 +504,7 @@ async fn an_mcp_server_the_network_policy_refuses_is_never_connected_to() {
             url: refused,
             headers: &headers,
         };
-        let err = McpSession::connect(&server, &clients, &identity(), Duration::from_secs(2))
+        let err = McpSession::connect(&server, &clients, &identity(), Duration::from_secs(2), 128)
             .await
             .err()
             .unwrap_or_else(|| panic!("{refused} was connected to"));

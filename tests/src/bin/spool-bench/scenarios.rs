@@ -532,8 +532,13 @@ pub(crate) async fn p4(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         levels.push((largest, true));
     }
     for (n, http2) in levels {
-        // The bench's one user stands for every subscriber's: no per-user stream limit.
-        let mut stack = Stack::start(&[("SPOOL_SSE_MAX_STREAMS_PER_USER", "0")]).await?;
+        // The bench's one user stands for every subscriber's: no per-user stream limit; and
+        // `--subscribers` may ask for more than the process's default limit.
+        let mut stack = Stack::start(&[
+            ("SPOOL_SSE_MAX_STREAMS_PER_USER", "0"),
+            ("SPOOL_SSE_MAX_STREAMS", "0"),
+        ])
+        .await?;
         let threads = n.div_ceil(100).max(1);
         let mut ids = Vec::with_capacity(threads);
         for _ in 0..threads {

@@ -88,14 +88,11 @@ pub(crate) async fn p8(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
     let (acme_receiver, acme_url) = Receiver::start(&[]).await;
     endpoint(&stack, "acme", &acme_url).await?;
     let hole = blackhole().await;
-    for _ in 0..DARK_ENDPOINTS {
-        endpoint(&stack, "dark", &hole).await?;
-    }
     let (mut run_rate, mut delivery_rate) = (vec![], vec![]);
     let (mut alone, mut beside_dark) = (vec![], vec![]);
     let mut completed = 0;
     let mut with_hook = false;
-    for _ in 0..sizes.rounds {
+    for round in 0..sizes.rounds {
         // Runs alone (the bench tenant has no endpoint yet in the first round; then it has one
         // and the round measures both).
         let started = Instant::now();
@@ -122,13 +119,22 @@ pub(crate) async fn p8(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         }
         // Another tenant's delivery, with and without a tenant whose endpoints never answer.
         alone.push(one_delivery(&stack, &acme_receiver).await? * 1000.0);
+        // A new blackholed tenant each round: the last round's endpoints have open circuits
+        // by now (they hold no slot, which is the point of the breaker, but then nothing
+        // would be in flight beside acme's delivery).
+        let dark = format!("dark-{round}");
+        for _ in 0..DARK_ENDPOINTS {
+            endpoint(&stack, &dark, &hole).await?;
+        }
         for _ in 0..DARK_RUNS {
-            post_as(&stack, "eve", "dark").await?;
+            post_as(&stack, "eve", &dark).await?;
         }
         wait_for("dark's tries in flight", WAIT, async || {
             let (held,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM webhook_deliveries WHERE lease_expires_at > now()",
+                "SELECT count(*) FROM webhook_deliveries
+                  WHERE tenant_id = $1 AND lease_expires_at > now()",
             )
+            .bind(&dark)
             .fetch_one(&stack.db.pool)
             .await
             .ok()?;
@@ -158,8 +164,8 @@ pub(crate) async fn p8(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
              32 each, lease {LEASE} s: a try times out after 5 s) run them and deliver each \
              run.completed to one loopback receiver answering 204 at once; the delivery rate \
              counts to the last delivery. The delay: one message of another tenant, POST to its \
-             delivery, alone and then while tenant `dark` has {DARK_ENDPOINTS} endpoints on a \
-             listener that never answers and {} deliveries due",
+             delivery, alone and then while a tenant (a new one each round, its circuits closed) has \
+             {DARK_ENDPOINTS} endpoints on a listener that never answers and {} deliveries due",
             DARK_ENDPOINTS * DARK_RUNS
         ),
     );

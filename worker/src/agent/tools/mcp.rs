@@ -29,8 +29,8 @@ use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceExt as _;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientJsonRpcMessage,
-    ClientRequest, ContentBlock, Implementation, JsonRpcMessage, MetaObject, RequestMetaObject,
-    Tool,
+    ClientRequest, ContentBlock, Implementation, JsonRpcMessage, MetaObject,
+    PaginatedRequestParams, RequestMetaObject, Tool,
 };
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -48,6 +48,11 @@ use spool_shared::egress::GuardedClients;
 
 /// The `_meta` key of a tool call that carries its idempotency key.
 pub const IDEMPOTENCY_META: &str = "io.spool/idempotency-key";
+
+/// The most bytes one discovered tool may take (its name, description and input schema as
+/// JSON); a larger one is dropped (and logged). With `SPOOL_MCP_MAX_TOOLS` per server, this
+/// bounds what a run keeps (`runs.mcp_tools`) and sends the model on every step.
+pub const MAX_TOOL_BYTES: usize = 64 * 1024;
 
 /// How long [`McpSession::close`] waits for the server to acknowledge the session's end.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -86,9 +91,11 @@ pub struct McpSession {
 }
 
 impl McpSession {
-    /// Connects (initialize handshake) and lists the server's tools (following pagination),
-    /// within `timeout`, through the guarded client for its URL: a URL the network policy
-    /// refuses (an IP literal included) is never connected to.
+    /// Connects (initialize handshake) and lists the server's tools (following pagination, up
+    /// to `max_tools`: further pages are not asked for, and tools past it or larger than
+    /// [`MAX_TOOL_BYTES`] are dropped and logged), within `timeout`, through the guarded
+    /// client for its URL: a URL the network policy refuses (an IP literal included) is never
+    /// connected to.
     ///
     /// The error says which server and which step failed; the caller logs it and runs without
     /// this server's tools.
@@ -97,6 +104,7 @@ impl McpSession {
         clients: &GuardedClients,
         identity: &Identity,
         timeout: Duration,
+        max_tools: usize,
     ) -> anyhow::Result<(Self, Vec<McpTool>)> {
         let prefix = server.prefix;
         let url = reqwest::Url::parse(server.url)
@@ -126,13 +134,25 @@ impl McpSession {
         // On failure from here on, dropping `service` cancels it and ends the session in the
         // background, which is all a server that cannot list its tools deserves.
         let remaining = timeout.saturating_sub(started.elapsed());
-        let tools = tokio::time::timeout(remaining, service.list_all_tools())
+        let tools = tokio::time::timeout(remaining, list_tools(&service, prefix, max_tools))
             .await
             .map_err(|_| anyhow::anyhow!("MCP server {prefix}: listing tools timed out"))?
             .with_context(|| format!("MCP server {prefix}: listing tools failed"))?;
         let tools = tools
             .into_iter()
             .map(|tool| to_mcp_tool(prefix, tool))
+            .filter(|tool| {
+                let bytes = tool.name.len()
+                    + tool.description.len()
+                    + serde_json::to_string(&tool.parameters).map_or(usize::MAX, |s| s.len());
+                let fits = bytes <= MAX_TOOL_BYTES;
+                if !fits {
+                    let name: String = tool.name.chars().take(100).collect();
+                    tracing::warn!(mcp.server = %prefix, tool.name = %name, bytes,
+                        "an MCP server's tool is dropped: it is larger than {MAX_TOOL_BYTES} bytes");
+                }
+                fits
+            })
             .collect();
         let session = Self {
             service,
@@ -340,6 +360,34 @@ fn header_map(
             Ok((header, value))
         })
         .collect()
+}
+
+/// The server's tools, page by page, until it has no more or `max` are listed: a server that
+/// offers more (or pages without end) gets no more requests, and the rest are logged as
+/// dropped.
+async fn list_tools(
+    service: &RunningService<RoleClient, ClientConfig>,
+    prefix: &str,
+    max: usize,
+) -> Result<Vec<Tool>, rmcp::ServiceError> {
+    let mut tools = Vec::new();
+    let mut cursor = None;
+    loop {
+        let mut params = PaginatedRequestParams::default();
+        params.cursor = cursor;
+        let page = service.list_tools(Some(params)).await?;
+        tools.extend(page.tools);
+        cursor = page.next_cursor;
+        if tools.len() > max || (tools.len() == max && cursor.is_some()) {
+            tracing::warn!(mcp.server = %prefix, max,
+                "an MCP server offers more tools than SPOOL_MCP_MAX_TOOLS; the rest are dropped");
+            tools.truncate(max);
+            return Ok(tools);
+        }
+        if cursor.is_none() {
+            return Ok(tools);
+        }
+    }
 }
 
 fn to_mcp_tool(prefix: &str, tool: Tool) -> McpTool {
