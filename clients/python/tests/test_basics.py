@@ -55,7 +55,7 @@ def test_errors_are_spool_errors_with_their_code(client, admin):
 
     with pytest.raises(SpoolError) as blank:
         client.send_message(str(uuid.uuid4()), "   ")
-    assert blank.value.status == 400
+    assert (blank.value.status, blank.value.code) == (422, "invalid_input_text")
 
     with pytest.raises(SpoolError) as forbidden:
         client.create_agent({"name": "nope", "model": "demo"})
@@ -64,9 +64,9 @@ def test_errors_are_spool_errors_with_their_code(client, admin):
 
 
 def test_agents_are_created_read_and_deleted_by_an_admin(admin, client):
-    agent = admin.create_agent({"name": "pytest-agent", "model": "demo", "system_prompt": "Be brief."})
+    agent = admin.create_agent({"name": "pytest-agent", "model": "demo", "instructions": "Be brief."})
     assert agent.name == "pytest-agent" and agent.model == "demo"
-    assert agent.spec["system_prompt"] == "Be brief."
+    assert agent.spec["instructions"] == "Be brief."
     assert agent.id in [a.id for a in client.list_agents()]
     assert client.get_agent(agent.id) == agent
     admin.delete_agent(agent.id)

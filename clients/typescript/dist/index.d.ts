@@ -90,7 +90,8 @@ export declare class SpoolChatTransport<UI_MESSAGE extends UIMessage = UIMessage
      * The chunks of the thread's stream after `cursor` (none: the message in progress from its
      * start), resumed with `Last-Event-ID` whenever the connection drops, until `[DONE]`. `null`
      * when nothing streams. With `skipUntil`, a replay's chunks up to the pause that waited for
-     * these calls are left out (the client has them).
+     * these calls are left out (the client has them). `messageId`: the assistant message it
+     * follows, when known (a stream resumed after a pause has no `start` chunk).
      */
     private follow;
     /** Opens the thread's `ai-sdk` stream with a fresh stream token; `null` on a `204`. */

@@ -43,7 +43,7 @@ export class SpoolChatTransport {
         }
         if (last.role === "assistant") {
             const answered = await this.answerPause(chatId, chat, last);
-            const stream = await this.follow(chatId, chat, answered.cursor, abortSignal, answered.skipUntil);
+            const stream = await this.follow(chatId, chat, answered.cursor, abortSignal, answered.skipUntil, last.id);
             return stream ?? storedAnswer(this.options, chatId, last.id);
         }
         const input = last.parts
@@ -58,7 +58,7 @@ export class SpoolChatTransport {
         // After the previous message's end, the stream follows the next message (this one), even
         // if it is already over; with no cursor, the message in progress.
         const cursor = chat.completed ? chat.lastEventId : undefined;
-        const stream = await this.follow(chatId, chat, cursor, abortSignal);
+        const stream = await this.follow(chatId, chat, cursor, abortSignal, undefined, accepted.message_id);
         if (stream !== null)
             return stream;
         // Nothing streams any more: the answer was quicker than the stream; it is stored.
@@ -136,9 +136,10 @@ export class SpoolChatTransport {
      * The chunks of the thread's stream after `cursor` (none: the message in progress from its
      * start), resumed with `Last-Event-ID` whenever the connection drops, until `[DONE]`. `null`
      * when nothing streams. With `skipUntil`, a replay's chunks up to the pause that waited for
-     * these calls are left out (the client has them).
+     * these calls are left out (the client has them). `messageId`: the assistant message it
+     * follows, when known (a stream resumed after a pause has no `start` chunk).
      */
-    async follow(chatId, chat, cursor, signal, skipUntil) {
+    async follow(chatId, chat, cursor, signal, skipUntil, messageId) {
         const first = await this.open(chatId, cursor, signal);
         if (first === null)
             return null;
@@ -146,8 +147,8 @@ export class SpoolChatTransport {
         const baseDelay = this.options.reconnectDelayMs ?? 500;
         let skipping = skipUntil !== undefined && skipUntil.size > 0;
         const self = this;
-        /** The assistant message followed (from the `start` chunk). */
-        let message;
+        /** The assistant message followed (known, or from the `start` chunk). */
+        let message = messageId;
         async function* chunks() {
             let response = first;
             let failures = 0;

@@ -114,7 +114,7 @@ export class SpoolChatTransport<UI_MESSAGE extends UIMessage = UIMessage> implem
     }
     if (last.role === "assistant") {
       const answered = await this.answerPause(chatId, chat, last);
-      const stream = await this.follow(chatId, chat, answered.cursor, abortSignal, answered.skipUntil);
+      const stream = await this.follow(chatId, chat, answered.cursor, abortSignal, answered.skipUntil, last.id);
       return stream ?? storedAnswer(this.options, chatId, last.id);
     }
     const input = last.parts
@@ -131,7 +131,7 @@ export class SpoolChatTransport<UI_MESSAGE extends UIMessage = UIMessage> implem
     // After the previous message's end, the stream follows the next message (this one), even
     // if it is already over; with no cursor, the message in progress.
     const cursor = chat.completed ? chat.lastEventId : undefined;
-    const stream = await this.follow(chatId, chat, cursor, abortSignal);
+    const stream = await this.follow(chatId, chat, cursor, abortSignal, undefined, accepted.message_id);
     if (stream !== null) return stream;
     // Nothing streams any more: the answer was quicker than the stream; it is stored.
     return storedAnswer(this.options, chatId, accepted.message_id);
@@ -218,7 +218,8 @@ export class SpoolChatTransport<UI_MESSAGE extends UIMessage = UIMessage> implem
    * The chunks of the thread's stream after `cursor` (none: the message in progress from its
    * start), resumed with `Last-Event-ID` whenever the connection drops, until `[DONE]`. `null`
    * when nothing streams. With `skipUntil`, a replay's chunks up to the pause that waited for
-   * these calls are left out (the client has them).
+   * these calls are left out (the client has them). `messageId`: the assistant message it
+   * follows, when known (a stream resumed after a pause has no `start` chunk).
    */
   private async follow(
     chatId: string,
@@ -226,6 +227,7 @@ export class SpoolChatTransport<UI_MESSAGE extends UIMessage = UIMessage> implem
     cursor: string | undefined,
     signal: AbortSignal | undefined,
     skipUntil?: Set<string>,
+    messageId?: string,
   ): Promise<ReadableStream<Chunk> | null> {
     const first = await this.open(chatId, cursor, signal);
     if (first === null) return null;
@@ -233,8 +235,8 @@ export class SpoolChatTransport<UI_MESSAGE extends UIMessage = UIMessage> implem
     const baseDelay = this.options.reconnectDelayMs ?? 500;
     let skipping = skipUntil !== undefined && skipUntil.size > 0;
     const self = this;
-    /** The assistant message followed (from the `start` chunk). */
-    let message: string | undefined;
+    /** The assistant message followed (known, or from the `start` chunk). */
+    let message: string | undefined = messageId;
     async function* chunks(): AsyncGenerator<Chunk> {
       let response: Response | null = first;
       let failures = 0;
