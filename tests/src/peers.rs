@@ -58,6 +58,78 @@ pub fn node_peers() -> anyhow::Result<PathBuf> {
     installed()
 }
 
+/// `clients/typescript/` (the `@spool/ai-sdk` package), with its pinned development packages
+/// installed (`npm ci`, once per content of its `package-lock.json`) and its committed build
+/// (`dist/`) checked against `tsc`'s output of `src/`: a change to the source without a rebuild
+/// fails here. Its tests run from there.
+pub fn typescript_client() -> anyhow::Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/typescript");
+    let _guard = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let lock = std::fs::read(dir.join("package-lock.json"))?;
+    let stamp = dir.join("node_modules").join(format!(
+        ".installed-{}",
+        hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&lock)[..8])
+    ));
+    let npm = |args: &[&str]| -> anyhow::Result<()> {
+        let output = std::process::Command::new("npm")
+            .args(args)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .context("running npm (Node 20 and npm are needed for the client tests)")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "npm {} in {} failed: {}{}",
+            args.join(" "),
+            dir.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    };
+    if !stamp.exists() {
+        npm(&["ci", "--no-audit", "--no-fund"])?;
+        std::fs::write(&stamp, b"")?;
+    }
+    npm(&["run", "--silent", "check-dist"])?;
+    Ok(dir)
+}
+
+/// The Python of `clients/python/.venv`, with the client's pinned test requirements installed
+/// (once per content of `clients/python/requirements.txt`) and the client itself installed
+/// from `clients/python` as a user would (`pip install ./clients/python`, not editable; again
+/// on every call, so the tests run the current code).
+pub fn python_client() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
+    let python = python_venv(&root)?;
+    let _guard = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let output = std::process::Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-build-isolation",
+            "--no-deps",
+            "--force-reinstall",
+        ])
+        .arg(&root)
+        .stdin(Stdio::null())
+        .output()
+        .context("pip install ./clients/python")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "pip install ./clients/python failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((root, python))
+}
+
 /// The Python of `tests/peers/.venv`, with `requirements.txt` installed (once per content of
 /// the file: a changed pin reinstalls).
 pub fn python() -> anyhow::Result<PathBuf> {
@@ -67,7 +139,12 @@ pub fn python() -> anyhow::Result<PathBuf> {
 /// The Python of `tests/{dir}/.venv`, with `tests/{dir}/requirements.txt` installed (once per
 /// content of the file: a changed pin reinstalls).
 pub fn python_in(dir: &str) -> anyhow::Result<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    python_venv(&Path::new(env!("CARGO_MANIFEST_DIR")).join(dir))
+}
+
+/// The Python of `{dir}/.venv`, with `{dir}/requirements.txt` installed (once per content of the
+/// file).
+fn python_venv(dir: &Path) -> anyhow::Result<PathBuf> {
     let _guard = INSTALL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -25,6 +25,9 @@
 //! Resuming: each chunk's `id:` is its entry's id, with `/k` for the k-th chunk after an entry's
 //! first (`1732262400123-0/1`), so a cut inside one entry's chunks resumes exactly. The chunks
 //! of a cursor's run are rebuilt from its `message_start` and those up to the cursor skipped.
+//! A cursor that is a run's `done` (a client that finished one message) follows the thread's
+//! next message, as the native format does: the next run in the stream, else the active one,
+//! else `204`.
 //! With no cursor and nothing streaming the answer is `204`, what `useChat({resume: true})`
 //! expects; a cursor whose run Redis no longer holds gets one `error` chunk (`stream_reset`).
 
@@ -38,8 +41,8 @@ use futures::Stream;
 use serde_json::{Value, json};
 
 use spool_shared::db::runs;
-use spool_shared::event::Event;
 use spool_shared::event::transcript::{Pause, Shown, Transcript};
+use spool_shared::event::{Event, EventType};
 use spool_shared::run::Citation;
 use spool_shared::status::RunStatus;
 use spool_shared::stream::{self as events, EntryId};
@@ -200,10 +203,18 @@ pub(crate) async fn stream(
             )
         })?;
     let target = match cursor {
-        Some(cursor) => run_of_entry(state, thread_id, cursor.entry).await?,
-        None => runs::find_active(&state.db, thread_id)
-            .await?
-            .map(|run| (run.id, run.assistant_message_id)),
+        Some(cursor) => match run_of_entry(state, thread_id, cursor.entry).await? {
+            // The cursor is a run's `done` (a client that finished one message): what follows
+            // is the thread's next message, as in the native format.
+            Some(Entry { done: true, .. }) => match next_run(state, thread_id, cursor.entry).await?
+            {
+                Some(next) => Some(next),
+                None => return Ok(no_content()),
+            },
+            Some(entry) => Some((entry.run, entry.message)),
+            None => None,
+        },
+        None => active_run(state, thread_id).await?,
     };
     let session = match target {
         Some((run, message)) => follow_run(state, slot, thread_id, run, message).await?,
@@ -230,12 +241,20 @@ fn no_content() -> Response {
     StatusCode::NO_CONTENT.into_response()
 }
 
+/// What a cursor's entry belongs to.
+struct Entry {
+    run: WorkflowId,
+    message: MessageId,
+    /// Whether it is the `done` of the thread's own run (depth 0): its message is over.
+    done: bool,
+}
+
 /// The run and message of the entry `entry` of the thread's stream, if Redis holds it.
 async fn run_of_entry(
     state: &AppState,
     thread_id: ThreadId,
     entry: EntryId,
-) -> Result<Option<(WorkflowId, MessageId)>, ApiError> {
+) -> Result<Option<Entry>, ApiError> {
     let mut conn = state.streams.conn();
     let key = state.streams.keys().events(thread_id);
     let found = events::read_after(&mut conn, &key, entry.predecessor(), 1)
@@ -247,7 +266,47 @@ async fn run_of_entry(
     let Ok(event) = serde_json::from_str::<Event>(&found.json) else {
         return Ok(None);
     };
-    Ok(Some((event.workflow_id, event.message_id)))
+    Ok(Some(Entry {
+        run: event.workflow_id,
+        message: event.message_id,
+        done: event.depth == 0 && event.kind() == EventType::Done,
+    }))
+}
+
+/// How many entries after a `done` are looked at for the next message's start: the thread's
+/// next run writes its `message_start` first, markers at most come before it.
+const NEXT_RUN_LOOKAHEAD: usize = 16;
+
+/// The run after the one whose `done` is `done`: the first run of the thread's own (depth 0)
+/// the stream holds after it, else the thread's active (queued) run.
+async fn next_run(
+    state: &AppState,
+    thread_id: ThreadId,
+    done: EntryId,
+) -> Result<Option<(WorkflowId, MessageId)>, ApiError> {
+    let mut conn = state.streams.conn();
+    let key = state.streams.keys().events(thread_id);
+    let following = events::read_after(&mut conn, &key, done, NEXT_RUN_LOOKAHEAD)
+        .await
+        .map_err(unavailable)?;
+    let streamed = following
+        .iter()
+        .filter(|entry| !entry.is_marker() && entry.depth == 0)
+        .find_map(|entry| serde_json::from_str::<Event>(&entry.json).ok());
+    match streamed {
+        Some(event) => Ok(Some((event.workflow_id, event.message_id))),
+        None => active_run(state, thread_id).await,
+    }
+}
+
+/// The thread's active run and its message.
+async fn active_run(
+    state: &AppState,
+    thread_id: ThreadId,
+) -> Result<Option<(WorkflowId, MessageId)>, ApiError> {
+    Ok(runs::find_active(&state.db, thread_id)
+        .await?
+        .map(|run| (run.id, run.assistant_message_id)))
 }
 
 /// A run's chunks with their ids, after the cursor.

@@ -198,3 +198,90 @@ async fn a_tool_run_streams_as_ai_sdk_chunks_and_resumes_from_any_chunk() {
     );
     app.stop().await;
 }
+
+/// A client that finished one message holds its `done` as cursor: with it, the thread's next
+/// message streams (queued, streaming or over), as the native format follows it; after the
+/// last message's `done` with nothing next, `204`.
+#[tokio::test]
+async fn the_previous_messages_done_as_cursor_follows_the_next_message() {
+    let fake = FakeLlm::start(|_, n| match n {
+        0 => spool_tests::fake_llm::text("first answer", 2),
+        _ => spool_tests::fake_llm::paced_text(
+            "the second answer",
+            6,
+            std::time::Duration::from_millis(150),
+        ),
+    })
+    .await;
+    let app = app_with(&fake).await;
+    let agent = app
+        .create_agent("acme", &json!({"name": "plain", "model": "gpt-4o-mini"}))
+        .await;
+    let alice = token("alice", "acme");
+    let (thread, first) = ask(&app, &agent, "one").await;
+    finished(&app, &first).await;
+    let mut conn = spool_shared::redis_conn::connect(&spool_tests::redis_url()).expect("redis");
+    let key = app.keys.events(spool_shared::ThreadId(thread));
+    let done_of = |entries: &[spool_shared::stream::StoredEvent], message: &Value| {
+        entries
+            .iter()
+            .find(|e| e.kind == "done" && Some(e.message_id.as_str()) == message.as_str())
+            .map(|e| e.id.to_string())
+            .expect("done")
+    };
+    let entries = read_after(&mut conn, &key, EntryId::default(), 1000)
+        .await
+        .expect("xrange");
+    let first_done = done_of(&entries, &first["message_id"]);
+
+    let (status, second) = app
+        .post(
+            &alice,
+            &format!("/v1/threads/{thread}/user_message"),
+            &json!({"input_text": "two", "agent_id": agent}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{second}");
+    let stream = |cursor: String| {
+        app.http
+            .get(app.url(&format!("/v1/threads/{thread}/stream?format=ai-sdk")))
+            .bearer_auth(&alice)
+            .header("Last-Event-ID", cursor)
+            .send()
+    };
+    let response = stream(first_done.clone()).await.expect("get");
+    assert_eq!(response.status(), StatusCode::OK);
+    let frames = SseReader::new(response).collect(TIMEOUT).await;
+    assert_eq!(frames.last().map(|f| f.data.as_str()), Some("[DONE]"));
+    let chunks: Vec<Value> = frames[..frames.len() - 1]
+        .iter()
+        .map(|f| f.json())
+        .collect();
+    assert_eq!(chunks[0]["type"], "start", "{chunks:?}");
+    assert_eq!(chunks[0]["messageId"], second["message_id"]);
+    let text: String = chunks
+        .iter()
+        .filter(|c| c["type"] == "text-delta")
+        .filter_map(|c| c["delta"].as_str())
+        .collect();
+    assert_eq!(text, "the second answer");
+    assert_eq!(
+        chunks.last().map(|c| c["type"].clone()),
+        Some(json!("finish"))
+    );
+
+    // Once it is over, its chunks are replayed from the first message's `done`, and after its
+    // own `done` nothing follows.
+    finished(&app, &second).await;
+    let response = stream(first_done).await.expect("get");
+    let again = SseReader::new(response).collect(TIMEOUT).await;
+    assert_eq!(again.len(), frames.len(), "{again:?}");
+    let entries = read_after(&mut conn, &key, EntryId::default(), 1000)
+        .await
+        .expect("xrange");
+    let response = stream(done_of(&entries, &second["message_id"]))
+        .await
+        .expect("get");
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    app.stop().await;
+}

@@ -4,6 +4,7 @@
 
 mod agent;
 mod ai_sdk;
+mod ai_sdk_client;
 mod auth;
 mod cli;
 mod crash;
@@ -17,6 +18,7 @@ mod openai_refusals;
 mod orchestration;
 mod page;
 mod providers;
+mod python_client;
 mod queue;
 mod quotas;
 mod secrets;

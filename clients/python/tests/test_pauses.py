@@ -1,0 +1,37 @@
+"""A client tool and an approval through the stream helper. Needs `SPOOL_AGENT_ID`: an agent
+whose model calls the client tool `read_file` (call `c1`), then `get_weather` (`c2`, which
+needs approval), then answers "All done."."""
+
+from conftest import env
+
+
+def test_a_client_tool_and_an_approval_are_answered_between_streams(client):
+    thread = client.create_thread(agent_id=env("SPOOL_AGENT_ID")).id
+    accepted = client.send_message(thread, "read my notes, then the weather")
+
+    first = client.follow(thread, stop_at_pause=True)
+    assert first.pause is not None and first.pause.type == "requires_action"
+    assert [c["tool_name"] for c in first.pause.data["tool_calls"]] == ["read_file"]
+    run = client.get_workflow(accepted.workflow_id)
+    assert run.status == "requires_action"
+    assert run.pending_action.type == "submit_tool_outputs"
+    assert [c.tool_call_id for c in run.pending_action.tool_calls] == ["c1"]
+    client.submit_tool_outputs(accepted.workflow_id, {"c1": "the notes"})
+
+    second = client.follow(thread, last_event_id=first.pause.id, stop_at_pause=True)
+    assert second.pause is not None and second.pause.type == "approval_requested"
+    assert second.pause.data["tool_name"] == "get_weather"
+    run = client.get_workflow(accepted.workflow_id)
+    assert run.status == "awaiting_approval"
+    assert run.pending_action.type == "approval"
+    client.approve(accepted.workflow_id, "c2", True)
+
+    last = client.follow(thread, last_event_id=second.pause.id)
+    assert last.status == "completed"
+    assert last.text == "All done."
+    assert [r["tool_name"] for r in second.tool_results] == ["read_file"]
+    assert [r["tool_name"] for r in last.tool_results] == ["get_weather"]
+    assert "sunny" in last.tool_results[-1]["output"]
+    messages = client.list_messages(thread)
+    results = [p for p in messages[-1].parts if p.type == "tool_result"]
+    assert [r.output for r in results][0] == "the notes"
