@@ -22,6 +22,7 @@ pub mod functions;
 pub mod history;
 pub mod params;
 pub mod responses;
+pub mod sampling;
 pub mod schema;
 pub mod translate;
 

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use hooks::{HookEvent, HookFailure, HookKind, HookSpec};
-pub use overrides::{RunDefaults, RunOverrides};
+pub use overrides::{RunDefaults, RunOverrides, Sampling};
 pub use secrets::REDACTED;
 pub use tools::{
     AgentToolSpec, ClientToolSpec, DEFAULT_MAX_CALL_DEPTH, HttpToolSpec, McpToolSpec, ToolChoice,

@@ -2,7 +2,8 @@
 //! `@copilotkit/aimock` (`package.json` and its lock), a mock LLM upstream that speaks the
 //! OpenAI and Anthropic APIs; and the official `openai` Python SDK (`requirements.txt`, every
 //! package pinned), a client of Spool's OpenAI-compatible routes; and `jose`, the JWT library
-//! of docs/security.md's tool-side example. They are installed (`npm ci`;
+//! of docs/security.md's tool-side example; and `zod`, the schema library of the Node SDK's
+//! structured outputs. They are installed (`npm ci`;
 //! `pip install` into `tests/peers/.venv`) the first time a test needs them (this machine
 //! reaches the registries), so `cargo test --workspace` alone runs them.
 
@@ -30,6 +31,7 @@ fn installed() -> anyhow::Result<PathBuf> {
         "jose",
         "openai",
         "playwright-core",
+        "zod",
     ];
     if wanted.iter().any(|name| {
         !dir.join("node_modules")

@@ -45,7 +45,7 @@ pub mod tools;
 
 use sqlx::PgPool;
 
-use spool_shared::agent::{AgentSpec, HookEvent};
+use spool_shared::agent::{AgentSpec, HookEvent, Sampling};
 use spool_shared::db::quota::Spent;
 use spool_shared::db::runs::Run;
 use spool_shared::db::{agents, messages};
@@ -102,6 +102,9 @@ pub(crate) struct Loop<'a> {
     spec: AgentSpec,
     /// `Some(false)`: at most one tool call per model call (the run's overrides).
     parallel_tool_calls: Option<bool>,
+    /// The run's `top_p` and reasoning effort (the run's overrides; its temperature and
+    /// output limit are in `spec`).
+    sampling: Sampling,
     /// The agent's model, then its fallbacks.
     models: Vec<Candidate>,
     hooks: Hooks<'a>,
@@ -188,6 +191,11 @@ impl<'a> Loop<'a> {
             .as_ref()
             .map_or_else(|| spec.default_steps(), |o| o.0.run_steps(&spec));
         let parallel_tool_calls = run.overrides.as_ref().and_then(|o| o.0.parallel_tool_calls);
+        let sampling = run
+            .overrides
+            .as_ref()
+            .and_then(|o| o.0.sampling.clone())
+            .unwrap_or_default();
         if let Some(overrides) = &run.overrides {
             // Checked and pinned to their steps by the API.
             overrides.0.clone().apply(&mut spec);
@@ -228,6 +236,7 @@ impl<'a> Loop<'a> {
             recent: std::mem::take(&mut checkpoint.recent),
             spec,
             parallel_tool_calls,
+            sampling,
             models,
             hooks,
             tools,
@@ -336,6 +345,8 @@ impl<'a> Loop<'a> {
             max_output_tokens: self.spec.limits.max_output_tokens,
             response_format: self.spec.response_format.clone(),
             parallel_tool_calls: self.parallel_tool_calls,
+            top_p: self.sampling.top_p,
+            reasoning_effort: self.sampling.reasoning_effort.clone(),
         }
     }
 

@@ -12,9 +12,10 @@
 //! in this protocol: a dropped stream cannot be resumed here, but the run goes on and its
 //! answer is stored (the Responses routes, or Spool's own, resume).
 //!
-//! `n` above 1 is refused; `temperature`, `top_p`, `max_tokens`, `max_completion_tokens`,
-//! `response_format`, `stop`, `seed`, `logprobs`, `user`, `store` and the other sampling
-//! parameters are accepted and ignored (the agent's spec decides).
+//! `n` above 1 is refused; `temperature`, `top_p`, `max_completion_tokens` (or `max_tokens`)
+//! and `reasoning_effort` apply to the run's model calls ([`sampling`]), `response_format` is
+//! the answer's form; `user`, `store` and the like change nothing, and parameters Spool cannot
+//! honour (`stop`, `seed`, `logprobs`, ...) are refused ([`params`]).
 
 use std::convert::Infallible;
 
@@ -42,9 +43,9 @@ use crate::openai::citations;
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::format;
 use crate::openai::functions::{self, Api, Functions, Segments};
-use crate::openai::responses::{content_text, turns};
+use crate::openai::responses::{content_text, follow_up_key, turns};
 use crate::openai::{DEFAULT_MODEL, chat_usage, find_run, model_of, resolve_model, wait_for_run};
-use crate::openai::{history, params};
+use crate::openai::{history, params, sampling};
 use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 use spool_shared::event::transcript::Pause;
 use utoipa_axum::{router::OpenApiRouter, routes};
@@ -92,11 +93,11 @@ struct StreamOptions {
                 (crate::openai::schema::ChatCompletion = "application/json"),
                 (crate::openai::schema::ChatCompletionChunk = "text/event-stream"),
             )),
-        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`, `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`system` or `developer` messages without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `unsupported_n`, `invalid_thread_id`, `ambiguous_model`, `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `invalid_value` (`temperature`, `top_p`, an output limit or a reasoning effort out of range), `instructions_not_allowed` (`system` or `developer` messages without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
         (status = 403, description = "`forbidden`: the token lacks `runs:create` (`permission` says which); `agent_disabled`: the agent (the `model`) is disabled", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 409, description = "`thread_busy`, `run_not_finished` (the run waits for an approval)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy`, `run_not_finished` (the run waits for an approval), `run_not_waiting`, `idempotency_key_in_use` (a follow-up)", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
         (status = 502, description = "The run failed: its failure code (`model_unavailable`, `timeout`, ...) and `workflow_id`", body = crate::openai::schema::OpenAiErrorBody),
     )
@@ -115,6 +116,7 @@ pub(crate) async fn create_completion(
     }
     params::check_chat(&raw)?;
     let functions = Functions::parse(&raw, Api::Chat)?;
+    let sampling = sampling::parse(&raw, Api::Chat)?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
     let include_usage = request
         .stream_options
@@ -122,13 +124,22 @@ pub(crate) async fn create_completion(
         .is_some_and(|o| o.include_usage);
     if let Some(outputs) = tool_answers(&request.messages)? {
         // The `tool` messages answer the calls a completion ended with: the same run goes on.
-        let run = functions::waiting_run(&state, &caller, None, &outputs, "messages").await?;
         let slot = (request.stream == Some(true))
             .then(|| gateway::stream_slot(&state, &caller))
             .transpose()?;
-        let segment =
-            functions::answer(&state, &caller, &run, outputs, &functions, "messages").await?;
-        return reply(&state, &caller, slot, run.id, segment, include_usage).await;
+        let key = follow_up_key(&headers, &caller, b"chat.completions", &raw)?;
+        let (run, segment) = functions::follow_up(
+            &state,
+            &caller,
+            None,
+            outputs,
+            &functions,
+            &sampling,
+            "messages",
+            key.as_ref(),
+        )
+        .await?;
+        return reply(&state, &caller, slot, run, segment, include_usage).await;
     }
     let turns = turns(&without_tool_turns(&request.messages), "messages")?;
     if turns.instructions.is_some() {
@@ -172,7 +183,7 @@ pub(crate) async fn create_completion(
         max_steps: None,
         client: None,
         instructions: turns.instructions,
-        functions: functions.overrides(),
+        functions: sampling::add_to(functions.overrides(), &sampling),
         response_format,
         // An OpenAI request's instructions are its system prompt.
         replaces_instructions: true,

@@ -1,12 +1,15 @@
 //! The Conversations API: `POST /v1/conversations`, `GET`/`POST`/`DELETE
-//! /v1/conversations/{id}`, `GET`/`POST /v1/conversations/{id}/items`, mapped onto threads.
+//! /v1/conversations/{id}`, `GET`/`POST /v1/conversations/{id}/items`, `GET`/`DELETE
+//! /v1/conversations/{id}/items/{item_id}`, mapped onto threads.
 //!
 //! A conversation is a thread: its id is `conv_` and the thread id's 32 hex digits, and the
 //! bare thread id is accepted wherever a conversation is named (here, and as a response's
 //! `conversation`). Its `metadata` is the thread's; its items are the thread's top-level
 //! messages, as `message` items (`msg_` and the message id's hex). Adding items stores them as
 //! completed turns and starts no run (a conversation with a run in progress refuses them: 409
-//! `thread_busy`); deleting a conversation erases the thread as `DELETE /v1/threads/{id}` does.
+//! `thread_busy`); deleting an item takes its message out of the thread (later runs no longer
+//! replay it; the run that wrote it keeps it as its response's output); deleting a
+//! conversation erases the thread as `DELETE /v1/threads/{id}` does.
 
 use axum::Json;
 use axum::extract::State;
@@ -36,6 +39,7 @@ pub fn router() -> OpenApiRouter<AppState> {
             delete_conversation
         ))
         .routes(routes!(list_items, create_items))
+        .routes(routes!(get_item, delete_item))
 }
 
 /// The most items one request adds.
@@ -55,6 +59,11 @@ pub(crate) fn parse_conversation(id: &str) -> Option<ThreadId> {
 /// 404 `conversation_not_found`.
 fn conversation_not_found() -> ApiError {
     ApiError::not_found("conversation_not_found", "no such conversation")
+}
+
+/// 404 `item_not_found`.
+fn item_not_found() -> ApiError {
+    ApiError::not_found("item_not_found", "no such item in this conversation")
 }
 
 fn item_id(message: MessageId) -> String {
@@ -260,15 +269,15 @@ fn assistant_text(item: &Value) -> Option<String> {
     }
 }
 
-/// Stores `turns` on `thread` (locked, with no run in progress), returning them as messages.
-async fn add_turns(
-    state: &AppState,
+/// Locks the caller's `thread` in `tx`: 404 `conversation_not_found` unless it is theirs, 409
+/// `thread_busy` while a response of it is in progress.
+async fn lock_idle(
+    tx: &mut sqlx::PgConnection,
     caller: &Caller,
     thread: ThreadId,
-    turns: &[(Role, String)],
-) -> Result<Vec<Message>, ApiError> {
-    let mut tx = state.db.begin().await?;
-    // The thread's row, locked: an enqueue racing this waits, and sees the turns.
+    doing: &str,
+) -> Result<(), ApiError> {
+    // The thread's row, locked: an enqueue racing this waits, and sees the change.
     let row: Option<(Option<uuid::Uuid>,)> = sqlx::query_as(
         "SELECT (SELECT r.id FROM runs r
                   WHERE r.thread_id = t.id AND r.parent_workflow_id IS NULL
@@ -289,10 +298,22 @@ async fn add_turns(
     if let Some(active) = active {
         return Err(ApiError::conflict(
             "thread_busy",
-            "the conversation has a response in progress: add items once it has ended",
+            format!("the conversation has a response in progress: {doing} once it has ended"),
         )
         .with("active_workflow_id", active));
     }
+    Ok(())
+}
+
+/// Stores `turns` on `thread` (locked, with no run in progress), returning them as messages.
+async fn add_turns(
+    state: &AppState,
+    caller: &Caller,
+    thread: ThreadId,
+    turns: &[(Role, String)],
+) -> Result<Vec<Message>, ApiError> {
+    let mut tx = state.db.begin().await?;
+    lock_idle(&mut tx, caller, thread, "add items").await?;
     let mut ids = Vec::with_capacity(turns.len());
     for (role, text) in turns {
         let id = MessageId::new();
@@ -533,6 +554,74 @@ pub(crate) async fn create_items(
     let turns = parse_items(&body.items)?;
     let added = add_turns(&state, &caller, thread, &turns).await?;
     Ok(Json(item_list(added.iter().map(item).collect(), false)))
+}
+
+/// One item of a conversation.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{conversation_id}/items/{item_id}",
+    tag = "openai",
+    security(("bearer" = ["runs:create"]), ("bearer" = ["runs:read:tenant"])),
+    params(
+        ("conversation_id" = String, Path, description = "`conv_...`, or the thread id."),
+        ("item_id" = String, Path, description = "`msg_...`, or the message id."),
+    ),
+    responses(
+        (status = 200, description = "The item.", body = ConversationItem),
+        crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
+        (status = 404, description = "`conversation_not_found` (also another owner's), `item_not_found` (also a deleted one)", body = crate::openai::schema::OpenAiErrorBody),
+    )
+)]
+pub(crate) async fn get_item(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, item_id)): ApiPath<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_any(Permission::RUNS_READ)?;
+    let thread = find(&state, &caller, &id).await?;
+    let message = parse_item(&item_id).ok_or_else(item_not_found)?;
+    let message = messages::find_item(&state.db, message, thread.id)
+        .await?
+        .ok_or_else(item_not_found)?;
+    Ok(Json(item(&message)))
+}
+
+/// Deletes an item from a conversation: later responses no longer see it, and the item lists
+/// leave it out (the response that wrote it keeps it in its `output`). Answers the
+/// conversation, as OpenAI's API does.
+#[utoipa::path(
+    delete,
+    path = "/v1/conversations/{conversation_id}/items/{item_id}",
+    tag = "openai",
+    security(("bearer" = ["runs:create"])),
+    params(
+        ("conversation_id" = String, Path, description = "`conv_...`, or the thread id."),
+        ("item_id" = String, Path, description = "`msg_...`, or the message id."),
+    ),
+    responses(
+        (status = 200, description = "The conversation.", body = Conversation),
+        crate::openai::schema::OpenAiUnauthenticated,
+        crate::openai::schema::OpenAiMissingPermission,
+        (status = 404, description = "`conversation_not_found` (also another owner's), `item_not_found` (also one deleted before)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy` (a response is in progress)", body = crate::openai::schema::OpenAiErrorBody),
+    )
+)]
+pub(crate) async fn delete_item(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, item_id)): ApiPath<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Permission::RunsCreate)?;
+    let thread = parse_conversation(&id).ok_or_else(conversation_not_found)?;
+    let message = parse_item(&item_id).ok_or_else(item_not_found)?;
+    let mut tx = state.db.begin().await?;
+    lock_idle(&mut tx, &caller, thread, "delete items").await?;
+    if !messages::delete_item(&mut *tx, message, thread).await? {
+        return Err(item_not_found());
+    }
+    tx.commit().await?;
+    Ok(Json(conversation(&find(&state, &caller, &id).await?)))
 }
 
 #[cfg(test)]

@@ -21,10 +21,10 @@ use std::collections::HashSet;
 use serde_json::{Value, json};
 
 use spool_shared::WorkflowId;
-use spool_shared::agent::{ClientToolSpec, RunOverrides, StepRule, ToolChoice};
-use spool_shared::db::messages;
+use spool_shared::agent::{ClientToolSpec, RunOverrides, Sampling, StepRule, ToolChoice};
 use spool_shared::db::runs::{self, Run};
 use spool_shared::db::steps::{self, AnswerError, CallState, DecidedBy};
+use spool_shared::db::{idempotency, messages};
 use spool_shared::run::Usage;
 use spool_shared::status::RunStatus;
 
@@ -32,7 +32,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::openai::{find_run, load_response, output_items, response_not_found, response_usage};
-use crate::routes::workflows::pauses::answer_client_tools;
+use crate::routes::workflows::pauses::{AnswerKey, answer_client_tools};
 
 /// Which API's shapes a request uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -599,16 +599,89 @@ pub(crate) async fn waiting_run(
     Ok(run)
 }
 
+/// A follow-up's `Idempotency-Key`, with the hash of its request.
+pub(crate) struct FollowUpKey<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// The hash of the request (its caller, route and body).
+    pub hash: String,
+}
+
+/// The response a follow-up sent earlier with `key` went on as (its run and segment), if one
+/// did; 422 `idempotency_key_reused` if the key came with another request.
+async fn replayed(
+    state: &AppState,
+    caller: &Caller,
+    key: &FollowUpKey<'_>,
+) -> Result<Option<(WorkflowId, u32)>, ApiError> {
+    let window = state.config.retention.idempotency();
+    let tenant = &caller.owner.tenant_id;
+    let Some(stored) = idempotency::find(&state.db, tenant, key.key, window).await? else {
+        return Ok(None);
+    };
+    if stored.request_hash != key.hash {
+        return Err(ApiError::unprocessable(
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request",
+        ));
+    }
+    let reference = stored.response.0["follow_up"]
+        .as_str()
+        .map(ResponseRef::parse)
+        .transpose()?
+        .ok_or_else(|| anyhow::anyhow!("a follow-up's key without its response"))?;
+    Ok(Some((reference.workflow_id, reference.segment)))
+}
+
+/// A follow-up: answers the calls of the run `previous` names (else of the caller's run that
+/// waits for them) with `outputs`; returns the run and the segment it goes on as. With a `key`,
+/// a retry gets what the first answered, and answers nothing twice (a concurrent retry
+/// included: it waits for the first and replays it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn follow_up(
+    state: &AppState,
+    caller: &Caller,
+    previous: Option<&str>,
+    outputs: Outputs,
+    functions: &Functions,
+    sampling: &Sampling,
+    param: &'static str,
+    key: Option<&FollowUpKey<'_>>,
+) -> Result<(WorkflowId, u32), ApiError> {
+    if let Some(key) = key
+        && let Some(replay) = replayed(state, caller, key).await?
+    {
+        return Ok(replay);
+    }
+    let answered = async {
+        let run = waiting_run(state, caller, previous, &outputs, param).await?;
+        let segment = answer(
+            state, caller, &run, outputs, functions, sampling, param, key,
+        )
+        .await?;
+        Ok((run.id, segment))
+    }
+    .await;
+    match (answered, key) {
+        // A retry that raced the first: the first's answer, once it is recorded.
+        (Err(err), Some(key)) => Ok(replayed(state, caller, key).await?.ok_or(err)?),
+        (answered, _) => answered,
+    }
+}
+
 /// Answers `run`'s pause with `outputs` (and the follow-up's tool choice for its next model
 /// call); answers the segment the run continues as. Outputs for calls that are not pending,
 /// or pending calls without one, are a 400 naming them; nothing changes then.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn answer(
     state: &AppState,
     caller: &Caller,
     run: &Run,
     outputs: Outputs,
     functions: &Functions,
+    sampling: &Sampling,
     param: &'static str,
+    key: Option<&FollowUpKey<'_>>,
 ) -> Result<u32, ApiError> {
     if !functions.tools.is_empty() && functions.tools != run_functions(run) {
         return Err(invalid(
@@ -616,8 +689,10 @@ pub(crate) async fn answer(
             "a follow-up may resend the response's function tools, not a different set",
         ));
     }
+    // The follow-up's sampling settings apply from the run's next model call on.
     let overrides = RunOverrides {
         tool_choice: functions.tool_choice.clone(),
+        sampling: (*sampling != Sampling::default()).then(|| sampling.clone()),
         ..RunOverrides::default()
     };
     let refuse = |err: AnswerError| match err {
@@ -638,7 +713,14 @@ pub(crate) async fn answer(
         .with("param", param)
         .with("missing", missing),
     };
-    answer_client_tools(state, caller, run.id, outputs, overrides, refuse).await?;
+    // The run waits at its last pause: once answered, it goes on as the segment after it.
+    let next = Segments::load(state, run).await?.pauses.len();
+    let key = key.map(|key| AnswerKey {
+        key: key.key,
+        hash: &key.hash,
+        replay: json!({"follow_up": segment_id(run.id, u32::try_from(next).unwrap_or(u32::MAX))}),
+    });
+    answer_client_tools(state, caller, run.id, outputs, overrides, refuse, key).await?;
     // The pauses answered so far: the segment the run goes on as (whether or not a worker has
     // taken it on since, and paused it again).
     let run = find_run(state, caller, run.id).await?;

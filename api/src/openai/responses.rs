@@ -8,11 +8,11 @@
 //! `instructions` replace the agent's system prompt (admin tokens only, as Spool's own
 //! `instructions`). Function `tools`, `tool_choice` and `parallel_tool_calls` are the run's
 //! client tools ([`functions`]): a response ends at their calls, and `function_call_output`
-//! items answer them (the same run goes on as a new response). Other parameters that shape a
-//! model call (`temperature`, `top_p`, `reasoning`, `max_output_tokens`, `text`, `truncation`)
-//! are accepted and ignored: the agent's spec decides them and its own tools run server-side.
-//! `store`, `include`, `user`, `service_tier`, `prompt_cache_key`, `safety_identifier` and
-//! `stream_options` are accepted and ignored (every run is stored).
+//! items answer them (the same run goes on as a new response). `temperature`, `top_p`,
+//! `max_output_tokens` and `reasoning.effort` apply to the run's model calls ([`sampling`]);
+//! `text.format` is the answer's form ([`format`]). `store`, `user`, `prompt_cache_key`,
+//! `safety_identifier` and `stream_options` are accepted and change nothing (every run is
+//! stored); parameters Spool cannot honour are refused ([`params`]).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -42,6 +42,7 @@ use crate::openai::feed::{Feed, Followed};
 use crate::openai::format;
 use crate::openai::functions::{self, Api, Functions, ResponseRef};
 use crate::openai::params;
+use crate::openai::sampling;
 use crate::openai::translate::ResponseEvents;
 use crate::openai::{find_run as find, resolve_model, response_not_found, wait_for_run};
 use crate::runs::cancel::cancel;
@@ -186,7 +187,7 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
     tag = "openai",
     security(("bearer" = ["runs:create"])),
     params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
-        description = "A retry with the same key and body gets the first response, not a second run (`extra_headers=` in the SDKs).")),
+        description = "A retry with the same key and body gets the first response, not a second run; a retried function-call follow-up gets the response it went on as (`extra_headers=` in the SDKs).")),
     request_body = crate::openai::schema::CreateResponseRequest,
     responses(
         (status = 200, description = "The response (JSON), or its events (`stream: true`).",
@@ -194,11 +195,11 @@ pub(crate) fn turns(items: &[Value], param: &'static str) -> Result<Turns, ApiEr
                 (crate::openai::schema::ResponseObject = "application/json"),
                 (crate::openai::schema::ResponseStreamEvent = "text/event-stream"),
             )),
-        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`; `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `instructions_not_allowed` (`instructions`, `system` or `developer` input without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 400, description = "`invalid_body`, `invalid_json`, `invalid_input`, `unsupported_input`, `ambiguous_model`; `unsupported_parameter` (a parameter, hosted tool or tool choice Spool does not apply), `invalid_value` (`temperature`, `top_p`, an output limit or a reasoning effort out of range), `instructions_not_allowed` (`instructions`, `system` or `developer` input without an admin token); function calling: `invalid_tools`, `no_pending_call`, `unknown_call_id`, `missing_function_call_outputs` (with `missing`); `param` names the parameter", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiUnauthenticated,
         (status = 403, description = "`forbidden`: the token lacks `runs:create` (`permission` says which); `agent_disabled`: the agent (the `model`) is disabled", body = crate::openai::schema::OpenAiErrorBody),
         (status = 404, description = "`model_not_found`, `response_not_found` (`previous_response_id`), `conversation_not_found`, `thread_not_found`", body = crate::openai::schema::OpenAiErrorBody),
-        (status = 409, description = "`thread_busy` (the conversation has a run in progress)", body = crate::openai::schema::OpenAiErrorBody),
+        (status = 409, description = "`thread_busy` (the conversation has a run in progress); a follow-up: `run_not_waiting`, `idempotency_key_in_use`", body = crate::openai::schema::OpenAiErrorBody),
         crate::openai::schema::OpenAiEnqueueRefusals,
     )
 )]
@@ -213,25 +214,28 @@ pub(crate) async fn create_response(
         .map_err(|err| ApiError::bad_request("invalid_body", err.to_string()))?;
     params::check_responses(&raw)?;
     let functions = Functions::parse(&raw, Api::Responses)?;
+    let sampling = sampling::parse(&raw, Api::Responses)?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
     if let Some(Input::Items(items)) = &request.input
         && let Some(outputs) = answers(items)?
     {
         // The outputs of the calls a response ended with: the same run goes on.
-        let run = functions::waiting_run(
-            &state,
-            &caller,
-            request.previous_response_id.as_deref(),
-            &outputs,
-            "input",
-        )
-        .await?;
         let slot = (request.stream == Some(true))
             .then(|| gateway::stream_slot(&state, &caller))
             .transpose()?;
-        let segment =
-            functions::answer(&state, &caller, &run, outputs, &functions, "input").await?;
-        return respond(&state, &caller, slot, run.id, segment, request.background).await;
+        let key = follow_up_key(&headers, &caller, b"responses", &raw)?;
+        let (run, segment) = functions::follow_up(
+            &state,
+            &caller,
+            request.previous_response_id.as_deref(),
+            outputs,
+            &functions,
+            &sampling,
+            "input",
+            key.as_ref(),
+        )
+        .await?;
+        return respond(&state, &caller, slot, run, segment, request.background).await;
     }
     let turns = match &request.input {
         Some(Input::Text(text)) => Turns {
@@ -269,7 +273,7 @@ pub(crate) async fn create_response(
         max_steps: None,
         client: None,
         instructions,
-        functions: functions.overrides(),
+        functions: sampling::add_to(functions.overrides(), &sampling),
         response_format,
         // An OpenAI request's instructions are its system prompt.
         replaces_instructions: true,
@@ -298,8 +302,32 @@ pub(crate) async fn create_response(
     )
     .await?;
     let id = enqueued.workflow_id;
-    echo::save(&state.db, id, &echo::of_request(&raw)).await?;
+    let agent = agent_spec(&state, &caller, agent_id).await?;
+    let mut echoed = echo::of_request(&raw);
+    for (field, value) in sampling::echoed(&sampling, agent.as_ref()) {
+        echoed[field] = value;
+    }
+    echo::save(&state.db, id, &echoed).await?;
     respond(&state, &caller, slot, id, 0, request.background).await
+}
+
+/// A follow-up's `Idempotency-Key`, if it has one, with the hash of the request (its caller,
+/// `route` and body).
+pub(crate) fn follow_up_key<'a>(
+    headers: &'a HeaderMap,
+    caller: &Caller,
+    route: &[u8],
+    raw: &Value,
+) -> Result<Option<functions::FollowUpKey<'a>>, ApiError> {
+    let Some(key) = idempotency_key(headers)? else {
+        return Ok(None);
+    };
+    let hash = idempotency::request_hash(&[
+        caller.owner.user_id.as_bytes(),
+        route,
+        &serde_json::to_vec(raw).map_err(anyhow::Error::from)?,
+    ]);
+    Ok(Some(functions::FollowUpKey { key, hash }))
 }
 
 /// The answer of a create: segment `segment` of the run streamed (with a `slot`), as it is
@@ -331,22 +359,24 @@ pub(crate) async fn agent_tool_names(
     caller: &Caller,
     agent_id: Option<spool_shared::ids::AgentId>,
 ) -> Result<Vec<String>, ApiError> {
+    Ok(agent_spec(state, caller, agent_id)
+        .await?
+        .map(|spec| spec.tools.iter().map(|t| t.name().to_owned()).collect())
+        .unwrap_or_default())
+}
+
+/// The agent's spec (none for the server's default agent).
+async fn agent_spec(
+    state: &AppState,
+    caller: &Caller,
+    agent_id: Option<spool_shared::ids::AgentId>,
+) -> Result<Option<spool_shared::agent::AgentSpec>, ApiError> {
     let Some(agent_id) = agent_id else {
-        return Ok(Vec::new());
+        return Ok(None);
     };
     let agent =
         spool_shared::db::agents::find(&state.db, agent_id, &caller.owner.tenant_id).await?;
-    Ok(agent
-        .map(|agent| {
-            agent
-                .spec
-                .0
-                .tools
-                .iter()
-                .map(|t| t.name().to_owned())
-                .collect()
-        })
-        .unwrap_or_default())
+    Ok(agent.map(|agent| agent.spec.0))
 }
 
 /// The function call outputs that end `items` (after its last user message), if any:

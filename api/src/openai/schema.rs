@@ -164,10 +164,10 @@ pub enum ConversationParam {
     },
 }
 
-/// The body of `POST /v1/responses`. Other parameters (`temperature`, `top_p`, `reasoning`,
-/// `max_output_tokens`, `text`, `truncation`, `store`, `include`, `user`, `service_tier`,
-/// `prompt_cache_key`, `safety_identifier`, `stream_options`) are accepted and ignored: the
-/// agent's spec decides.
+/// The body of `POST /v1/responses`. `text` (`{"format": ...}`) is the answer's form; `store`,
+/// `user`, `prompt_cache_key`, `safety_identifier` and `stream_options` are accepted and change
+/// nothing; other parameters are a 400 `unsupported_parameter` naming them unless their value
+/// asks for nothing (null, or OpenAI's default).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreateResponseRequest {
     /// The agent: its id, its name (unique in the tenant), or `spool-default`.
@@ -199,6 +199,21 @@ pub struct CreateResponseRequest {
     pub tool_choice: Option<Value>,
     /// `false`: at most one function call per model call.
     pub parallel_tool_calls: Option<bool>,
+    /// Sampling temperature of the run's model calls, in place of the agent's.
+    #[schema(minimum = 0.0, maximum = 2.0)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling of the run's model calls.
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub top_p: Option<f64>,
+    /// Tokens each model call of the run may generate (at most the agent's
+    /// `limits.max_output_tokens`).
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    pub max_output_tokens: Option<u32>,
+    /// `{"effort": "none"|"minimal"|"low"|"medium"|"high"|"xhigh"|"max"}`: sent to an
+    /// OpenAI-style provider as `reasoning_effort` (the Anthropic Messages API has no such
+    /// setting). `summary` is a 400 `unsupported_parameter`.
+    #[schema(value_type = Option<Object>)]
+    pub reasoning: Option<Value>,
 }
 
 /// A function the model may call, run by the client.
@@ -524,9 +539,10 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// The body of `POST /v1/chat/completions`. Other parameters (`temperature`, `top_p`,
-/// `max_tokens`, `max_completion_tokens`, `tools`, `tool_choice`, `response_format`, `stop`,
-/// `seed`, `logprobs`, `user`, `store`, ...) are accepted and ignored.
+/// The body of `POST /v1/chat/completions`. `response_format` is the answer's form; `user`,
+/// `store`, `prompt_cache_key` and `safety_identifier` are accepted and change nothing; other
+/// parameters (`stop`, `seed`, `logprobs`, ...) are a 400 `unsupported_parameter` naming them
+/// unless their value asks for nothing (null, or OpenAI's default).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     /// The agent: its id, its name, or `spool-default`.
@@ -552,6 +568,21 @@ pub struct ChatCompletionRequest {
     pub tool_choice: Option<Value>,
     /// `false`: at most one function call per model call.
     pub parallel_tool_calls: Option<bool>,
+    /// Sampling temperature of the run's model calls, in place of the agent's.
+    #[schema(minimum = 0.0, maximum = 2.0)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling of the run's model calls.
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub top_p: Option<f64>,
+    /// Tokens each model call may generate (at most the agent's `limits.max_output_tokens`).
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    pub max_completion_tokens: Option<u32>,
+    /// The older name of `max_completion_tokens` (which wins when both are given).
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    pub max_tokens: Option<u32>,
+    /// `none`, `minimal`, `low`, `medium`, `high`, `xhigh` or `max`: sent to an OpenAI-style
+    /// provider (the Anthropic Messages API has no such setting).
+    pub reasoning_effort: Option<String>,
 }
 
 /// The assistant's message of a completion.

@@ -14,6 +14,7 @@ mod isolation;
 mod keepalive;
 mod metrics;
 mod openai;
+mod openai_depth;
 mod openapi;
 mod overrides;
 mod pauses;

@@ -36,6 +36,8 @@ const EXPECTED: &[&str] = &[
     "DELETE /v1/conversations/{conversation_id}",
     "GET /v1/conversations/{conversation_id}/items",
     "POST /v1/conversations/{conversation_id}/items",
+    "GET /v1/conversations/{conversation_id}/items/{item_id}",
+    "DELETE /v1/conversations/{conversation_id}/items/{item_id}",
     "POST /v1/responses",
     "GET /v1/responses/{response_id}",
     "POST /v1/responses/{response_id}/cancel",

@@ -21,7 +21,7 @@ use super::{
 /// Steering posted with a pause's answer (`tool_outputs`): the next model call's tool choice
 /// and tools, rules for later steps (ahead of the agent's), and a tool choice for the rest of
 /// the run. Stored on the run as JSON; absent fields change nothing.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunOverrides {
     /// The tool choice of the next model call.
     #[serde(default)]
@@ -65,6 +65,52 @@ pub struct RunOverrides {
     /// through the OpenAI-compatible routes' `text.format` / `response_format`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// How every model call of the run samples, in place of the agent's settings (posted
+    /// through the OpenAI-compatible routes' `temperature`, `top_p`, `max_output_tokens` and
+    /// `reasoning`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<Sampling>,
+}
+
+/// The sampling settings a request asks of a run's model calls; absent fields leave the
+/// agent's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Sampling temperature (0 to 2), in place of the agent's `temperature`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling (0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Tokens the model may generate per call (at most the agent's `limits.max_output_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
+    /// How much the model reasons (`minimal`, `low`, `medium`, `high`, ...; sent to the
+    /// provider as its reasoning effort).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+}
+
+impl Sampling {
+    /// Each setting from `self`, else from `earlier`.
+    #[must_use]
+    pub fn or(self, earlier: Option<Self>) -> Self {
+        let earlier = earlier.unwrap_or_default();
+        Self {
+            temperature: self.temperature.or(earlier.temperature),
+            top_p: self.top_p.or(earlier.top_p),
+            max_output_tokens: self.max_output_tokens.or(earlier.max_output_tokens),
+            reasoning_effort: self.reasoning_effort.or(earlier.reasoning_effort),
+        }
+    }
+
+    /// The tokens a model call may generate: these settings' limit within the agent's.
+    pub fn max_output_tokens(&self, agent: Option<u32>) -> Option<u32> {
+        match (self.max_output_tokens, agent) {
+            (Some(asked), Some(limit)) => Some(asked.min(limit)),
+            (asked, limit) => asked.or(limit),
+        }
+    }
 }
 
 /// The longest `instructions` a message may post, in bytes.
@@ -123,6 +169,10 @@ impl RunOverrides {
             client_tools: self.client_tools.or(earlier.client_tools),
             parallel_tool_calls: self.parallel_tool_calls.or(earlier.parallel_tool_calls),
             response_format: self.response_format.or(earlier.response_format),
+            sampling: match (self.sampling, earlier.sampling) {
+                (None, earlier) => earlier,
+                (Some(new), earlier) => Some(new.or(earlier)),
+            },
         }
     }
 
@@ -234,6 +284,13 @@ impl RunOverrides {
         }
         if let Some(format) = self.response_format {
             spec.response_format = Some(format);
+        }
+        if let Some(sampling) = self.sampling {
+            if sampling.temperature.is_some() {
+                spec.temperature = sampling.temperature;
+            }
+            spec.limits.max_output_tokens =
+                sampling.max_output_tokens(spec.limits.max_output_tokens);
         }
     }
 }
@@ -443,5 +500,33 @@ mod tests {
         kept.apply(&mut run);
         let names: Vec<&str> = run.tools.iter().map(ToolSpec::name).collect();
         assert_eq!(names, ["read", "get_weather", "read"]);
+    }
+
+    #[test]
+    fn sampling_replaces_the_agent_s_within_its_output_limit_and_lasts_through_pauses() {
+        let agent = spec(json!({"name": "a", "model": "m", "temperature": 0.9,
+            "limits": {"max_output_tokens": 500}}));
+        let posted = overrides(json!({"sampling": {"temperature": 0.1, "top_p": 0.5,
+            "max_output_tokens": 900, "reasoning_effort": "low"}}));
+        // A later pause that posts only a temperature keeps the rest.
+        let kept = overrides(json!({"sampling": {"temperature": 0.3}})).accumulate(Some(posted), 2);
+        let sampling = kept.sampling.clone().expect("sampling");
+        assert_eq!(sampling.temperature, Some(0.3));
+        assert_eq!(sampling.top_p, Some(0.5));
+        assert_eq!(sampling.reasoning_effort.as_deref(), Some("low"));
+        let mut run = agent.clone();
+        kept.apply(&mut run);
+        assert_eq!(run.temperature, Some(0.3));
+        assert_eq!(
+            run.limits.max_output_tokens,
+            Some(500),
+            "never above the agent's"
+        );
+        let mut lower = agent.clone();
+        overrides(json!({"sampling": {"max_output_tokens": 64}})).apply(&mut lower);
+        assert_eq!(
+            (lower.limits.max_output_tokens, lower.temperature),
+            (Some(64), Some(0.9))
+        );
     }
 }

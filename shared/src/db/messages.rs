@@ -84,7 +84,7 @@ pub async fn list(
         columns!(),
         " FROM (
              SELECT * FROM messages
-              WHERE thread_id = $1 AND depth = 0
+              WHERE thread_id = $1 AND depth = 0 AND deleted_at IS NULL
                 AND ($3::uuid IS NULL
                      OR seq < (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
               ORDER BY seq DESC
@@ -113,7 +113,7 @@ pub async fn page(
         "SELECT ",
         columns!(),
         " FROM messages
-          WHERE thread_id = $1 AND depth = 0
+          WHERE thread_id = $1 AND depth = 0 AND deleted_at IS NULL
             AND ($3::uuid IS NULL
                  OR seq > (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
           ORDER BY seq ASC
@@ -123,7 +123,7 @@ pub async fn page(
         "SELECT ",
         columns!(),
         " FROM messages
-          WHERE thread_id = $1 AND depth = 0
+          WHERE thread_id = $1 AND depth = 0 AND deleted_at IS NULL
             AND ($3::uuid IS NULL
                  OR seq < (SELECT seq FROM messages WHERE id = $3 AND thread_id = $1))
           ORDER BY seq DESC
@@ -154,6 +154,43 @@ pub async fn find_in_thread(
     .await
 }
 
+/// A top-level message of a thread that is not deleted from it ([`delete_item`]).
+pub async fn find_item(
+    executor: impl PgExecutor<'_>,
+    id: MessageId,
+    thread_id: ThreadId,
+) -> sqlx::Result<Option<Message>> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM messages
+          WHERE id = $1 AND thread_id = $2 AND depth = 0 AND deleted_at IS NULL"
+    ))
+    .bind(id)
+    .bind(thread_id)
+    .fetch_optional(executor)
+    .await
+}
+
+/// Takes a top-level message out of its thread: listings and the history later runs replay
+/// leave it out; the run that wrote it still reads it ([`find_in_thread`]). Returns whether
+/// it was there.
+pub async fn delete_item(
+    executor: impl PgExecutor<'_>,
+    id: MessageId,
+    thread_id: ThreadId,
+) -> sqlx::Result<bool> {
+    let result = sqlx::query(
+        "UPDATE messages SET deleted_at = now(), updated_at = now()
+          WHERE id = $1 AND thread_id = $2 AND depth = 0 AND deleted_at IS NULL",
+    )
+    .bind(id)
+    .bind(thread_id)
+    .execute(executor)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
 /// What a run's prompt replays: the newest summary of the thread that covers only messages
 /// before `user_message_id`, and the last `depth` completed messages after it, up to that
 /// message, oldest first; and whether older messages than those follow the summary (the
@@ -180,6 +217,7 @@ pub async fn history(
                     AND seq <= (SELECT seq FROM messages WHERE id = $2)
                     AND seq > COALESCE((SELECT through_seq FROM summary), 0)
                     AND status = 'completed' AND content <> '' AND depth = 0
+                    AND deleted_at IS NULL
                   ORDER BY seq DESC
                   LIMIT $3) recent
           ORDER BY seq",
@@ -225,6 +263,7 @@ pub async fn backlog(
         "SELECT role, content, parts, seq FROM messages
           WHERE thread_id = $1 AND seq > $2 AND seq < $3
             AND status = 'completed' AND content <> '' AND depth = 0
+            AND deleted_at IS NULL
           ORDER BY seq
           LIMIT $4",
     )

@@ -392,3 +392,30 @@ async fn structured_outputs_parse_through_the_official_python_sdk() {
     run_sdk_script(&stack, command).await;
     assert!(conform.check() > 10, "the SDK's answers were checked");
 }
+
+#[tokio::test]
+async fn structured_outputs_parse_a_zod_schema_through_the_official_node_sdk() {
+    let dir = spool_tests::peers::node_peers().expect("npm peers");
+    let fake = FakeLlm::start(weather_upstream).await;
+    let mut stack = Stack::start().await;
+    let conform = conforming(&mut stack).await;
+    let _worker = stack
+        .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
+        .await;
+    let root = token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
+    let (status, agent) = stack
+        .post(
+            &root,
+            "/v1/agents",
+            &json!({"name": "forecaster", "model": "gpt-4o-mini"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{agent}");
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(dir.join("openai_structured.mjs"))
+        .current_dir(&dir)
+        .env("MODEL", "forecaster");
+    run_sdk_script(&stack, command).await;
+    assert!(conform.check() > 4, "the SDK's answers were checked");
+}

@@ -112,6 +112,10 @@ pub struct ChatRequest {
     pub response_format: Option<spool_shared::agent::ResponseFormat>,
     /// `Some(false)`: ask for at most one tool call (providers that take the flag).
     pub parallel_tool_calls: Option<bool>,
+    /// Nucleus sampling (`top_p`).
+    pub top_p: Option<f64>,
+    /// How much a reasoning model reasons (`low`, `high`, ...; providers that take it).
+    pub reasoning_effort: Option<String>,
 }
 
 impl ChatRequest {

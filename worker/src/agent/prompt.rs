@@ -337,6 +337,8 @@ async fn summarise_once(model: &Candidate, transcript: String) -> (Result<String
         max_output_tokens: Some(SUMMARY_OUTPUT_TOKENS),
         response_format: None,
         parallel_tool_calls: None,
+        top_p: None,
+        reasoning_effort: None,
     };
     let response = async {
         let mut stream = model.model.stream(request).await?;

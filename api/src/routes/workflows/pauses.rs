@@ -19,7 +19,7 @@ use spool_shared::agent::{
 };
 use spool_shared::db::runs::{self, Run};
 use spool_shared::db::steps::{self, AnswerError, DecideError, SavedStep};
-use spool_shared::db::{self, agents};
+use spool_shared::db::{self, agents, idempotency};
 use spool_shared::run::PendingAction;
 use spool_shared::status::RunStatus;
 
@@ -132,14 +132,15 @@ pub(crate) async fn post_tool_outputs(
                 .with("missing", missing)
         }
     };
-    answer_client_tools(&state, &caller, id, outputs, overrides, refuse).await?;
+    answer_client_tools(&state, &caller, id, outputs, overrides, refuse, None).await?;
     Ok(accepted(find_own(&state, id, &caller).await?))
 }
 
 /// Answers the caller's run paused as `requires_action` with every pending call's output
 /// (`(tool_call_id, output)`) and the `overrides` the answer posts (checked against the run's
 /// agent, its client tools included), and re-queues it, in one transaction; nothing changes
-/// on an error. `refuse` words outputs that do not answer the pending calls.
+/// on an error. `refuse` words outputs that do not answer the pending calls. With a `key`, the
+/// same transaction takes the `Idempotency-Key` and records what a retry with it replays.
 pub(crate) async fn answer_client_tools(
     state: &AppState,
     caller: &Caller,
@@ -147,6 +148,7 @@ pub(crate) async fn answer_client_tools(
     outputs: Vec<(String, String)>,
     overrides: RunOverrides,
     refuse: impl FnOnce(AnswerError) -> ApiError,
+    key: Option<AnswerKey<'_>>,
 ) -> Result<(), ApiError> {
     let mut paused = Paused::lock(state, caller, id, RunStatus::RequiresAction).await?;
     paused.step.answer_client(outputs).map_err(refuse)?;
@@ -187,7 +189,30 @@ pub(crate) async fn answer_client_tools(
     if !clashes.is_empty() {
         return Err(invalid_overrides(clashes));
     }
+    if let Some(key) = key {
+        let (tenant, window) = (
+            &caller.owner.tenant_id,
+            state.config.retention.idempotency(),
+        );
+        if !idempotency::reserve(&mut *paused.tx, tenant, key.key, key.hash, window).await? {
+            return Err(ApiError::conflict(
+                "idempotency_key_in_use",
+                "this Idempotency-Key is taken by another request",
+            ));
+        }
+        idempotency::record(&mut *paused.tx, tenant, key.key, 200, &key.replay, id).await?;
+    }
     paused.resume(Some(&overrides)).await
+}
+
+/// The `Idempotency-Key` an answer takes: the request's hash, and what a retry replays.
+pub(crate) struct AnswerKey<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// The hash of the request that takes it.
+    pub hash: &'a str,
+    /// What a retry with it is answered from.
+    pub replay: Value,
 }
 
 /// Body of `POST .../approvals/{tool_call_id}`.

@@ -169,6 +169,11 @@ pub fn body(request: &ChatRequest) -> Value {
         // The API's range is 0 to 1; an agent's is 0 to 2.
         body["temperature"] = json!(temperature.clamp(0.0, 1.0));
     }
+    if let Some(top_p) = request.top_p {
+        body["top_p"] = json!(top_p);
+    }
+    // The Messages API has no reasoning effort (its extended thinking is a token budget whose
+    // blocks must be sent back with every tool result): `reasoning_effort` is not sent.
     body
 }
 
@@ -416,6 +421,8 @@ mod tests {
             max_output_tokens: None,
             response_format: None,
             parallel_tool_calls: None,
+            top_p: None,
+            reasoning_effort: None,
         };
         let body = body(&request);
         assert_eq!(body["system"], "Be brief.");

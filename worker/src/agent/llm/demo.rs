@@ -144,6 +144,8 @@ mod tests {
             max_output_tokens: None,
             response_format: None,
             parallel_tool_calls: None,
+            top_p: None,
+            reasoning_effort: None,
         };
         let streamed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = streamed.clone();

@@ -100,6 +100,12 @@ pub fn body(request: &ChatRequest) -> Value {
     if let Some(temperature) = request.temperature {
         body["temperature"] = json!(temperature);
     }
+    if let Some(top_p) = request.top_p {
+        body["top_p"] = json!(top_p);
+    }
+    if let Some(effort) = &request.reasoning_effort {
+        body["reasoning_effort"] = json!(effort);
+    }
     if let Some(format) = &request.response_format {
         let mut schema = json!({"name": format.name(), "schema": format.schema()});
         if let Some(strict) = format.strict() {
@@ -377,6 +383,8 @@ data: [DONE]"#;
                 strict: Some(true),
             }),
             parallel_tool_calls: Some(false),
+            top_p: Some(0.9),
+            reasoning_effort: Some("low".into()),
         };
         let body = body(&request);
         assert_eq!(body["parallel_tool_calls"], false);
@@ -390,6 +398,10 @@ data: [DONE]"#;
         assert_eq!(body["tools"][0]["type"], "function");
         assert_eq!(body["temperature"], 0.5);
         assert_eq!(body["max_tokens"], 64);
+        assert_eq!(
+            (body["top_p"].clone(), body["reasoning_effort"].clone()),
+            (json!(0.9), json!("low"))
+        );
         assert_eq!(
             body["response_format"],
             json!({"type": "json_schema",
