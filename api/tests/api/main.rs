@@ -6,6 +6,7 @@ mod api_keys;
 mod cancel;
 mod common;
 mod control;
+mod costs;
 mod enqueue;
 mod external_auth;
 mod identity;
