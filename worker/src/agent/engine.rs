@@ -167,7 +167,8 @@ impl Engine {
                 output_per_mtok: Usd(0.0),
                 cached_input_per_mtok: None,
             };
-            return Ok((self.demo.clone(), Some(free)));
+            let demo: Arc<dyn ChatModel> = self.demo.clone();
+            return Ok((demo, Some(free)));
         }
         let listing = self
             .providers
