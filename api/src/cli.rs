@@ -9,8 +9,10 @@ use secrecy::{ExposeSecret as _, SecretString};
 use tokio_util::sync::CancellationToken;
 
 use spool_shared::config::{DbArgs, RedisArgs, StreamArgs};
+use spool_shared::pricing::Usd;
 use spool_shared::quota::{
-    CONCURRENT_RUNS_RANGE, DAILY_TOKENS_RANGE, QuotaLimits, Quotas, RUNS_PER_HOUR_RANGE,
+    CONCURRENT_RUNS_RANGE, DAILY_TOKENS_RANGE, MAX_DAILY_BUDGET_USD, QuotaLimits, Quotas,
+    RUNS_PER_HOUR_RANGE,
 };
 use spool_shared::stream::StreamKeys;
 use spool_shared::telemetry::{self, LogFormat};
@@ -166,6 +168,18 @@ pub struct QuotaArgs {
     #[arg(long, env = "SPOOL_QUOTA_TENANT_DAILY_TOKENS",
           value_parser = limit("SPOOL_QUOTA_TENANT_DAILY_TOKENS", DAILY_TOKENS_RANGE))]
     pub quota_tenant_daily_tokens: Option<u64>,
+
+    /// US dollars one user's runs may spend on model calls per UTC day, at the providers'
+    /// prices (more than 0, at most 10^9).
+    #[arg(long, env = "SPOOL_QUOTA_USER_DAILY_USD",
+          value_parser = dollars("SPOOL_QUOTA_USER_DAILY_USD"))]
+    pub quota_user_daily_usd: Option<f64>,
+
+    /// US dollars one tenant's runs may spend on model calls per UTC day, at the providers'
+    /// prices (more than 0, at most 10^9).
+    #[arg(long, env = "SPOOL_QUOTA_TENANT_DAILY_USD",
+          value_parser = dollars("SPOOL_QUOTA_TENANT_DAILY_USD"))]
+    pub quota_tenant_daily_usd: Option<f64>,
 }
 
 /// An external identity provider whose tokens the API accepts beside its own HS256 ones
@@ -259,6 +273,19 @@ fn limit(
     }
 }
 
+/// A parser of a daily budget in dollars that names `variable` when it fails.
+fn dollars(
+    variable: &'static str,
+) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
+    move |text| match text.trim().parse::<f64>() {
+        Ok(value) if value > 0.0 && value <= MAX_DAILY_BUDGET_USD => Ok(value),
+        _ => Err(format!(
+            "{variable} must be a number of US dollars more than 0 and at most \
+             {MAX_DAILY_BUDGET_USD} (unset: unlimited), not `{text}`"
+        )),
+    }
+}
+
 impl QuotaArgs {
     /// The quotas they set.
     pub fn quotas(&self) -> Quotas {
@@ -268,11 +295,13 @@ impl QuotaArgs {
                 runs_per_hour: small(self.quota_user_runs_per_hour),
                 max_concurrent_runs: small(self.quota_user_concurrent_runs),
                 daily_token_budget: self.quota_user_daily_tokens,
+                daily_budget_usd: self.quota_user_daily_usd.map(Usd),
             },
             tenant: QuotaLimits {
                 runs_per_hour: small(self.quota_tenant_runs_per_hour),
                 max_concurrent_runs: small(self.quota_tenant_concurrent_runs),
                 daily_token_budget: self.quota_tenant_daily_tokens,
+                daily_budget_usd: self.quota_tenant_daily_usd.map(Usd),
             },
             ip: QuotaLimits::default(),
         }

@@ -40,9 +40,12 @@ pub struct ErrorDetail {
     /// `tenant`).
     #[schema(pattern = "^(user|tenant)$")]
     pub scope: Option<String>,
-    /// `rate_limited`, `concurrency_limited`, `budget_exceeded`, `too_many_streams`: the limit
-    /// reached.
+    /// `rate_limited`, `concurrency_limited`, `budget_exceeded` (of tokens), `too_many_streams`:
+    /// the limit reached.
     pub limit: Option<u64>,
+    /// `budget_exceeded` of a budget in dollars (`daily_budget_usd`): the budget, in US dollars
+    /// (then `limit` is absent).
+    pub limit_usd: Option<f64>,
     /// `rate_limited`, `concurrency_limited`, `budget_exceeded`: the agent whose own quota
     /// (its `governance`) is reached; absent for the server's quotas.
     pub agent_id: Option<String>,

@@ -86,9 +86,16 @@ impl EgressArgs {
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ProviderArgs {
     /// Named model providers that agents choose with `provider` (JSON):
-    /// `[{"name", "kind": "openai" | "anthropic", "base_url", "api_key_env"?, "models"?}]`.
+    /// `[{"name", "kind": "openai" | "anthropic", "base_url", "api_key_env"?, "models"?,
+    /// "prices"?}]`.
     #[arg(long, env = "SPOOL_PROVIDERS", value_parser = crate::provider::Providers::parse)]
     pub providers: Option<crate::provider::Providers>,
+
+    /// Prices of the unnamed provider's models (`SPOOL_LLM_BASE_URL`), US dollars per million
+    /// tokens (JSON): `{"model": {"input_per_mtok", "output_per_mtok",
+    /// "cached_input_per_mtok"?}}`. A model without a price is unpriced (`cost_usd` null).
+    #[arg(long, env = "SPOOL_LLM_PRICES", value_parser = |s: &str| crate::pricing::Prices::parse("SPOOL_LLM_PRICES", s))]
+    pub llm_prices: Option<crate::pricing::Prices>,
 }
 
 impl ProviderArgs {

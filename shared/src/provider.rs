@@ -1,5 +1,5 @@
 //! Named model providers (`SPOOL_PROVIDERS`): a JSON list of `{"name", "kind": "openai" |
-//! "anthropic", "base_url", "api_key_env"?, "models"?}`. The workers build a client for each;
+//! "anthropic", "base_url", "api_key_env"?, "models"?, "prices"?}`. The workers build a client for each;
 //! the API checks at save that an agent's `provider` is one of them (and, when the provider
 //! lists its `models`, that the agent's model and fallbacks are among them). Both read the same
 //! variable.
@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentSpec, FieldError};
+use crate::pricing::Prices;
 
 /// The wire format a provider speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +37,11 @@ pub struct ProviderSpec {
     /// names no provider is served by the first provider listing its model).
     #[serde(default)]
     pub models: Option<Vec<String>>,
+    /// The prices of its models (`{model: {input_per_mtok, output_per_mtok,
+    /// cached_input_per_mtok?}}`, US dollars per million tokens); a model it serves without a
+    /// price is unpriced (its calls' `cost_usd` is null).
+    #[serde(default, skip_serializing_if = "Prices::is_empty")]
+    pub prices: Prices,
 }
 
 /// The configured providers.
@@ -51,7 +57,7 @@ impl Providers {
         }
         let list: Vec<ProviderSpec> = serde_json::from_str(json).map_err(|e| {
             fail(format!(
-                "not a JSON list of {{name, kind, base_url, api_key_env?, models?}}: {e}"
+                "not a JSON list of {{name, kind, base_url, api_key_env?, models?, prices?}}: {e}"
             ))
         })?;
         let mut names = std::collections::HashSet::new();
@@ -75,6 +81,9 @@ impl Providers {
             }
             if provider.models.as_ref().is_some_and(Vec::is_empty) {
                 return Err(fail(format!("[{i}].models must not be empty when given")));
+            }
+            if let Some((field, message)) = provider.prices.problems().into_iter().next() {
+                return Err(fail(format!("[{i}].prices.{field} {message}")));
             }
         }
         Ok(Self(list))
@@ -137,7 +146,9 @@ mod tests {
     fn providers_parse_strictly_and_check_agents() {
         let providers = Providers::parse(
             r#"[{"name": "claude", "kind": "anthropic", "base_url": "https://api.anthropic.com/v1",
-                 "api_key_env": "ANTHROPIC_API_KEY", "models": ["claude-sonnet-4-5"]},
+                 "api_key_env": "ANTHROPIC_API_KEY", "models": ["claude-sonnet-4-5"],
+                 "prices": {"claude-sonnet-4-5": {"input_per_mtok": 3, "output_per_mtok": 15,
+                                                  "cached_input_per_mtok": 0.3}}},
                 {"name": "oai", "kind": "openai", "base_url": "https://api.openai.com/v1"}]"#,
         )
         .expect("valid");
@@ -152,6 +163,10 @@ mod tests {
             Some("claude")
         );
         assert_eq!(Providers::parse("").expect("empty"), Providers::default());
+        let price = providers
+            .find("claude")
+            .and_then(|p| p.prices.get("claude-sonnet-4-5"));
+        assert_eq!(price.map(|p| p.output_per_mtok.0), Some(15.0));
         for (bad, says) in [
             ("{", "not a JSON list"),
             (
@@ -174,6 +189,16 @@ mod tests {
             (
                 r#"[{"name": "a", "kind": "openai", "base_url": "https://x.io", "models": []}]"#,
                 "[0].models",
+            ),
+            (
+                r#"[{"name": "a", "kind": "openai", "base_url": "https://x.io",
+                     "prices": {"m": {"input_per_mtok": -2, "output_per_mtok": 1}}}]"#,
+                "[0].prices.m.input_per_mtok must be a number from 0",
+            ),
+            (
+                r#"[{"name": "a", "kind": "openai", "base_url": "https://x.io",
+                     "prices": {"m": {"input_per_mtok": 1}}}]"#,
+                "not a JSON list",
             ),
         ] {
             let err = Providers::parse(bad).expect_err(bad);

@@ -1,7 +1,8 @@
 //! Quotas (docs/operations.md): what one user and one tenant may start and spend.
 //!
-//! Three limits, each optional: `runs_per_hour`, `max_concurrent_runs` (queued, running or
-//! paused runs) and `daily_token_budget` (prompt + generated tokens of the UTC day). They
+//! Four limits, each optional: `runs_per_hour`, `max_concurrent_runs` (queued, running or
+//! paused runs), `daily_token_budget` (prompt + generated tokens of the UTC day) and
+//! `daily_budget_usd` (what the model calls of the UTC day cost, [`crate::pricing`]). They
 //! apply per user and per tenant, from configuration (`SPOOL_QUOTA_*`, [`Quotas`] of the API)
 //! for every run, and from an agent's `governance` for that agent's own runs (counted apart, so
 //! an agent can be held to less than the server allows). [`counters`] resolves which counters a
@@ -12,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::AgentId;
+use crate::pricing::Usd;
 
 pub mod admission;
 
@@ -34,6 +36,13 @@ pub struct QuotaLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 1_000_000_000_000_i64)]
     pub daily_token_budget: Option<u64>,
+    /// US dollars per UTC day (more than 0, at most 10^9), what the model calls cost at their
+    /// providers' `prices`: once spent, new runs get 429 `budget_exceeded` and running runs
+    /// fail with `budget_exceeded` at their next step. Calls of unpriced models cost nothing
+    /// known, so they are not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<f64>, exclusive_minimum = 0, maximum = 1_000_000_000)]
+    pub daily_budget_usd: Option<Usd>,
 }
 
 /// Bounds of each limit, for validation.
@@ -42,6 +51,8 @@ pub const RUNS_PER_HOUR_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 pub const CONCURRENT_RUNS_RANGE: std::ops::RangeInclusive<u64> = 1..=100_000;
 /// Bounds of `daily_token_budget`.
 pub const DAILY_TOKENS_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000_000_000;
+/// The largest `daily_budget_usd` (it must also be more than 0).
+pub const MAX_DAILY_BUDGET_USD: f64 = 1_000_000_000.0;
 
 impl QuotaLimits {
     /// Whether no limit is set.
@@ -63,8 +74,21 @@ impl QuotaLimits {
         .filter_map(|(name, value)| Some((name, value?)))
     }
 
+    /// Whether a daily budget (tokens or dollars) is set.
+    pub fn has_budget(&self) -> bool {
+        self.daily_token_budget.is_some() || self.daily_budget_usd.is_some()
+    }
+
     /// The problems of the set limits, by field name.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let usd = self.daily_budget_usd.and_then(|Usd(usd)| {
+            (!(usd > 0.0 && usd <= MAX_DAILY_BUDGET_USD)).then(|| {
+                (
+                    "daily_budget_usd",
+                    format!("must be more than 0 and at most {MAX_DAILY_BUDGET_USD}"),
+                )
+            })
+        });
         self.set()
             .filter_map(|(name, value)| {
                 let range = match name {
@@ -77,6 +101,7 @@ impl QuotaLimits {
                     (name, format!("must be between {low} and {high}"))
                 })
             })
+            .chain(usd)
             .collect()
     }
 }
@@ -125,6 +150,7 @@ pub fn with_client(
         agent_id: agent.to_string(),
         limits: QuotaLimits {
             daily_token_budget: None,
+            daily_budget_usd: None,
             ..limits
         },
     });
@@ -206,27 +232,22 @@ impl RunQuota {
             counters: self
                 .counters
                 .iter()
-                .filter(|c| {
-                    c.limits.max_concurrent_runs.is_some() || c.limits.daily_token_budget.is_some()
-                })
+                .filter(|c| c.limits.max_concurrent_runs.is_some() || c.limits.has_budget())
                 .map(|c| Counter {
                     owner_id: c.owner_id.clone(),
                     agent_id: c.agent_id.clone(),
                     limits: QuotaLimits {
-                        max_concurrent_runs: c.limits.max_concurrent_runs,
-                        daily_token_budget: c.limits.daily_token_budget,
                         runs_per_hour: None,
+                        ..c.limits
                     },
                 })
                 .collect(),
         }
     }
 
-    /// The counters with a token budget.
+    /// The counters with a daily budget (tokens or dollars).
     pub fn budgets(&self) -> impl Iterator<Item = &Counter> {
-        self.counters
-            .iter()
-            .filter(|c| c.limits.daily_token_budget.is_some())
+        self.counters.iter().filter(|c| c.limits.has_budget())
     }
 }
 
@@ -322,6 +343,7 @@ mod tests {
             runs_per_hour: Some(10),
             max_concurrent_runs: Some(2),
             daily_token_budget: Some(1_000),
+            daily_budget_usd: Some(Usd(2.5)),
         };
         let quota = RunQuota {
             counters: vec![
@@ -355,8 +377,12 @@ mod tests {
             runs_per_hour: Some(0),
             max_concurrent_runs: Some(100_001),
             daily_token_budget: Some(1),
+            daily_budget_usd: Some(Usd(0.0)),
         };
         let names: Vec<_> = bad.problems().into_iter().map(|(name, _)| name).collect();
-        assert_eq!(names, ["runs_per_hour", "max_concurrent_runs"]);
+        assert_eq!(
+            names,
+            ["runs_per_hour", "max_concurrent_runs", "daily_budget_usd"]
+        );
     }
 }

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::event::{ApprovalRequested, Data, RequiresAction};
+use crate::pricing::Usd;
 
 /// Token usage of one or more model calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -28,6 +29,12 @@ pub struct Usage {
     /// Of `output_tokens`, the model's reasoning (absent when none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reasoning_tokens: u64,
+    /// What these tokens cost in US dollars, at the prices of the provider that served each
+    /// call (`prices`, `SPOOL_LLM_PRICES`); `null` when any of them was on a model with no
+    /// price (unpriced: unknown, never 0), or was recorded before costs were.
+    #[serde(default)]
+    #[schema(value_type = Option<f64>)]
+    pub cost_usd: Option<Usd>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -36,12 +43,38 @@ fn is_zero(n: &u64) -> bool {
 
 impl Usage {
     /// Adds another call's usage to this one.
+    ///
+    /// The cost is the sum of both; unknown (`None`) when either side's is, except a side
+    /// with no tokens, which costs nothing whatever it says.
     pub fn add(&mut self, other: Usage) {
+        self.cost_usd = if other.is_empty() {
+            self.cost_usd
+        } else if self.is_empty() {
+            other.cost_usd
+        } else {
+            match (self.cost_usd, other.cost_usd) {
+                (Some(a), Some(b)) => Some(Usd(a.0 + b.0)),
+                _ => None,
+            }
+        };
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
         self.cached_input_tokens += other.cached_input_tokens;
         self.cache_write_tokens += other.cache_write_tokens;
         self.reasoning_tokens += other.reasoning_tokens;
+    }
+
+    /// Whether no token was used.
+    pub fn is_empty(&self) -> bool {
+        self.input_tokens == 0 && self.output_tokens == 0
+    }
+
+    /// This usage at `price`, the price of the model that served it (`None`: unpriced, the
+    /// cost is unknown).
+    #[must_use]
+    pub fn priced(mut self, price: Option<&crate::pricing::ModelPrice>) -> Self {
+        self.cost_usd = price.map(|p| p.cost(&self));
+        self
     }
 }
 

@@ -25,6 +25,7 @@ use spool_shared::agent::{ClientToolSpec, RunOverrides, Sampling, StepRule, Tool
 use spool_shared::db::runs::{self, Run};
 use spool_shared::db::steps::{self, AnswerError, CallState, DecidedBy};
 use spool_shared::db::{idempotency, messages};
+use spool_shared::pricing::Usd;
 use spool_shared::run::Usage;
 use spool_shared::status::RunStatus;
 
@@ -534,6 +535,14 @@ pub(crate) fn minus(total: Usage, earlier: Usage) -> Usage {
         reasoning_tokens: total
             .reasoning_tokens
             .saturating_sub(earlier.reasoning_tokens),
+        cost_usd: if earlier.is_empty() {
+            total.cost_usd
+        } else {
+            total
+                .cost_usd
+                .zip(earlier.cost_usd)
+                .map(|(total, earlier)| Usd((total.0 - earlier.0).max(0.0)))
+        },
     }
 }
 

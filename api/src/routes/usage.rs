@@ -52,6 +52,12 @@ pub struct UsageGroup {
     pub output_tokens: i64,
     /// Runs that ended in the window (by model: runs with a step on that model).
     pub runs: i64,
+    /// What the tokens cost in US dollars, at the providers' `prices`; `null` when some of
+    /// them were on a model with no price (see `unpriced_models`) or recorded before costs
+    /// were: unpriced tokens are never counted as free.
+    pub cost_usd: Option<f64>,
+    /// The group's models with no price (their calls have no known cost).
+    pub unpriced_models: Vec<String>,
 }
 
 /// The tenant's usage.
@@ -66,10 +72,13 @@ pub struct UsageResponse {
     pub group_by: String,
     /// One row per group, largest total first.
     pub data: Vec<UsageGroup>,
+    /// Every model of the window with no price, whatever its group (sorted).
+    pub unpriced_models: Vec<String>,
 }
 
-/// The tenant's tokens and runs in a window, by user, agent or model. Runs count when they
-/// end (their usage is final then).
+/// The tenant's tokens, dollars and runs in a window, by user, agent or model. Runs count
+/// when they end (their usage is final then). Models with no price are named, never counted
+/// as free.
 #[utoipa::path(
     get,
     path = "/v1/usage",
@@ -128,10 +137,17 @@ async fn get_usage(
         ));
     }
     let rows = usage::report(&state.db, &caller.owner.tenant_id, window, group_by).await?;
+    let mut unpriced: Vec<String> = rows
+        .iter()
+        .flat_map(|row| row.unpriced_models.iter().cloned())
+        .collect();
+    unpriced.sort();
+    unpriced.dedup();
     Ok(Json(UsageResponse {
         from,
         to,
         group_by: query.group_by.unwrap_or_else(|| "user".into()),
+        unpriced_models: unpriced,
         data: rows
             .into_iter()
             .map(
@@ -140,11 +156,15 @@ async fn get_usage(
                      input_tokens,
                      output_tokens,
                      runs,
+                     cost_usd,
+                     unpriced_models,
                  }| UsageGroup {
                     group,
                     input_tokens,
                     output_tokens,
                     runs,
+                    cost_usd,
+                    unpriced_models,
                 },
             )
             .collect(),

@@ -507,8 +507,11 @@ fn refused(refusal: &Refusal) -> ApiError {
         details: serde_json::Map::new(),
     }
     .with("scope", refusal.scope.as_str())
-    .with("limit", refusal.limit)
     .with("retry_after", refusal.retry_after);
+    let error = match refusal.limit_usd {
+        Some(usd) => error.with("limit_usd", usd.0),
+        None => error.with("limit", refusal.limit),
+    };
     match &refusal.agent_id {
         Some(agent_id) => error.with("agent_id", agent_id),
         None => error,

@@ -7,6 +7,7 @@ mod cancel;
 mod citations;
 mod common;
 mod control;
+mod costs;
 mod enqueue;
 mod external_auth;
 mod identity;

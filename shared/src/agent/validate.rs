@@ -175,11 +175,17 @@ impl AgentSpec {
         for (name, problem) in self.governance.ip.problems() {
             problems.add(format!("governance.ip.{name}"), problem);
         }
-        if self.governance.ip.daily_token_budget.is_some() {
-            problems.add(
-                "governance.ip.daily_token_budget",
-                "per address only runs_per_hour and max_concurrent_runs",
-            );
+        let ip = &self.governance.ip;
+        for (field, set) in [
+            ("daily_token_budget", ip.daily_token_budget.is_some()),
+            ("daily_budget_usd", ip.daily_budget_usd.is_some()),
+        ] {
+            if set {
+                problems.add(
+                    format!("governance.ip.{field}"),
+                    "per address only runs_per_hour and max_concurrent_runs",
+                );
+            }
         }
         let set = optional
             .into_iter()

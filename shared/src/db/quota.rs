@@ -1,4 +1,4 @@
-//! The quotas' truth in Postgres: the day's tokens per counter (`quota_counters`), charged by
+//! The quotas' truth in Postgres: the day's tokens and cost per counter (`quota_counters`), charged by
 //! the workers after each model call and checked by a running run before its next; and the
 //! account a counter is rebuilt from when Redis, where admission counts
 //! ([`crate::quota::admission`]), does not hold it.
@@ -6,6 +6,7 @@
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::ids::WorkflowId;
+use crate::pricing::Usd;
 use crate::quota::{Counter, QuotaScope, RunQuota};
 use crate::status::RunStatus;
 
@@ -18,8 +19,10 @@ pub struct Refusal {
     pub scope: QuotaScope,
     /// The agent whose runs it counts (its `governance`), if only one's.
     pub agent_id: Option<String>,
-    /// The limit.
+    /// The limit (0 for a budget in dollars: `limit_usd`).
     pub limit: u64,
+    /// A `budget_exceeded` of a budget in dollars (`daily_budget_usd`): the budget.
+    pub limit_usd: Option<Usd>,
     /// Seconds until a retry may pass (the window's or the day's end; a hint for concurrency).
     pub retry_after: u32,
 }
@@ -31,7 +34,10 @@ impl Refusal {
         let what = match self.code {
             "rate_limited" => format!("{} runs per hour", self.limit),
             "concurrency_limited" => format!("{} active runs at once", self.limit),
-            _ => format!("a budget of {} tokens a day", self.limit),
+            _ => match self.limit_usd {
+                Some(usd) => format!("a budget of {usd} a day"),
+                None => format!("a budget of {} tokens a day", self.limit),
+            },
         };
         format!(
             "{whose} quota of {what} is reached; retry after {} s",
@@ -52,26 +58,43 @@ fn whose(scope: QuotaScope, agent_id: Option<&str>) -> String {
 pub const CONCURRENCY_RETRY_SECS: u32 = 5;
 
 /// A counter whose daily budget is spent.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Spent {
     /// Whom it counts.
     pub scope: QuotaScope,
     /// The agent whose runs it counts, if only one's.
     pub agent_id: Option<String>,
-    /// The budget.
-    pub budget: u64,
+    /// The budget: tokens, or dollars.
+    pub budget: Budget,
     /// Tokens spent today.
     pub tokens: i64,
+    /// Dollars spent today (on priced models).
+    pub cost_usd: f64,
+}
+
+/// Which daily budget.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Budget {
+    /// `daily_token_budget`.
+    Tokens(u64),
+    /// `daily_budget_usd`.
+    Usd(Usd),
 }
 
 impl Spent {
     /// A sentence for people.
     pub fn message(&self) -> String {
         let whose = whose(self.scope, self.agent_id.as_deref());
-        format!(
-            "{whose} daily token budget of {} is spent ({} tokens today)",
-            self.budget, self.tokens
-        )
+        match self.budget {
+            Budget::Tokens(budget) => format!(
+                "{whose} daily token budget of {budget} is spent ({} tokens today)",
+                self.tokens
+            ),
+            Budget::Usd(budget) => format!(
+                "{whose} daily budget of {budget} is spent ({} today)",
+                Usd(self.cost_usd)
+            ),
+        }
     }
 }
 
@@ -82,8 +105,8 @@ macro_rules! today {
     };
 }
 
-/// A counter's tokens of a day, as charged.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+/// A counter's tokens and cost of a day, as charged.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct DayTokens {
     /// The user, or `""` for the tenant.
     pub owner_id: String,
@@ -93,17 +116,21 @@ pub struct DayTokens {
     pub day: i64,
     /// Its tokens.
     pub day_tokens: i64,
+    /// Its cost in US dollars (of the calls of priced models).
+    pub day_cost_usd: f64,
 }
 
-/// Adds `tokens` to today's tokens of `quota`'s budgeted counters of `tenant_id` (with 0, only
-/// reads them) and returns the first counter whose budget is spent, with the counters' tokens
-/// as they are now. Not part of any run transaction: a model call's tokens are spent once it
-/// answered, whatever happens next.
+/// Adds `tokens` and `cost_usd` to today's tokens and cost of `quota`'s budgeted counters of
+/// `tenant_id` (with no tokens, only reads them) and returns the first counter whose budget
+/// (of tokens or of dollars) is spent, with the counters' figures as they are now. Not part of
+/// any run transaction: a model call's tokens are spent once it answered, whatever happens
+/// next.
 pub async fn charge(
     executor: impl PgExecutor<'_>,
     tenant_id: &str,
     quota: &RunQuota,
     tokens: u64,
+    cost_usd: f64,
 ) -> sqlx::Result<(Option<Spent>, Vec<DayTokens>)> {
     let budgets: Vec<&Counter> = quota.budgets().collect();
     if budgets.is_empty() {
@@ -119,7 +146,10 @@ pub async fn charge(
             " - DATE '1970-01-01')::bigint AS day,
                     CASE WHEN day = ",
             today!(),
-            " THEN day_tokens ELSE 0 END AS day_tokens
+            " THEN day_tokens ELSE 0 END AS day_tokens,
+                    CASE WHEN day = ",
+            today!(),
+            " THEN day_cost_usd ELSE 0 END AS day_cost_usd
                FROM quota_counters
               WHERE tenant_id = $1
                 AND (owner_id, agent_id) IN (SELECT * FROM unnest($2::text[], $3::text[]))"
@@ -131,43 +161,61 @@ pub async fn charge(
         .await?
     } else {
         sqlx::query_as(concat!(
-            "INSERT INTO quota_counters AS q (tenant_id, owner_id, agent_id, day, day_tokens)
+            "INSERT INTO quota_counters AS q (tenant_id, owner_id, agent_id, day, day_tokens,
+                                              day_cost_usd)
              SELECT $1, k.o, k.a, ",
             today!(),
-            ", $4
+            ", $4, $5
                FROM unnest($2::text[], $3::text[]) AS k(o, a)
               ORDER BY k.o, k.a
              ON CONFLICT (tenant_id, owner_id, agent_id) DO UPDATE SET
                 day_tokens = CASE WHEN q.day = excluded.day THEN q.day_tokens ELSE 0 END
                              + excluded.day_tokens,
+                day_cost_usd = CASE WHEN q.day = excluded.day THEN q.day_cost_usd ELSE 0 END
+                               + excluded.day_cost_usd,
                 day = excluded.day
              RETURNING q.owner_id, q.agent_id, (q.day - DATE '1970-01-01')::bigint AS day,
-                       q.day_tokens"
+                       q.day_tokens, q.day_cost_usd"
         ))
         .bind(tenant_id)
         .bind(&owners)
         .bind(&agents)
         .bind(tokens)
+        .bind(cost_usd)
         .fetch_all(executor)
         .await?
     };
     let spent = budgets.into_iter().find_map(|counter| {
-        let budget = counter.limits.daily_token_budget?;
         let row = rows
             .iter()
             .find(|r| r.owner_id == counter.owner_id && r.agent_id == counter.agent_id)?;
-        (row.day_tokens >= i64::try_from(budget).unwrap_or(i64::MAX)).then(|| Spent {
+        let budget = spent_budget(&counter.limits, row.day_tokens, row.day_cost_usd)?;
+        Some(Spent {
             scope: counter.scope(),
             agent_id: counter.agent().map(str::to_owned),
             budget,
             tokens: row.day_tokens,
+            cost_usd: row.day_cost_usd,
         })
     });
     Ok((spent, rows))
 }
 
+/// The budget of `limits` that `tokens` and `cost_usd` of a day reached, if any (tokens first).
+fn spent_budget(limits: &crate::quota::QuotaLimits, tokens: i64, cost_usd: f64) -> Option<Budget> {
+    if let Some(budget) = limits.daily_token_budget
+        && tokens >= i64::try_from(budget).unwrap_or(i64::MAX)
+    {
+        return Some(Budget::Tokens(budget));
+    }
+    limits
+        .daily_budget_usd
+        .filter(|budget| cost_usd >= budget.0)
+        .map(Budget::Usd)
+}
+
 /// One counter's tokens as stored, for operators and tests.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct CounterRow {
     /// The user, or `""` for the tenant.
     pub owner_id: String,
@@ -175,6 +223,8 @@ pub struct CounterRow {
     pub agent_id: String,
     /// Tokens of today (UTC).
     pub day_tokens: i64,
+    /// Dollars of today (UTC).
+    pub day_cost_usd: f64,
 }
 
 /// The tenant's counters with tokens charged today.
@@ -183,7 +233,7 @@ pub async fn counters(
     tenant_id: &str,
 ) -> sqlx::Result<Vec<CounterRow>> {
     sqlx::query_as(concat!(
-        "SELECT owner_id, agent_id, day_tokens FROM quota_counters
+        "SELECT owner_id, agent_id, day_tokens, day_cost_usd FROM quota_counters
           WHERE tenant_id = $1 AND day = ",
         today!(),
         " ORDER BY owner_id, agent_id"
@@ -194,7 +244,7 @@ pub async fn counters(
 }
 
 /// What Postgres knows of one counter: what Redis's copy is made from.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Account {
     /// The hour window: the first of the runs admitted under the counter's hourly limit in the
     /// last hour (ms since 1970) and how many there are since.
@@ -203,6 +253,8 @@ pub struct Account {
     pub day: i64,
     /// Tokens charged today.
     pub day_tokens: i64,
+    /// Dollars charged today.
+    pub day_cost_usd: f64,
     /// The runs admitted under its concurrency limit that are active.
     pub active: Vec<WorkflowId>,
 }
@@ -243,15 +295,15 @@ pub async fn account(
     .bind(&counter.agent_id)
     .fetch_all(&mut *conn)
     .await?;
-    let (day, day_tokens): (i64, i64) = sqlx::query_as(concat!(
+    let (day, day_tokens, day_cost_usd): (i64, i64, f64) = sqlx::query_as(concat!(
         "SELECT (",
         today!(),
-        " - DATE '1970-01-01')::bigint,
-                coalesce((SELECT day_tokens FROM quota_counters
-                           WHERE tenant_id = $1 AND owner_id = $2 AND agent_id = $3
-                             AND day = ",
-        today!(),
-        "), 0)::bigint"
+        " - DATE '1970-01-01')::bigint, coalesce(c.day_tokens, 0)::bigint,
+                coalesce(c.day_cost_usd, 0)::float8
+           FROM (SELECT 1) one
+           LEFT JOIN quota_counters c
+             ON c.tenant_id = $1 AND c.owner_id = $2 AND c.agent_id = $3 AND c.day = ",
+        today!()
     ))
     .bind(tenant)
     .bind(&counter.owner_id)
@@ -271,6 +323,7 @@ pub async fn account(
             .map(|&first| (first, i64::try_from(hourly.len()).unwrap_or(i64::MAX))),
         day,
         day_tokens,
+        day_cost_usd,
         active: runs
             .iter()
             .filter(|r| r.limits.max_concurrent_runs.is_some() && !r.status.is_terminal())
@@ -317,13 +370,17 @@ fn check(counter: &Counter, account: &Account, now_ms: i64) -> Option<Refusal> {
         scope: counter.scope(),
         agent_id: counter.agent().map(str::to_owned),
         limit,
+        limit_usd: None,
         retry_after: u32::try_from(retry_after.clamp(1, 86_400)).unwrap_or(1),
     };
-    if let Some(budget) = limits.daily_token_budget
-        && u64::try_from(account.day_tokens).unwrap_or(0) >= budget
-    {
+    if let Some(budget) = spent_budget(limits, account.day_tokens, account.day_cost_usd) {
         let day_ends = (account.day + 1) * 86_400;
-        return Some(refusal("budget_exceeded", budget, day_ends - now_ms / 1000));
+        let mut refused = refusal("budget_exceeded", 0, day_ends - now_ms / 1000);
+        match budget {
+            Budget::Tokens(tokens) => refused.limit = tokens,
+            Budget::Usd(usd) => refused.limit_usd = Some(usd),
+        }
+        return Some(refused);
     }
     if let Some(max) = limits.max_concurrent_runs
         && account.active.len() >= usize::try_from(max).unwrap_or(usize::MAX)

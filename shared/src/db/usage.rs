@@ -5,6 +5,10 @@
 //! before model calls were recorded (or naming no model) count as `unknown` (never as '', which
 //! the roll-up keeps for the runs' own totals).
 //!
+//! Cost: each group's `cost_usd` sums the same figures' dollars (`usage.cost_usd`), and is
+//! unknown (`None`) once any of them is: tokens of a model with no price are never counted as
+//! free. The group names those models (`unpriced_models`, from the per-model rows).
+//!
 //! Why a roll-up: a report over a year must not read every run and every step's jsonb, and step
 //! payloads expire (`SPOOL_RETENTION_STEPS_DAYS`) while usage must not. Housekeeping rolls each
 //! ended run up ([`roll_up`]) into `usage_daily` (per tenant, UTC day, user, agent and model)
@@ -24,34 +28,57 @@ use chrono::{DateTime, Duration, NaiveDate, NaiveTime, Utc};
 use sqlx::PgExecutor;
 
 // The report: whole days from the roll-up, the edges from the per-run rows, and the runs not
-// rolled up yet (`$pending`), summed per group. `$key` and `$rolled` pick the group and the
-// roll-up's kind of row.
+// rolled up yet, summed per group. Each branch gives a group `g`, tokens `i` and `o`, runs `n`,
+// dollars `c` (NULL: not known) and `m`, a model whose cost is not known (unpriced) to name in
+// the group. The group's dollars are NULL as soon as one of its rows' is.
 macro_rules! report_sql {
-    ($key:literal, $rolled:literal, $pending:expr) => {
+    ($($branch:expr),+ $(,)?) => {
         concat!(
             "SELECT g AS \"group\", sum(i)::bigint AS input_tokens,
-                    sum(o)::bigint AS output_tokens, sum(n)::bigint AS runs
-               FROM (SELECT ",
-            $key,
-            " AS g, input_tokens AS i, output_tokens AS o, runs AS n
-                       FROM usage_daily
-                      WHERE tenant_id = $1 AND day >= $6 AND day < $7 AND ",
-            $rolled,
-            "
-                     UNION ALL
-                     SELECT ",
-            $key,
-            ", input_tokens, output_tokens, 1 FROM usage_detail
-                      WHERE tenant_id = $1 AND ",
-            $rolled,
-            "
-                        AND ((finished_at >= $2 AND finished_at < $3)
-                             OR (finished_at >= $4 AND finished_at < $5))
-                     UNION ALL
-                     ",
-            $pending,
-            ") t
+                    sum(o)::bigint AS output_tokens, sum(n)::bigint AS runs,
+                    CASE WHEN bool_and(c IS NOT NULL) THEN sum(c) END AS cost_usd,
+                    coalesce(array_agg(DISTINCT m ORDER BY m) FILTER (WHERE m IS NOT NULL),
+                             '{}') AS unpriced_models
+               FROM (",
+            report_sql!(@union $($branch),+),
+            ") t (g, i, o, n, c, m)
               GROUP BY g"
+        )
+    };
+    (@union $first:expr $(, $rest:expr)*) => {
+        concat!($first $(, "\n UNION ALL\n", $rest)*)
+    };
+}
+
+// Whole days of the roll-up (`usage_daily`): `$cols` of its rows that pass `$filter`.
+macro_rules! daily {
+    ($key:literal, $cols:literal, $filter:literal) => {
+        concat!(
+            "SELECT ",
+            $key,
+            " AS g, ",
+            $cols,
+            " FROM usage_daily
+              WHERE tenant_id = $1 AND day >= $6 AND day < $7 AND ",
+            $filter
+        )
+    };
+}
+
+// The window's edges, from the per-run rows (`usage_detail`).
+macro_rules! detail {
+    ($key:literal, $cols:literal, $filter:literal) => {
+        concat!(
+            "SELECT ",
+            $key,
+            ", ",
+            $cols,
+            " FROM usage_detail
+              WHERE tenant_id = $1 AND ",
+            $filter,
+            "
+                AND ((finished_at >= $2 AND finished_at < $3)
+                     OR (finished_at >= $4 AND finished_at < $5))"
         )
     };
 }
@@ -63,7 +90,11 @@ macro_rules! pending_runs {
             "SELECT ",
             $key,
             ", coalesce((usage->>'input_tokens')::bigint, 0),
-                    coalesce((usage->>'output_tokens')::bigint, 0), 1
+                    coalesce((usage->>'output_tokens')::bigint, 0), 1,
+                    CASE WHEN coalesce((usage->>'input_tokens')::bigint, 0) = 0
+                          AND coalesce((usage->>'output_tokens')::bigint, 0) = 0 THEN 0
+                         ELSE (usage->>'cost_usd')::float8 END,
+                    NULL::text
                FROM runs
               WHERE tenant_id = $1 AND finished_at IS NOT NULL AND usage_rolled_up_at IS NULL
                 AND finished_at >= $2 AND finished_at < $5"
@@ -75,11 +106,31 @@ macro_rules! pending_runs {
 macro_rules! pending_by_model {
     () => {
         "SELECT coalesce(nullif(u.model, ''), 'unknown'), sum(u.input_tokens),
-                sum(u.output_tokens), 1
+                sum(u.output_tokens), 1,
+                CASE WHEN bool_and(u.cost_usd IS NOT NULL) THEN sum(u.cost_usd) END,
+                CASE WHEN NOT bool_and(u.cost_usd IS NOT NULL)
+                     THEN coalesce(nullif(u.model, ''), 'unknown') END
            FROM runs r JOIN step_usage u ON u.workflow_id = r.id
           WHERE r.tenant_id = $1 AND r.finished_at IS NOT NULL AND r.usage_rolled_up_at IS NULL
             AND r.finished_at >= $2 AND r.finished_at < $5
           GROUP BY r.id, coalesce(nullif(u.model, ''), 'unknown')"
+    };
+}
+
+// By user or agent: the unpriced models of each pending run's steps (no figures: the run's own
+// totals count those).
+macro_rules! pending_unpriced {
+    ($key:literal) => {
+        concat!(
+            "SELECT DISTINCT ",
+            $key,
+            ", 0::bigint, 0::bigint, 0::bigint, 0::float8,
+                    coalesce(nullif(u.model, ''), 'unknown')
+               FROM runs r JOIN step_usage u ON u.workflow_id = r.id
+              WHERE r.tenant_id = $1 AND r.finished_at IS NOT NULL
+                AND r.usage_rolled_up_at IS NULL
+                AND r.finished_at >= $2 AND r.finished_at < $5 AND u.cost_usd IS NULL"
+        )
     };
 }
 
@@ -95,7 +146,7 @@ pub enum GroupBy {
 }
 
 /// One group's usage.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct UsageRow {
     /// The user id, agent id (or `default`), or model name.
     pub group: String,
@@ -105,6 +156,11 @@ pub struct UsageRow {
     pub output_tokens: i64,
     /// Runs that ended in the window.
     pub runs: i64,
+    /// What the tokens cost in US dollars; `None` when some of them were on a model with no
+    /// price (or recorded before costs were): never counted as free.
+    pub cost_usd: Option<f64>,
+    /// The models of the group whose calls have no known cost (unpriced), by name.
+    pub unpriced_models: Vec<String>,
 }
 
 /// A report's window `[from, to)` split into the whole UTC days the roll-up answers and the
@@ -190,13 +246,69 @@ pub async fn report(
 fn report_sql(group_by: GroupBy) -> &'static str {
     // The roll-up's two kinds of rows (see its migration): '' holds the runs' own totals.
     match group_by {
-        GroupBy::User => report_sql!("owner_id", "model = ''", pending_runs!("owner_id")),
-        GroupBy::Agent => report_sql!(
-            "agent_id",
-            "model = ''",
-            pending_runs!("coalesce(agent_id::text, 'default')")
+        GroupBy::User => report_sql!(
+            daily!(
+                "owner_id",
+                "input_tokens, output_tokens, runs, cost_usd, NULL::text",
+                "model = ''"
+            ),
+            detail!(
+                "owner_id",
+                "input_tokens, output_tokens, 1, cost_usd, NULL::text",
+                "model = ''"
+            ),
+            pending_runs!("owner_id"),
+            daily!(
+                "owner_id",
+                "0::bigint, 0::bigint, 0::bigint, 0::float8, model",
+                "model <> '' AND cost_usd IS NULL"
+            ),
+            detail!(
+                "owner_id",
+                "0::bigint, 0::bigint, 0::bigint, 0::float8, model",
+                "model <> '' AND cost_usd IS NULL"
+            ),
+            pending_unpriced!("r.owner_id"),
         ),
-        GroupBy::Model => report_sql!("model", "model <> ''", pending_by_model!()),
+        GroupBy::Agent => report_sql!(
+            daily!(
+                "agent_id",
+                "input_tokens, output_tokens, runs, cost_usd, NULL::text",
+                "model = ''"
+            ),
+            detail!(
+                "agent_id",
+                "input_tokens, output_tokens, 1, cost_usd, NULL::text",
+                "model = ''"
+            ),
+            pending_runs!("coalesce(agent_id::text, 'default')"),
+            daily!(
+                "agent_id",
+                "0::bigint, 0::bigint, 0::bigint, 0::float8, model",
+                "model <> '' AND cost_usd IS NULL"
+            ),
+            detail!(
+                "agent_id",
+                "0::bigint, 0::bigint, 0::bigint, 0::float8, model",
+                "model <> '' AND cost_usd IS NULL"
+            ),
+            pending_unpriced!("coalesce(r.agent_id::text, 'default')"),
+        ),
+        GroupBy::Model => report_sql!(
+            daily!(
+                "model",
+                "input_tokens, output_tokens, runs, cost_usd,
+                             CASE WHEN cost_usd IS NULL THEN model END",
+                "model <> ''"
+            ),
+            detail!(
+                "model",
+                "input_tokens, output_tokens, 1, cost_usd,
+                              CASE WHEN cost_usd IS NULL THEN model END",
+                "model <> ''"
+            ),
+            pending_by_model!(),
+        ),
     }
 }
 
@@ -211,35 +323,42 @@ const ROLL_UP: &str = "WITH batch AS (
          RETURNING r.id, r.tenant_id, r.owner_id,
                    coalesce(r.agent_id::text, 'default') AS agent_id, r.finished_at,
                    coalesce((r.usage->>'input_tokens')::bigint, 0) AS input_tokens,
-                   coalesce((r.usage->>'output_tokens')::bigint, 0) AS output_tokens),
+                   coalesce((r.usage->>'output_tokens')::bigint, 0) AS output_tokens,
+                   CASE WHEN coalesce((r.usage->>'input_tokens')::bigint, 0) = 0
+                         AND coalesce((r.usage->>'output_tokens')::bigint, 0) = 0 THEN 0
+                        ELSE (r.usage->>'cost_usd')::float8 END AS cost_usd),
      detail AS (
          SELECT id AS workflow_id, '' AS model, tenant_id, owner_id, agent_id, finished_at,
-                input_tokens, output_tokens
+                input_tokens, output_tokens, cost_usd
            FROM rolled
          UNION ALL
          SELECT r.id, coalesce(nullif(u.model, ''), 'unknown'), r.tenant_id, r.owner_id,
-                r.agent_id, r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint
+                r.agent_id, r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint,
+                CASE WHEN bool_and(u.cost_usd IS NOT NULL) THEN sum(u.cost_usd) END
            FROM rolled r JOIN step_usage u ON u.workflow_id = r.id
           GROUP BY r.id, coalesce(nullif(u.model, ''), 'unknown'), r.tenant_id, r.owner_id,
                    r.agent_id, r.finished_at),
      kept AS (
          INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,
-                                   finished_at, input_tokens, output_tokens)
+                                   finished_at, input_tokens, output_tokens, cost_usd)
          SELECT workflow_id, model, tenant_id, owner_id, agent_id, finished_at,
-                input_tokens, output_tokens
+                input_tokens, output_tokens, cost_usd
            FROM detail),
      summed AS (
          INSERT INTO usage_daily AS d (tenant_id, day, owner_id, agent_id, model,
-                                       input_tokens, output_tokens, runs)
+                                       input_tokens, output_tokens, runs, cost_usd)
          SELECT tenant_id, (finished_at AT TIME ZONE 'UTC')::date, owner_id, agent_id,
-                model, sum(input_tokens), sum(output_tokens), count(*)
+                model, sum(input_tokens), sum(output_tokens), count(*),
+                CASE WHEN bool_and(cost_usd IS NOT NULL) THEN sum(cost_usd) END
            FROM detail
           GROUP BY 1, 2, 3, 4, 5
           ORDER BY 1, 2, 3, 4, 5
          ON CONFLICT (tenant_id, day, owner_id, agent_id, model) DO UPDATE
             SET input_tokens = d.input_tokens + EXCLUDED.input_tokens,
                 output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                runs = d.runs + EXCLUDED.runs)
+                runs = d.runs + EXCLUDED.runs,
+                -- Unknown once any part is.
+                cost_usd = d.cost_usd + EXCLUDED.cost_usd)
      SELECT count(*) FROM rolled";
 
 /// Rolls up to `limit` ended runs that are not rolled up yet into `usage_daily` and

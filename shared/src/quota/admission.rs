@@ -10,7 +10,7 @@
 //! Keys, per counter (one hash tag per tenant, so a run's counters share a Cluster slot):
 //! `{prefix}:quota:{<tenant, hex>}:<owner, hex>:<agent>` is a hash (`w` the hour window's start
 //! in ms, `n` the runs in it, `d` a UTC day as days since 1970, `t` the tokens charged that
-//! day) and the same key with `:active` a sorted set of the counter's active runs (id → the
+//! day, `c` the dollars charged that day) and the same key with `:active` a sorted set of the counter's active runs (id → the
 //! take's time in ms). The tenant and owner are hex-encoded: any text they hold stays inside
 //! its part of the key.
 //!
@@ -31,7 +31,7 @@
 //!   next made from Postgres (below): at most a day.
 //! - A counter Redis does not hold (never used, or lost in a restart or failover) is made from
 //!   Postgres before the take ([`crate::db::quota::account`]): the active runs under it, the
-//!   runs of the last hour, the day's tokens. Enqueues that took room in the lost counter and
+//!   runs of the last hour, the day's tokens and dollars. Enqueues that took room in the lost counter and
 //!   commit while it is being made again are the one thing such a rebuild can miss in the
 //!   hour's count (besides runs of threads erased within the hour, which Postgres no longer
 //!   has); the set keeps its takes of the last [`ORPHAN_AFTER_MS`], which Postgres cannot see
@@ -39,7 +39,7 @@
 //!   a day and an hour after it was made (its set a minute after its hash, so a hash never
 //!   stands without its set) and is made again the same way when next used: Redis holds only
 //!   counters in use, and no drift outlives a day.
-//! - Tokens are charged in Postgres by the worker, which copies the day's total to the hash
+//! - Tokens and dollars are charged in Postgres by the worker, which copies the day's totals to the hash
 //!   ([`Admission::record_tokens`]); a copy lost with Redis is read back from Postgres.
 //!
 //! With quotas configured and Redis unreachable, Postgres admits the run
@@ -122,6 +122,8 @@ enum Answer {
         code: &'static str,
         counter: usize,
         retry_after: u32,
+        /// A `budget_exceeded` of the budget in dollars.
+        usd: bool,
     },
     /// The counter's set is full: Redis's time and its oldest members with their take times.
     Full {
@@ -234,7 +236,16 @@ impl Admission {
                     code,
                     counter,
                     retry_after,
-                } => return Err(refused(code, &quota.counters[counter], retry_after)),
+                    usd,
+                } => {
+                    let c = &quota.counters[counter];
+                    let mut err = refused(code, c, retry_after);
+                    if let (true, AdmitError::Refused(refusal)) = (usd, &mut err) {
+                        refusal.limit = 0;
+                        refusal.limit_usd = c.limits.daily_budget_usd;
+                    }
+                    return Err(err);
+                }
                 Answer::Full {
                     counter,
                     now_ms,
@@ -300,6 +311,12 @@ impl Admission {
                         .daily_token_budget
                         .map(|n| n.to_string())
                         .unwrap_or_default(),
+                )
+                .arg(
+                    limits
+                        .daily_budget_usd
+                        .map(|usd| usd.0.to_string())
+                        .unwrap_or_default(),
                 );
         }
         invocation.arg(PRUNE_EVERY_MS);
@@ -325,7 +342,8 @@ impl Admission {
         invocation
             .arg(account.day)
             .arg(account.day_tokens)
-            .arg(ORPHAN_AFTER_MS);
+            .arg(ORPHAN_AFTER_MS)
+            .arg(account.day_cost_usd.to_string());
         for id in &account.active {
             invocation.arg(id.to_string());
         }
@@ -394,7 +412,7 @@ impl Admission {
         }
     }
 
-    /// Copies the day's tokens Postgres counted for the counters of `tenant` (`rows` as
+    /// Copies the day's tokens and dollars Postgres counted for the counters of `tenant` (`rows` as
     /// [`quota::charge`] returns them) to their hashes, in one round trip. Best effort: a copy
     /// that fails is made up for by the next charge, or by a rebuild.
     pub async fn record_tokens(&self, tenant: &str, rows: &[quota::DayTokens]) {
@@ -411,7 +429,8 @@ impl Admission {
             invocation
                 .key(self.keys(tenant, &counter).0)
                 .arg(row.day)
-                .arg(row.day_tokens);
+                .arg(row.day_tokens)
+                .arg(row.day_cost_usd.to_string());
         }
         if let Err(err) = invocation.invoke_async::<i64>(&mut self.conn.clone()).await {
             tracing::warn!(error = %err, "could not copy the counters' tokens to Redis");
@@ -458,6 +477,7 @@ fn refused(code: &'static str, counter: &Counter, retry_after: u32) -> AdmitErro
         scope: counter.scope(),
         agent_id: counter.agent().map(str::to_owned),
         limit: limit.unwrap_or_default(),
+        limit_usd: None,
         retry_after: retry_after.clamp(1, 86_400),
     })
 }
@@ -509,11 +529,13 @@ fn parse(answer: &[redis::Value], counters: usize) -> Result<Answer, redis::Redi
             code: "rate_limited",
             counter: index(1)?,
             retry_after: seconds(2),
+            usd: false,
         },
         "budget_exceeded" => Answer::Refused {
             code: "budget_exceeded",
             counter: index(1)?,
             retry_after: seconds(2),
+            usd: answer.get(3).and_then(text).as_deref() == Some("usd"),
         },
         "concurrency_limited" => Answer::Full {
             counter: index(1)?,

@@ -2,13 +2,13 @@
 -- first, and it has counted since).
 -- KEYS: the counter's hash, its set of active runs.
 -- ARGV: the window's start (ms, '' for none) and runs in it, the UTC day number and its
---       tokens, how long (ms) a take may stay uncommitted, then the ids of the counter's active
---       runs.
+--       tokens, how long (ms) a take may stay uncommitted, the day's dollars, then the ids of the
+--       counter's active runs.
 -- Answers 1 when it made the counter, 0 when it existed.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-redis.call('HSET', KEYS[1], 'd', ARGV[3], 't', ARGV[4])
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 't', ARGV[4], 'c', ARGV[6])
 if ARGV[1] ~= '' then
   redis.call('HSET', KEYS[1], 'w', ARGV[1], 'n', ARGV[2])
 end
@@ -19,7 +19,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%.0f', now - tonumber(ARGV[5])))
 local members = {}
-for j = 6, #ARGV do
+for j = 7, #ARGV do
   members[#members + 1] = now
   members[#members + 1] = ARGV[j]
   if #members >= 1000 then

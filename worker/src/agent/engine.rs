@@ -8,7 +8,9 @@ use spool_shared::agent::AgentSpec;
 use spool_shared::db::runs::Run;
 
 use anyhow::Context as _;
+use spool_shared::pricing::{ModelPrice, Prices, Usd};
 use spool_shared::provider::{ProviderKind, ProviderSpec};
+use spool_shared::run::Usage;
 
 use super::llm::anthropic::AnthropicClient;
 use super::llm::demo::DemoModel;
@@ -23,6 +25,8 @@ pub struct Engine {
     demo: Arc<DemoModel>,
     /// The unnamed provider (`SPOOL_LLM_BASE_URL`).
     provider: Option<Arc<OpenAiClient>>,
+    /// The prices of the unnamed provider's models (`SPOOL_LLM_PRICES`).
+    provider_prices: Prices,
     /// The named providers (`SPOOL_PROVIDERS`), with their clients.
     providers: Vec<(ProviderSpec, Arc<dyn ChatModel>)>,
     /// The agent that answers threads without one.
@@ -92,6 +96,7 @@ impl Engine {
                 delay: Duration::from_millis(args.demo_delay_ms),
             }),
             provider,
+            provider_prices: args.providers.llm_prices.clone().unwrap_or_default(),
             providers,
             default_agent: AgentSpec::default_agent(model, &args.default_instructions),
             http,
@@ -117,9 +122,11 @@ impl Engine {
         std::iter::once(&spec.model)
             .chain(&spec.fallback_models)
             .map(|name| {
+                let (model, price) = self.model(spec.provider.as_deref(), name)?;
                 Ok(Candidate {
                     name: name.clone(),
-                    model: self.model(spec.provider.as_deref(), name)?,
+                    model,
+                    price,
                 })
             })
             .collect()
@@ -129,17 +136,25 @@ impl Engine {
     /// `summary_model` (else its model), served as its model is.
     pub(crate) fn summarizer(&self, spec: &AgentSpec) -> Result<Candidate, LlmError> {
         let name = spec.summary_model.as_ref().unwrap_or(&spec.model);
+        let (model, price) = self.model(spec.provider.as_deref(), name)?;
         Ok(Candidate {
             name: name.clone(),
-            model: self.model(spec.provider.as_deref(), name)?,
+            model,
+            price,
         })
     }
 
-    /// The client that serves `name`: the named provider's; else `demo` (built in), the first
-    /// named provider that lists the model, or the unnamed provider.
-    fn model(&self, provider: Option<&str>, name: &str) -> Result<Arc<dyn ChatModel>, LlmError> {
-        let named =
-            |found: Option<&(ProviderSpec, Arc<dyn ChatModel>)>| found.map(|(_, c)| c.clone());
+    /// The client that serves `name` and the model's price there (`None`: unpriced): the named
+    /// provider's; else `demo` (built in, free), the first named provider that lists the
+    /// model, or the unnamed provider.
+    fn model(
+        &self,
+        provider: Option<&str>,
+        name: &str,
+    ) -> Result<(Arc<dyn ChatModel>, Option<ModelPrice>), LlmError> {
+        let named = |found: Option<&(ProviderSpec, Arc<dyn ChatModel>)>| {
+            found.map(|(p, c)| (c.clone(), p.prices.get(name).copied()))
+        };
         if let Some(provider) = provider {
             return named(self.providers.iter().find(|(p, _)| p.name == provider)).ok_or_else(
                 || {
@@ -150,7 +165,13 @@ impl Engine {
             );
         }
         if name == super::llm::demo::MODEL_NAME {
-            return Ok(self.demo.clone());
+            let free = ModelPrice {
+                input_per_mtok: Usd(0.0),
+                output_per_mtok: Usd(0.0),
+                cached_input_per_mtok: None,
+            };
+            let demo: Arc<dyn ChatModel> = self.demo.clone();
+            return Ok((demo, Some(free)));
         }
         let listing = self
             .providers
@@ -160,7 +181,10 @@ impl Engine {
             return Ok(client);
         }
         match &self.provider {
-            Some(provider) => Ok(provider.clone()),
+            Some(provider) => {
+                let client: Arc<dyn ChatModel> = provider.clone();
+                Ok((client, self.provider_prices.get(name).copied()))
+            }
             None => Err(LlmError::Unavailable(format!(
                 "no model provider is configured (SPOOL_LLM_BASE_URL, or one in SPOOL_PROVIDERS \
                  listing it) to serve model `{name}`"
@@ -200,4 +224,13 @@ pub(crate) struct Candidate {
     pub(crate) name: String,
     /// The client that serves it.
     pub(crate) model: Arc<dyn ChatModel>,
+    /// Its price at the provider that serves it (`None`: unpriced).
+    pub(crate) price: Option<ModelPrice>,
+}
+
+impl Candidate {
+    /// `usage` of a call this model answered, with its cost.
+    pub(crate) fn priced(&self, usage: Usage) -> Usage {
+        usage.priced(self.price.as_ref())
+    }
 }

@@ -4,9 +4,10 @@
 //! - Tool calls: the same call [`DOOM_LOOP`] times in a row is a doom loop (`doom_loop`);
 //!   more calls in the run than `limits.max_tool_calls` fail it (`max_tool_calls_exceeded`).
 //!   [`Recent`] counts them, and a checkpoint restores the count, so a resumed run keeps it.
-//! - Token budgets: every model call's tokens are charged to the run's budgeted quota counters
-//!   ([`charge`]); a budget found spent fails the run at its next step (`budget_exceeded`), so
-//!   the step that spent it keeps its answer.
+//! - Daily budgets: every model call's tokens and dollars are charged to the run's budgeted
+//!   quota counters ([`charge`]); a budget (`daily_token_budget`, `daily_budget_usd`) found
+//!   spent fails the run at its next step (`budget_exceeded`), so the step that spent it keeps
+//!   its answer.
 //!
 //! Elsewhere: the limits the loop applies once, as it prepares (`limits.max_steps`, and the
 //! deadline of client tool outputs), stay in `prepare`, next to the spec they adjust;
@@ -94,17 +95,19 @@ impl Loop<'_> {
     }
 }
 
-/// Charges a model call's tokens to the run's budgeted quota counters (with no tokens, only
-/// reads them); a budget found spent, if any. Runs under no budget make no query.
+/// Charges a model call's tokens and dollars (none for an unpriced model) to the run's
+/// budgeted quota counters (with no tokens, only reads them); a budget found spent, if any.
+/// Runs under no budget make no query.
 pub(super) async fn charge(a: &Attempt<'_>, usage: Usage) -> sqlx::Result<Option<Spent>> {
     let run = a.claimed.run();
     let Some(quota) = &run.quota else {
         return Ok(None);
     };
     let tokens = usage.input_tokens.saturating_add(usage.output_tokens);
-    let (spent, counted) = quota::charge(a.db, &run.tenant_id, &quota.0, tokens).await?;
+    let dollars = usage.cost_usd.map_or(0.0, |usd| usd.0);
+    let (spent, counted) = quota::charge(a.db, &run.tenant_id, &quota.0, tokens, dollars).await?;
     if tokens > 0 {
-        // New runs are admitted against Redis's copy of the day's tokens.
+        // New runs are admitted against Redis's copy of the day's tokens and dollars.
         a.admission.record_tokens(&run.tenant_id, &counted).await;
     }
     Ok(spent)

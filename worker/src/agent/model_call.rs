@@ -153,8 +153,9 @@ async fn continued(
                 });
             }
         };
-        usage.add(response.usage);
-        record(&request.model, response.usage, started.elapsed());
+        let part = models[0].priced(response.usage);
+        usage.add(part);
+        record(&request.model, part, started.elapsed());
         if response.finish_reason == FinishReason::Length
             && response.tool_calls.is_empty()
             && continuations < MAX_CONTINUATIONS

@@ -359,13 +359,13 @@ async fn summarise_once(model: &Candidate, transcript: String) -> (Result<String
                 "the summary stopped with `{}` before its end",
                 response.finish_reason.as_str()
             );
-            (Err(why), response.usage)
+            (Err(why), model.priced(response.usage))
         }
         Ok(response) if response.text.trim().is_empty() => (
             Err("the summary model said nothing".to_owned()),
-            response.usage,
+            model.priced(response.usage),
         ),
-        Ok(response) => (Ok(response.text), response.usage),
+        Ok(response) => (Ok(response.text), model.priced(response.usage)),
     }
 }
 

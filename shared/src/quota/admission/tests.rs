@@ -301,7 +301,7 @@ async fn a_spent_budget_refuses_from_the_copied_tokens_and_after_redis_lost_them
         .await
         .expect("nothing spent yet");
     // The worker charges the run's model call in Postgres and copies the total.
-    let (spent, counted) = crate::db::quota::charge(&db.pool, "acme", &quota, 120)
+    let (spent, counted) = crate::db::quota::charge(&db.pool, "acme", &quota, 120, 0.0)
         .await
         .expect("charge");
     assert!(spent.is_some());
@@ -330,6 +330,54 @@ async fn a_spent_budget_refuses_from_the_copied_tokens_and_after_redis_lost_them
 }
 
 #[tokio::test]
+async fn a_spent_budget_in_dollars_refuses_from_the_copied_cost_and_after_redis_lost_it() {
+    let db = TestDb::new().await.expect("db");
+    let admission = admission();
+    let quotas = user_limits(QuotaLimits {
+        daily_budget_usd: Some(crate::pricing::Usd(0.5)),
+        ..QuotaLimits::default()
+    });
+    let quota = crate::quota::counters(&quotas, None, "alice").expect("quota");
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("nothing spent yet");
+    // Tokens of an unpriced model cost nothing known: not counted.
+    let (spent, _) = crate::db::quota::charge(&db.pool, "acme", &quota, 1_000, 0.0)
+        .await
+        .expect("charge");
+    assert_eq!(spent, None);
+    let (spent, counted) = crate::db::quota::charge(&db.pool, "acme", &quota, 100, 0.25)
+        .await
+        .expect("charge");
+    assert_eq!(spent, None, "half the budget");
+    admission.record_tokens("acme", &counted).await;
+    enqueue_under(&db, &admission, "alice", &quotas)
+        .await
+        .expect("within the budget");
+    let (spent, counted) = crate::db::quota::charge(&db.pool, "acme", &quota, 100, 0.25)
+        .await
+        .expect("charge");
+    let spent = spent.expect("spent");
+    assert!(spent.message().contains("$0.5"), "{}", spent.message());
+    admission.record_tokens("acme", &counted).await;
+    let refused = enqueue_under(&db, &admission, "alice", &quotas).await;
+    assert_eq!(code(&refused), "budget_exceeded");
+    let Err(EnqueueError::Refused(refusal)) = &refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(
+        (refusal.limit, refusal.limit_usd),
+        (0, Some(crate::pricing::Usd(0.5)))
+    );
+    // Lost: read back from Postgres.
+    lose(&admission, &alices(&quotas)).await;
+    assert_eq!(
+        code(&enqueue_under(&db, &admission, "alice", &quotas).await),
+        "budget_exceeded"
+    );
+}
+
+#[tokio::test]
 async fn one_copy_carries_the_tokens_of_every_budgeted_counter_each_on_its_own() {
     let db = TestDb::new().await.expect("db");
     let admission = admission();
@@ -347,7 +395,7 @@ async fn one_copy_carries_the_tokens_of_every_budgeted_counter_each_on_its_own()
     enqueue_under(&db, &admission, "alice", &quotas)
         .await
         .expect("admitted");
-    let (_, counted) = crate::db::quota::charge(&db.pool, "acme", &quota, 120)
+    let (_, counted) = crate::db::quota::charge(&db.pool, "acme", &quota, 120, 0.0)
         .await
         .expect("charge");
     assert_eq!(counted.len(), 2, "{counted:?}");

@@ -234,6 +234,8 @@ impl Assembler {
                 reasoning_tokens: usage["completion_tokens_details"]["reasoning_tokens"]
                     .as_u64()
                     .unwrap_or(0),
+                // Priced by the loop, which knows the provider's prices.
+                cost_usd: None,
             };
         }
         let mut out = Vec::new();
