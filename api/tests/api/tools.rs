@@ -44,7 +44,10 @@ async fn tools_are_created_read_listed_changed_and_deleted_and_never_show_their_
     assert_eq!(status, StatusCode::CREATED, "{created}");
     assert_eq!(created["headers"]["X-Key"], "<redacted>");
     assert_eq!(created["enabled"], true, "enabled unless it says otherwise");
-    assert_eq!(created["method"], "POST", "the kind's defaults are filled in");
+    assert_eq!(
+        created["method"], "POST",
+        "the kind's defaults are filled in"
+    );
     seen.push(created.clone());
     let id = created["id"].as_str().expect("id").to_owned();
 
@@ -75,7 +78,12 @@ async fn tools_are_created_read_listed_changed_and_deleted_and_never_show_their_
     }
     written["description"] = json!("Looks up more.");
     let (status, put) = app
-        .send(Method::PUT, &root, &format!("/v1/tools/{id}"), Some(&written))
+        .send(
+            Method::PUT,
+            &root,
+            &format!("/v1/tools/{id}"),
+            Some(&written),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{put}");
     assert_eq!(put["description"], "Looks up more.");
@@ -89,7 +97,10 @@ async fn tools_are_created_read_listed_changed_and_deleted_and_never_show_their_
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{patched}");
-    assert_eq!((&patched["enabled"], &patched["read_only"]), (&json!(false), &json!(true)));
+    assert_eq!(
+        (&patched["enabled"], &patched["read_only"]),
+        (&json!(false), &json!(true))
+    );
     assert_eq!(patched["description"], "Looks up more.");
     seen.push(patched.clone());
     let stored: (Value,) = sqlx::query_as("SELECT spec FROM tools WHERE id = $1::uuid")
@@ -244,8 +255,13 @@ async fn agents_reference_tools_and_collisions_are_refused_on_either_side() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["code"], "tool_conflict");
-    let message = body["error"]["errors"][0]["message"].as_str().expect("message");
-    assert!(message.contains("support") && message.contains(&agent), "{message}");
+    let message = body["error"]["errors"][0]["message"]
+        .as_str()
+        .expect("message");
+    assert!(
+        message.contains("support") && message.contains(&agent),
+        "{message}"
+    );
     let (_, unchanged) = app.get(&root, &format!("/v1/tools/{pick}")).await;
     assert_eq!(unchanged["name"], "pick");
 
