@@ -83,6 +83,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .merge(crate::auth::public::router())
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
+        .merge(routes::tools::router())
         .merge(routes::webhooks::router())
         .merge(routes::usage::router())
         .merge(routes::api_keys::router())

@@ -6,6 +6,7 @@ pub mod health;
 pub mod identity;
 pub mod list;
 pub mod threads;
+pub mod tools;
 pub mod usage;
 pub mod webhooks;
 pub mod workflows;

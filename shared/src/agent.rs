@@ -23,10 +23,11 @@ pub use overrides::{RunDefaults, RunOverrides, Sampling};
 pub use secrets::REDACTED;
 pub use tools::{
     AgentToolSpec, ClientToolSpec, DEFAULT_MAX_CALL_DEPTH, HttpToolSpec, McpToolSpec, ToolChoice,
-    ToolSpec,
+    ToolRef, ToolResource, ToolSpec,
 };
 pub use validate::FieldError;
 
+use crate::ids::ToolId;
 use crate::quota::Quotas;
 
 /// Tool calls a run may make when its agent sets no `limits.max_tool_calls`: finite, so a model
@@ -80,6 +81,12 @@ pub struct AgentSpec {
     /// The tools.
     #[serde(default)]
     pub tools: Vec<ToolSpec>,
+    /// The tenant's tool resources (`/v1/tools`) it offers beside `tools`: ids, or
+    /// `{tool_id, read_only?, requires_approval?}`. Disabled ones are not offered; a run
+    /// offers them as they were when it was enqueued.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 64)]
+    pub tool_ids: Vec<ToolRef>,
     /// Conditions that end the run after a step.
     #[serde(default)]
     pub stop_conditions: Vec<StopCondition>,
@@ -465,6 +472,7 @@ impl AgentSpec {
             history_depth: default_history_depth(),
             tool_choice: ToolChoice::Auto,
             tools: Vec::new(),
+            tool_ids: Vec::new(),
             stop_conditions: Vec::new(),
             active_tools: None,
             step_rules: Vec::new(),
@@ -494,6 +502,22 @@ impl AgentSpec {
     /// the ceiling.
     pub fn default_steps(&self) -> u32 {
         self.max_steps.min(self.step_ceiling())
+    }
+
+    /// The spec with its references resolved: each tool of `resolved` (the referenced tools as
+    /// stored, by id) that is enabled, as the reference changes it, appended to `tools` in the
+    /// order of `tool_ids`, which is emptied. What a run snapshots at enqueue; a reference
+    /// `resolved` lacks (a tool deleted meanwhile) is dropped.
+    pub fn resolve_tools(mut self, resolved: &[(ToolId, ToolResource)]) -> Self {
+        for reference in std::mem::take(&mut self.tool_ids) {
+            let found = resolved
+                .iter()
+                .find(|(id, tool)| *id == reference.tool_id && tool.enabled);
+            if let Some((_, tool)) = found {
+                self.tools.push(tool.tool.clone().referenced_as(&reference));
+            }
+        }
+        self
     }
 
     /// The tools that may write (an HTTP tool without `read_only: true`, any MCP server), if

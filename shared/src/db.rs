@@ -18,6 +18,7 @@ pub mod quota;
 pub mod runs;
 pub mod steps;
 pub mod threads;
+pub mod tools;
 pub mod usage;
 pub mod webhooks;
 

@@ -71,6 +71,10 @@ id_type!(
     /// A tenant's API key (its id, never the key itself).
     ApiKeyId
 );
+id_type!(
+    /// A tenant's tool resource (`/v1/tools`), which agents reference by id.
+    ToolId
+);
 
 #[cfg(test)]
 mod tests {

@@ -79,9 +79,12 @@ pub(crate) async fn load_spec(
     }
     match run.agent_id {
         None => Ok(Some(engine.default_agent.clone())),
-        Some(id) => Ok(agents::find(db, id, &run.tenant_id)
-            .await?
-            .map(|agent| agent.spec.0)),
+        Some(id) => match agents::find(db, id, &run.tenant_id).await? {
+            Some(agent) => Ok(Some(
+                spool_shared::db::tools::resolve(db, &run.tenant_id, agent.spec.0).await?,
+            )),
+            None => Ok(None),
+        },
     }
 }
 

@@ -7,7 +7,8 @@
 //!   and a crashed worker's new attempt does not print text twice (the reply is followed
 //!   through the same transcript as every other client format). Exits 0 at end of input.
 //! - `spool threads list|show ID`, `spool runs list [--thread ID]|show ID`,
-//!   `spool agents list|get ID|apply -f FILE|delete ID`: JSON on stdout.
+//!   `spool agents list|get ID|apply -f FILE|delete ID`,
+//!   `spool tools list|get ID|apply -f FILE|delete ID`: JSON on stdout.
 //!
 //! Errors are one line on stderr: a server's error (its status, code and message) exits 1; an
 //! unreachable server or a missing `SPOOL_TOKEN` exits 2.
@@ -65,6 +66,28 @@ enum Command {
         #[command(subcommand)]
         action: AgentsAction,
     },
+    /// Tools (resources agents reference with `tool_ids`): `list`, `get ID`, `apply -f FILE`
+    /// (create, or replace the one its `id` names), `delete ID`.
+    Tools {
+        #[command(subcommand)]
+        action: ToolsAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ToolsAction {
+    /// All of the tenant's, newest first.
+    List,
+    /// One, by id.
+    Get { id: uuid::Uuid },
+    /// Creates the tool in FILE (JSON), or replaces the one its `id` field names (what `get`
+    /// prints applies as it is: header values read as `"<redacted>"` are kept).
+    Apply {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Deletes one (refused while an agent references it).
+    Delete { id: uuid::Uuid },
 }
 
 #[derive(Debug, Subcommand)]
@@ -285,6 +308,60 @@ async fn run(client: &Client, command: Command) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Command::Tools { action } => tools(client, action).await,
+    }
+}
+
+/// `spool tools ...`.
+async fn tools(client: &Client, action: ToolsAction) -> anyhow::Result<()> {
+    use reqwest::Method;
+    match action {
+        ToolsAction::List => {
+            // Every page, so the output is the whole list as `agents list` prints its.
+            let mut data = Vec::new();
+            let mut path = "/v1/tools?limit=100".to_owned();
+            loop {
+                let page = client.get(&path).await?;
+                data.extend(page["data"].as_array().cloned().unwrap_or_default());
+                match page["next_cursor"].as_str() {
+                    Some(cursor) => path = format!("/v1/tools?limit=100&cursor={cursor}"),
+                    None => break,
+                }
+            }
+            print(&json!({ "data": data }))
+        }
+        ToolsAction::Get { id } => print(&client.get(&format!("/v1/tools/{id}")).await?),
+        ToolsAction::Apply { file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let mut spec: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            let fields = spec
+                .as_object_mut()
+                .with_context(|| format!("{} is not a JSON object", file.display()))?;
+            // What the server adds to a tool it shows, so the output of `get` applies as is.
+            for added in ["created_at", "updated_at"] {
+                fields.remove(added);
+            }
+            let id = fields
+                .remove("id")
+                .and_then(|id| id.as_str().map(str::to_owned));
+            let tool = match id {
+                Some(id) => {
+                    client
+                        .call(Method::PUT, &format!("/v1/tools/{id}"), Some(&spec))
+                        .await?
+                }
+                None => client.call(Method::POST, "/v1/tools", Some(&spec)).await?,
+            };
+            print(&tool)
+        }
+        ToolsAction::Delete { id } => {
+            client
+                .call(Method::DELETE, &format!("/v1/tools/{id}"), None)
+                .await?;
+            Ok(())
+        }
     }
 }
 

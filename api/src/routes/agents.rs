@@ -6,6 +6,11 @@
 //! Header values (of HTTP tools, MCP servers and hooks; often credentials) are write-only:
 //! every read shows `"<redacted>"`, and a write that sends `"<redacted>"` back keeps the stored
 //! value, so a client can read an agent, change it and write it back.
+//!
+//! Tools the agent references (`tool_ids`, the tenant's `/v1/tools`) are validated with it: a
+//! reference to no tool of the tenant, or a name two tools share, is a problem like any other.
+//! The save locks the referenced tools' rows until it commits, so none is deleted or renamed
+//! meanwhile (`spool_shared::db::tools`).
 
 use axum::Json;
 use axum::extract::State;
@@ -14,8 +19,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use spool_shared::AgentId;
-use spool_shared::agent::{AgentSpec, FieldError, ToolSpec};
+use spool_shared::agent::{AgentSpec, FieldError, ToolResource, ToolSpec};
 use spool_shared::db::agents::{self, Agent};
+use spool_shared::db::tools;
+use spool_shared::ids::ToolId;
 
 use crate::app::AppState;
 use crate::auth::public::may_use;
@@ -64,14 +71,24 @@ pub struct AgentsResponse {
     pub agents: Vec<AgentResponse>,
 }
 
+/// The tenant's tools `spec` references, locked until the transaction `tx` ends.
+async fn referenced(
+    tx: &mut sqlx::PgConnection,
+    tenant: &str,
+    spec: &AgentSpec,
+) -> Result<Vec<(ToolId, ToolResource)>, ApiError> {
+    let ids: Vec<ToolId> = spec.tool_ids.iter().map(|r| r.tool_id).collect();
+    Ok(tools::lock_referenced(tx, &ids, tenant).await?)
+}
+
 /// The spec to store: `"<redacted>"` header values replaced by what `stored` holds for them,
-/// then validated.
+/// then validated with the tools it references (`referenced`).
 /// Agent tools must name an agent of the tenant (`this`, the agent being saved, included).
 async fn validated(
     state: &AppState,
     tenant: &str,
     this: Option<AgentId>,
-    mut spec: AgentSpec,
+    (mut spec, referenced): (AgentSpec, &[(ToolId, ToolResource)]),
     stored: Option<&AgentSpec>,
 ) -> Result<AgentSpec, ApiError> {
     // A `<redacted>` with no value kept for its destination must be resent: its own code, so a
@@ -83,7 +100,7 @@ async fn validated(
         "secret_needs_reentry"
     };
     let mut errors = secrets;
-    errors.extend(spec.validate());
+    errors.extend(spec.validate_with(referenced));
     errors.extend(state.config.providers.problems(&spec));
     for (i, tool) in spec.tools.iter().enumerate() {
         let ToolSpec::Agent(tool) = tool else {
@@ -103,7 +120,8 @@ async fn validated(
     if !errors.is_empty() {
         return Err(ApiError::invalid_fields(code, "the agent", errors));
     }
-    let unacknowledged = spec.unacknowledged_write_tools();
+    let offered = spec.with_referenced(referenced);
+    let unacknowledged = offered.unacknowledged_write_tools();
     if !unacknowledged.is_empty() {
         return Err(ApiError::unprocessable(
             "safety_acknowledgement_required",
@@ -141,7 +159,7 @@ fn not_found() -> ApiError {
         BadBody,
         Unauthenticated,
         MissingPermission,
-        (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`), `safety_acknowledgement_required` (a public agent with a tool that may write, without `safety_acknowledged: true`)", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_agent` (a `tool_ids` entry that names no tool of the tenant, or a tool name taken twice included), `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`), `safety_acknowledgement_required` (a public agent with a tool that may write, without `safety_acknowledged: true`)", body = ErrorBody),
     )
 )]
 async fn post_agent(
@@ -151,8 +169,11 @@ async fn post_agent(
 ) -> Result<(StatusCode, Json<AgentResponse>), ApiError> {
     caller.require(Permission::AgentsWrite)?;
     let tenant = &caller.owner.tenant_id;
-    let spec = validated(&state, tenant, None, spec, None).await?;
-    let agent = agents::insert(&state.db, AgentId::new(), tenant, &spec).await?;
+    let mut tx = state.db.begin().await?;
+    let tools = referenced(&mut tx, tenant, &spec).await?;
+    let spec = validated(&state, tenant, None, (spec, &tools), None).await?;
+    let agent = agents::insert(&mut *tx, AgentId::new(), tenant, &spec).await?;
+    tx.commit().await?;
     Ok((StatusCode::CREATED, Json(agent.into())))
 }
 
@@ -224,7 +245,7 @@ async fn get_agent(
         Unauthenticated,
         MissingPermission,
         (status = 404, description = "`agent_not_found`, `not_found`", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_agent`, `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`), `safety_acknowledgement_required` (a public agent with a tool that may write, without `safety_acknowledged: true`)", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_agent` (a `tool_ids` entry that names no tool of the tenant, or a tool name taken twice included), `secret_needs_reentry` (a `\"<redacted>\"` header with no value stored for its destination) (with `errors: [{field, message}]`), `safety_acknowledgement_required` (a public agent with a tool that may write, without `safety_acknowledged: true`)", body = ErrorBody),
     )
 )]
 async fn put_agent(
@@ -235,13 +256,23 @@ async fn put_agent(
 ) -> Result<Json<AgentResponse>, ApiError> {
     caller.require(Permission::AgentsWrite)?;
     let tenant = &caller.owner.tenant_id;
-    let stored = agents::find(&state.db, agent_id, tenant)
+    let mut tx = state.db.begin().await?;
+    let stored = agents::find(&mut *tx, agent_id, tenant)
         .await?
         .ok_or_else(not_found)?;
-    let spec = validated(&state, tenant, Some(agent_id), spec, Some(&stored.spec.0)).await?;
-    let agent = agents::update(&state.db, agent_id, tenant, &spec)
+    let tools = referenced(&mut tx, tenant, &spec).await?;
+    let spec = validated(
+        &state,
+        tenant,
+        Some(agent_id),
+        (spec, &tools),
+        Some(&stored.spec.0),
+    )
+    .await?;
+    let agent = agents::update(&mut *tx, agent_id, tenant, &spec)
         .await?
         .ok_or_else(not_found)?;
+    tx.commit().await?;
     Ok(Json(agent.into()))
 }
 

@@ -23,6 +23,7 @@ mod permissions;
 mod public_agents;
 mod stream;
 mod stream_tokens;
+mod tools;
 mod traces;
 mod usage;
 mod validation;

@@ -40,6 +40,10 @@ fn body(method: &str, path: &str) -> Option<Value> {
         ("POST" | "PUT", "/v1/agents" | "/v1/agents/{agent_id}") => {
             json!({"name": "a", "instructions": "Be brief.", "model": "demo"})
         }
+        ("POST" | "PUT", "/v1/tools" | "/v1/tools/{tool_id}") => {
+            json!({"type": "client", "name": "lookup"})
+        }
+        ("PATCH", "/v1/tools/{tool_id}") => json!({"enabled": false}),
         ("POST", "/v1/webhooks") => {
             json!({"url": "http://127.0.0.1:9/hook", "events": ["run.completed"]})
         }

@@ -162,6 +162,46 @@ impl ToolSpec {
             Self::Client(_) | Self::Agent(_) => None,
         }
     }
+
+    /// The tool as any reader sees it: every header value replaced by [`REDACTED`].
+    pub fn redacted(mut self) -> Self {
+        if let Some(headers) = self.headers_mut() {
+            headers
+                .values_mut()
+                .for_each(|value| *value = REDACTED.to_owned());
+        }
+        self
+    }
+
+    /// A tool resource's [`AgentSpec::keep_redacted`]: puts back, for every header sent as
+    /// [`REDACTED`], the value of the same header of `stored` (the same resource, so its name
+    /// may change) if it is of the same kind and its URL has the same origin. Every header sent
+    /// as [`REDACTED`] with no value kept for it is a problem (`headers.{name}`).
+    pub fn keep_redacted(&mut self, stored: Option<&ToolSpec>) -> Vec<FieldError> {
+        let old = match (self.destination(), stored) {
+            (Some(to), Some(stored)) if stored.destination().is_some_and(|d| d.same_as(&to)) => {
+                stored.headers().cloned()
+            }
+            _ => None,
+        };
+        let mut problems = Vec::new();
+        let Some(headers) = self.headers_mut() else {
+            return problems;
+        };
+        for (name, value) in headers.iter_mut().filter(|(_, v)| *v == REDACTED) {
+            match old.as_ref().and_then(|old| old.get(name)) {
+                Some(kept) => value.clone_from(kept),
+                None => problems.push(FieldError {
+                    field: format!("headers.{name}"),
+                    message: format!(
+                        "`{REDACTED}` stands for a value stored for this same destination \
+                         (kind and URL origin); there is none, so send the value again"
+                    ),
+                }),
+            }
+        }
+        problems
+    }
 }
 
 impl HookSpec {

@@ -1,13 +1,19 @@
 //! The tools an agent offers the model, by kind (`http`, `mcp`, `client`, `agent`), and the
 //! tool choice. Names the model sees are unique per agent ([`super::validate`] refuses
 //! collisions at save).
+//!
+//! A tool is either inline in an agent (`tools`) or a tenant's resource ([`ToolResource`],
+//! `/v1/tools`) that agents reference by id ([`ToolRef`], `tool_ids`). A run never sees a
+//! reference: its spec is snapshot at enqueue with the referenced tools that are enabled
+//! resolved into `tools` ([`super::AgentSpec::resolve_tools`]), so a tool changed, disabled or
+//! deleted later does not change the run.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ids::AgentId;
+use crate::ids::{AgentId, ToolId};
 
 /// `auto`, `required`, `none`, or the name of one tool the model must call; also read in the
 /// object form `{"type": "tool", "tool_name": "..."}` (or `{"type": "auto"}`, ...), and always
@@ -159,6 +165,100 @@ impl ToolSpec {
         match self {
             Self::Mcp(t) => Some(t),
             _ => None,
+        }
+    }
+
+    /// The kind, as the `type` field names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Http(_) => "http",
+            Self::Mcp(_) => "mcp",
+            Self::Client(_) => "client",
+            Self::Agent(_) => "agent",
+        }
+    }
+
+    /// The tool as an agent that references it with `reference` offers it: the reference's
+    /// `read_only` and `requires_approval`, where set, replace the tool's own.
+    pub fn referenced_as(mut self, reference: &ToolRef) -> Self {
+        if let Some(approval) = reference.requires_approval {
+            match &mut self {
+                Self::Http(t) => t.requires_approval = approval,
+                Self::Mcp(t) => t.requires_approval = approval,
+                Self::Client(t) => t.requires_approval = approval,
+                Self::Agent(t) => t.requires_approval = approval,
+            }
+        }
+        if let (Some(read_only), Self::Http(t)) = (reference.read_only, &mut self) {
+            t.read_only = read_only;
+        }
+        self
+    }
+}
+
+/// A tenant's tool resource as posted to `POST /v1/tools`: a tool of any kind, and whether
+/// agents offer it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ToolResource {
+    /// The tool (`type` and the fields of its kind).
+    #[serde(flatten)]
+    pub tool: ToolSpec,
+    /// Whether agents that reference it offer it to the model (default `true`); a disabled
+    /// tool is never offered, and runs enqueued while it is disabled do without it.
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
+}
+
+fn enabled_by_default() -> bool {
+    true
+}
+
+/// An agent's reference to a tool resource, with what the agent changes of it. Posted as the
+/// tool's id alone, or as `{tool_id, read_only?, requires_approval?}`; read back as the latter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(from = "ToolRefInput")]
+pub struct ToolRef {
+    /// The tool (of the same tenant).
+    pub tool_id: ToolId,
+    /// Replaces an HTTP tool's `read_only` for this agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// Replaces the tool's `requires_approval` for this agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_approval: Option<bool>,
+}
+
+/// The two forms a reference is posted in.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ToolRefInput {
+    Id(ToolId),
+    Full {
+        tool_id: ToolId,
+        #[serde(default)]
+        read_only: Option<bool>,
+        #[serde(default)]
+        requires_approval: Option<bool>,
+    },
+}
+
+impl From<ToolRefInput> for ToolRef {
+    fn from(input: ToolRefInput) -> Self {
+        match input {
+            ToolRefInput::Id(tool_id) => Self {
+                tool_id,
+                read_only: None,
+                requires_approval: None,
+            },
+            ToolRefInput::Full {
+                tool_id,
+                read_only,
+                requires_approval,
+            } => Self {
+                tool_id,
+                read_only,
+                requires_approval,
+            },
         }
     }
 }

@@ -13,8 +13,12 @@ use serde_json::Value;
 use super::overrides::{MAX_INSTRUCTIONS_BYTES, RunOverrides};
 use super::{
     AgentSpec, HISTORY_DEPTH_RANGE, HookEvent, HookKind, HookSpec, MAX_STEPS_RANGE, RuleCondition,
-    RuleOperator, StepRule, StopCondition, ToolChoice, ToolSpec,
+    RuleOperator, StepRule, StopCondition, ToolChoice, ToolResource, ToolSpec,
 };
+use crate::ids::ToolId;
+
+/// How many tool resources one agent may reference.
+pub const MAX_TOOL_IDS: usize = 64;
 
 /// One problem of a spec, by field path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -326,6 +330,96 @@ impl AgentSpec {
                 rule.active_tools.as_ref(),
             );
         }
+    }
+}
+
+impl AgentSpec {
+    /// The spec with every tool it references (`referenced`, the tenant's tools among its
+    /// `tool_ids`, enabled or not) appended to `tools`: what [`AgentSpec::validate_with`]
+    /// checks, so a name taken twice is refused whether or not the tool is enabled now.
+    pub fn with_referenced(&self, referenced: &[(ToolId, ToolResource)]) -> Self {
+        let mut merged = self.clone();
+        merged.tools.extend(self.tool_ids.iter().filter_map(|r| {
+            referenced
+                .iter()
+                .find(|(id, _)| *id == r.tool_id)
+                .map(|(_, tool)| tool.tool.clone().referenced_as(r))
+        }));
+        merged.tool_ids.clear();
+        merged
+    }
+
+    /// Every problem of the spec with its references (`referenced`: the tenant's tools among
+    /// its `tool_ids`; one missing is a reference to no tool of the tenant). A problem of a
+    /// referenced tool (a name it shares with another tool) is named by its reference,
+    /// `tool_ids[j]`.
+    pub fn validate_with(&self, referenced: &[(ToolId, ToolResource)]) -> Vec<FieldError> {
+        let mut problems = Problems::default();
+        if self.tool_ids.len() > MAX_TOOL_IDS {
+            problems.add("tool_ids", format!("at most {MAX_TOOL_IDS} tools"));
+        }
+        let mut seen = HashSet::new();
+        // The position, among the merged tools, of each reference that resolves.
+        let mut positions = Vec::new();
+        for (j, reference) in self.tool_ids.iter().enumerate() {
+            let field = format!("tool_ids[{j}]");
+            let found = referenced.iter().find(|(id, _)| *id == reference.tool_id);
+            if !seen.insert(reference.tool_id) {
+                problems.add(
+                    format!("{field}.tool_id"),
+                    format!("tool {} is referenced twice", reference.tool_id),
+                );
+            }
+            match found {
+                None => problems.add(
+                    format!("{field}.tool_id"),
+                    format!("no tool {} in this tenant", reference.tool_id),
+                ),
+                Some((_, tool)) => {
+                    if reference.read_only.is_some() && !matches!(tool.tool, ToolSpec::Http(_)) {
+                        problems.add(
+                            format!("{field}.read_only"),
+                            format!(
+                                "only an http tool has read_only; `{}` is a {} tool",
+                                tool.tool.name(),
+                                tool.tool.kind()
+                            ),
+                        );
+                    }
+                    positions.push(j);
+                }
+            }
+        }
+        let inline = self.tools.len();
+        for mut problem in self.with_referenced(referenced).validate() {
+            if let Some(rest) = problem.field.strip_prefix("tools[")
+                && let Some((index, tail)) = rest.split_once(']')
+                && let Ok(index) = index.parse::<usize>()
+                && let Some(j) = index.checked_sub(inline).and_then(|k| positions.get(k))
+            {
+                problem.field = format!("tool_ids[{j}]{tail}");
+            }
+            problems.0.push(problem);
+        }
+        problems.0
+    }
+}
+
+impl ToolResource {
+    /// Every problem of the tool, by field path (`name`, `parameters`, `url`, ...); empty if it
+    /// is valid. Whether an agent tool's agent exists is the caller's to check.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut holder = AgentSpec::default_agent("demo", "");
+        holder.tools.push(self.tool.clone());
+        holder
+            .validate()
+            .into_iter()
+            .filter_map(|mut problem| {
+                let field = problem.field.strip_prefix("tools[0].")?;
+                problem.field = field.to_owned();
+                Some(problem)
+            })
+            .collect()
     }
 }
 

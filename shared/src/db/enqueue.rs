@@ -3,8 +3,9 @@
 //! One statement ([`runs::insert_with_thread`]) makes the thread on first use (if the id is a
 //! UUID no one else owns), the user message, the assistant message that will stream (status
 //! `queued`, so its id is known at once and its content is written exactly once, when the run
-//! ends), the run with the spec of its agent as it is now (the run executes that spec, whatever
-//! happens to the agent later). Once it has committed, the caller wakes the workers
+//! ends), the run with the spec of its agent as it is now, the tool resources it references
+//! resolved into it (the run executes that spec, whatever happens to the agent or its tools
+//! later). Once it has committed, the caller wakes the workers
 //! ([`crate::db::notify_runs`], or the API's coalescing `wake`): a NOTIFY in the statement
 //! would be delivered exactly at the commit, but Postgres commits notifying transactions one at a
 //! time (a lock held through the WAL flush), which halved the enqueues a second. On its own
@@ -25,7 +26,7 @@ use crate::agent::{AgentSpec, FieldError, RunOverrides};
 use crate::db::quota::{self, Refusal};
 use crate::db::runs::{self, NewRun};
 use crate::db::threads::{self, Owner};
-use crate::db::{LazyConn, agents, is_unique_violation, messages};
+use crate::db::{LazyConn, agents, is_unique_violation, messages, tools};
 use crate::ids::{AgentId, MessageId, ThreadId, WorkflowId};
 use crate::quota::admission::{Admission, AdmitError};
 use crate::quota::{Quotas, RunQuota, counters};
@@ -300,7 +301,8 @@ async fn agent_spec(
             if !spec.status.is_active() {
                 return Err(EnqueueError::AgentDisabled);
             }
-            Some(spec)
+            // The run snapshots the tools it references as they are now (enabled ones only).
+            Some(tools::resolve(db.get().await?, &message.owner.tenant_id, spec).await?)
         }
         None => None,
     };

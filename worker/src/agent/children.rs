@@ -32,7 +32,7 @@ use serde_json::Value;
 use spool_shared::agent::AgentSpec;
 use spool_shared::db::runs::{self, ChildEnd, NewChild, Run, Wait, WaitBounds};
 use spool_shared::db::steps::{CallResult, CallState};
-use spool_shared::db::{LazyConn, agents};
+use spool_shared::db::{LazyConn, agents, tools};
 use spool_shared::event::{MessageEnd, MessageStart, Origin, StepResult, end_of_message};
 use spool_shared::quota::RunQuota;
 use spool_shared::quota::admission::AdmitError;
@@ -113,7 +113,8 @@ impl Loop<'_> {
                 Some(agent) if agent.spec.0.status.is_active() => starts.push(AgentStart {
                     index,
                     agent_id: tool.agent_id,
-                    spec: agent.spec.0,
+                    // The child run snapshots the tools its agent references, as an enqueue does.
+                    spec: tools::resolve(a.db, &run.tenant_id, agent.spec.0).await?,
                     input: input.to_owned(),
                 }),
                 Some(_) => result.settle(format!("the agent {} is disabled", tool.agent_id), true),
