@@ -41,6 +41,8 @@ fn request() -> ChatRequest {
         tools: Vec::new(),
         tool_choice: Choice::Auto,
         temperature: None,
+        top_p: None,
+        reasoning_effort: None,
         max_output_tokens: Some(256),
         response_format: None,
         parallel_tool_calls: None,

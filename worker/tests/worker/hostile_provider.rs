@@ -62,6 +62,8 @@ fn request() -> ChatRequest {
         tools: Vec::new(),
         tool_choice: Choice::Auto,
         temperature: None,
+        top_p: None,
+        reasoning_effort: None,
         max_output_tokens: None,
         response_format: None,
         parallel_tool_calls: None,
