@@ -45,6 +45,26 @@ fn cached_tool_call(n: usize) -> Reply {
     }
 }
 
+/// The run of `accepted` once it completed or failed, read as `who` (a user sees only their
+/// own runs).
+async fn finished_as(app: &TestApp, who: &str, accepted: &Value) -> Value {
+    let path = format!(
+        "/v1/workflows/{}",
+        accepted["workflow_id"].as_str().expect("a workflow id")
+    );
+    poll_until(
+        &format!("{who}'s run to finish"),
+        Duration::from_secs(30),
+        async || {
+            let (status, run) = app.get(&token(who, "acme"), &path).await;
+            (status == StatusCode::OK
+                && matches!(run["status"].as_str(), Some("completed" | "failed")))
+            .then_some(run)
+        },
+    )
+    .await
+}
+
 /// An API whose one worker calls `fake` as its unnamed provider, priced by [`PRICES`].
 async fn priced_app(fake: &FakeLlm) -> TestApp {
     TestApp::start(
@@ -107,7 +127,7 @@ async fn a_run_costs_its_calls_at_their_prices_everywhere_and_an_unpriced_model_
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let tools = json!([http_tool("look", format!("{base}/look"))]);
+    let tools = json!([http_tool("look", format!("{base}/list"))]);
     let priced = app
         .create_agent(
             "acme",
@@ -164,7 +184,7 @@ async fn a_run_costs_its_calls_at_their_prices_everywhere_and_an_unpriced_model_
 
     // Bob's run is on a model with no price: its cost is unknown, not 0.
     let (bobs_thread, accepted) = ask_as(&app, "bob", &mystery, "look it up").await;
-    let unpriced = finished(&app, &accepted).await;
+    let unpriced = finished_as(&app, "bob", &accepted).await;
     assert_eq!(unpriced["status"], "completed", "{unpriced}");
     assert_eq!(unpriced["usage"]["cost_usd"], Value::Null, "{unpriced}");
     assert!(unpriced["usage"]["input_tokens"].as_u64() > Some(0));
@@ -264,7 +284,7 @@ async fn a_daily_budget_in_dollars_stops_the_run_between_steps_and_refuses_the_n
             "acme",
             &json!({"name": "spender", "model": "priced",
                 "governance": {"user": {"daily_budget_usd": budget}},
-                "tools": [http_tool("look", format!("{base}/look"))]}),
+                "tools": [http_tool("look", format!("{base}/list"))]}),
         )
         .await;
     let (_, accepted) = ask_as(&app, "alice", &agent, "go").await;
@@ -307,7 +327,7 @@ async fn a_daily_budget_in_dollars_stops_the_run_between_steps_and_refuses_the_n
     // Bob has a budget of his own.
     let (_, accepted) = ask_as(&app, "bob", &agent, "go").await;
     assert_eq!(
-        finished(&app, &accepted).await["error"]["code"],
+        finished_as(&app, "bob", &accepted).await["error"]["code"],
         "budget_exceeded"
     );
     app.stop().await;

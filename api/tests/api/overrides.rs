@@ -230,7 +230,10 @@ async fn a_message_s_controls_reach_the_model_and_last_through_a_pause_and_a_wor
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
     let paused = app.wait_run(&accepted, |s| s == "requires_action").await;
-    assert_eq!(paused["pending_action"]["tool_calls"][0]["name"], "lookup");
+    assert_eq!(
+        paused["pending_action"]["tool_calls"][0]["tool_name"],
+        "lookup"
+    );
     let first = fake.requests().last().cloned().expect("a request");
     assert_eq!(
         contents(&first),
