@@ -180,16 +180,25 @@ impl UserMessageRequest {
         } else {
             (None, self.instructions.clone())
         };
+        let functions = self.functions.clone().unwrap_or_default();
+        // The message's own rules, then those of the OpenAI routes' functions (`tool_choice`).
+        let step_rules: Vec<StepRule> = self
+            .step_rules
+            .iter()
+            .flatten()
+            .chain(functions.step_rules.iter().flatten())
+            .cloned()
+            .collect();
         let overrides = RunOverrides {
             defaults: (defaults != RunDefaults::default()).then_some(defaults),
             max_steps: self.max_steps,
             instructions,
             extra_instructions,
-            step_rules: self.step_rules.clone(),
+            step_rules: (!step_rules.is_empty()).then_some(step_rules),
             stop_conditions: self.stop_conditions.clone(),
             max_call_depth: self.max_call_depth,
             response_format: self.response_format.clone(),
-            ..self.functions.clone().unwrap_or_default()
+            ..functions
         };
         (overrides != RunOverrides::default()).then_some(overrides)
     }
