@@ -646,7 +646,7 @@ async fn replayed(
 /// waits for them) with `outputs`; returns the run and the segment it goes on as. With a `key`,
 /// a retry gets what the first answered, and answers nothing twice (a concurrent retry
 /// included: it waits for the first and replays it).
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments)]
 pub(crate) async fn follow_up(
     state: &AppState,
     caller: &Caller,
@@ -681,7 +681,7 @@ pub(crate) async fn follow_up(
 /// Answers `run`'s pause with `outputs` (and the follow-up's tool choice for its next model
 /// call); answers the segment the run continues as. Outputs for calls that are not pending,
 /// or pending calls without one, are a 400 naming them; nothing changes then.
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments)]
 pub(crate) async fn answer(
     state: &AppState,
     caller: &Caller,
