@@ -10,7 +10,7 @@
 //! client tools ([`functions`]): a response ends at their calls, and `function_call_output`
 //! items answer them (the same run goes on as a new response). `temperature`, `top_p`,
 //! `max_output_tokens` and `reasoning.effort` apply to the run's model calls ([`sampling`]);
-//! `text.format` is the answer's form ([`format`]). `store`, `user`, `prompt_cache_key`,
+//! `text.format` is the answer's form ([`format`](mod@crate::openai::format)). `store`, `user`, `prompt_cache_key`,
 //! `safety_identifier` and `stream_options` are accepted and change nothing (every run is
 //! stored); parameters Spool cannot honour are refused ([`params`]).
 
