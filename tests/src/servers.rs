@@ -205,7 +205,8 @@ impl OwnRedisCluster {
         let survivors: Vec<u16> = self.ports[1..].to_vec();
         crate::poll_until("a replica to take over the killed master", timeout, || {
             let (survivors, killed) = (survivors.clone(), killed.clone());
-            async move {
+            // redis-cli blocks: off the runtime, so the load and the followers go on meanwhile.
+            let check = move || {
                 // `cluster nodes`: `<id> <ip:port@bus> <flags> ...`; the killed node's flags
                 // gain `fail` (not just `fail?`) once the majority agrees it is down.
                 let nodes = cluster_cli(survivors[0], &["cluster", "nodes"])?;
@@ -223,7 +224,8 @@ impl OwnRedisCluster {
                         .is_some_and(|info| info.contains("cluster_state:ok"))
                 });
                 (failed && ok && masters == 3).then_some(())
-            }
+            };
+            async move { tokio::task::spawn_blocking(check).await.ok().flatten() }
         })
         .await;
         started.elapsed()
