@@ -40,6 +40,8 @@ pub struct ApiConfig {
     pub quotas: spool_shared::quota::Quotas,
     /// The named model providers (`SPOOL_PROVIDERS`), for agents' `provider`.
     pub providers: spool_shared::provider::Providers,
+    /// The built-in tools the operator enables (`SPOOL_BUILTIN_TOOLS`), for agents' tools.
+    pub builtin_tools: spool_worker::config::Builtins,
     /// The network policy webhook URLs must pass (as tools' URLs do in the worker).
     pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
     /// The retention windows (`SPOOL_RETENTION_*`): idempotency keys, usage detail.
@@ -84,6 +86,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
         .merge(routes::tools::router())
+        .merge(routes::knowledge_bases::router())
         .merge(routes::webhooks::router())
         .merge(routes::usage::router())
         .merge(routes::api_keys::router())

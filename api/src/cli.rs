@@ -488,6 +488,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             quotas: args.quota.quotas(),
             providers: args.worker.providers.providers(),
             network_policy: Arc::new(args.worker.egress.policy()?),
+            builtin_tools: args.worker.builtin_tools.clone(),
             retention: args.worker.retention.clone(),
             max_webhooks_per_tenant: args.worker.webhooks.webhooks_max_per_tenant,
             metrics_token: metrics_token(args.metrics_token)?,

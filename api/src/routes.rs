@@ -4,6 +4,7 @@ pub mod agents;
 pub mod api_keys;
 pub mod health;
 pub mod identity;
+pub mod knowledge_bases;
 pub mod list;
 pub mod threads;
 pub mod tools;

@@ -22,8 +22,8 @@ pub use hooks::{HookEvent, HookFailure, HookKind, HookSpec};
 pub use overrides::{RunDefaults, RunOverrides, Sampling};
 pub use secrets::REDACTED;
 pub use tools::{
-    AgentToolSpec, ClientToolSpec, DEFAULT_MAX_CALL_DEPTH, HttpToolSpec, McpToolSpec, ToolChoice,
-    ToolRef, ToolResource, ToolSpec,
+    AgentToolSpec, Builtin, BuiltinToolSpec, ClientToolSpec, DEFAULT_MAX_CALL_DEPTH, HttpToolSpec,
+    McpToolSpec, ToolChoice, ToolRef, ToolResource, ToolSpec,
 };
 pub use validate::FieldError;
 
@@ -532,7 +532,7 @@ impl AgentSpec {
             .filter(|tool| match tool {
                 ToolSpec::Http(http) => !http.read_only,
                 ToolSpec::Mcp(_) => true,
-                ToolSpec::Client(_) | ToolSpec::Agent(_) => false,
+                ToolSpec::Client(_) | ToolSpec::Agent(_) | ToolSpec::Builtin(_) => false,
             })
             .map(ToolSpec::name)
             .collect()

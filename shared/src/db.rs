@@ -12,6 +12,7 @@ pub mod api_keys;
 pub mod chat_histories;
 pub mod enqueue;
 pub mod idempotency;
+pub mod knowledge_bases;
 pub mod messages;
 pub mod page;
 pub mod quota;

@@ -75,6 +75,11 @@ id_type!(
     /// A tenant's tool resource (`/v1/tools`), which agents reference by id.
     ToolId
 );
+id_type!(
+    /// A tenant's knowledge base (`/v1/knowledge_bases`): a retrieval endpoint the built-in
+    /// `knowledge_search` tool asks.
+    KnowledgeBaseId
+);
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,8 @@
 //! key, JSON body, identity headers) and answers by path: `weather` (a forecast with citations),
 //! `search` (a retrieval result: [`SEARCH_CHUNKS`], the query kept), `big` (60,000
 //! characters), `nul` (text with a NUL character), `finish`, `create`, `list` (`ok`), `hang`
-//! (never answers).
+//! (never answers); and `GET /page` ([`PAGE_CHARS`] characters of text: a web page), counted in
+//! [`Tools::pages`].
 
 use std::sync::{Arc, Mutex};
 
@@ -35,11 +36,15 @@ fn search_chunks() -> Value {
         .collect()
 }
 
+/// How long the text `GET /page` answers is, in characters.
+pub const PAGE_CHARS: usize = 15_000;
+
 /// A tool server: records every request (path, idempotency key, body) and answers by path.
 #[derive(Clone, Default)]
 pub struct Tools {
     calls: Arc<Mutex<Vec<(String, String, Value)>>>,
     identities: Arc<Mutex<Vec<Identity>>>,
+    pages: Arc<Mutex<Vec<Identity>>>,
 }
 
 /// The identity headers of one call: `X-Spool-Tenant`, `X-Spool-User`, `X-Spool-Identity`.
@@ -114,6 +119,19 @@ impl Tools {
             .route("/hang", post(record("hang")))
             .route("/create", post(record("create")))
             .route("/list", post(record("list")))
+            .route(
+                "/page",
+                axum::routing::get(
+                    |State(tools): State<Tools>, headers: HeaderMap| async move {
+                        tools
+                            .pages
+                            .lock()
+                            .expect("lock")
+                            .push(Identity::of(&headers));
+                        format!("Harbour notes. {}", "y".repeat(PAGE_CHARS - 15))
+                    },
+                ),
+            )
             .with_state(tools.clone());
         let base = crate::serve(app).await;
         (tools, base)
@@ -122,6 +140,11 @@ impl Tools {
     /// Every call so far: (path, idempotency key, body).
     pub fn calls(&self) -> Vec<(String, String, Value)> {
         self.calls.lock().expect("lock").clone()
+    }
+
+    /// The identity headers of every `GET /page` so far.
+    pub fn pages(&self) -> Vec<Identity> {
+        self.pages.lock().expect("lock").clone()
     }
 
     /// The identity headers of every call so far, in the order of [`Tools::calls`].

@@ -92,6 +92,11 @@ pub struct WorkerArgs {
     #[arg(long, env = "SPOOL_MCP_MAX_TOOLS", default_value_t = 128)]
     pub mcp_max_tools: usize,
 
+    /// Built-in tools agents may use (`type: "builtin"`), comma-separated: `http_request`,
+    /// `knowledge_search`. Empty: none (an agent naming one is refused at save).
+    #[arg(long, env = "SPOOL_BUILTIN_TOOLS", default_value = "", value_parser = parse_builtins)]
+    pub builtin_tools: Builtins,
+
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub lease: LeaseArgs,
@@ -204,4 +209,30 @@ mod tests {
             );
         }
     }
+}
+
+/// The built-in tools the operator enables (`SPOOL_BUILTIN_TOOLS`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Builtins(pub Vec<spool_shared::agent::Builtin>);
+
+impl Builtins {
+    /// Whether `tool` is enabled.
+    pub fn enabled(&self, tool: spool_shared::agent::Builtin) -> bool {
+        self.0.contains(&tool)
+    }
+}
+
+/// `http_request,knowledge_search` (spaces and empty items ignored); an unknown name is an
+/// error that lists the known ones.
+fn parse_builtins(value: &str) -> Result<Builtins, String> {
+    let mut tools = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let tool = spool_shared::agent::Builtin::parse(name).ok_or_else(|| {
+            format!("unknown built-in tool `{name}`: `http_request` or `knowledge_search`")
+        })?;
+        if !tools.contains(&tool) {
+            tools.push(tool);
+        }
+    }
+    Ok(Builtins(tools))
 }

@@ -32,7 +32,7 @@ pub enum Permission {
     /// Create, replace and delete agents.
     #[serde(rename = "agents:write")]
     AgentsWrite,
-    /// Write tools and knowledge bases (DESIGN section 12; no such route yet).
+    /// Write tools and knowledge bases (DESIGN section 12).
     #[serde(rename = "tools:write")]
     ToolsWrite,
     /// Read and write model providers (DESIGN section 12; no such route yet).

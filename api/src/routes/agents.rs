@@ -103,6 +103,13 @@ async fn validated(
     errors.extend(spec.validate_with(referenced));
     errors.extend(state.config.providers.problems(&spec));
     for (i, tool) in spec.tools.iter().enumerate() {
+        errors.extend(super::tools::builtin_problem(
+            state,
+            tool,
+            &format!("tools[{i}].name"),
+        ));
+    }
+    for (i, tool) in spec.tools.iter().enumerate() {
         let ToolSpec::Agent(tool) = tool else {
             continue;
         };

@@ -102,6 +102,7 @@ async fn validated(
     };
     let mut errors = secrets;
     errors.extend(tool.validate());
+    errors.extend(builtin_problem(state, &tool.tool, "name"));
     if let ToolSpec::Agent(agent) = &tool.tool
         && !agents::exists(&state.db, agent.agent_id, tenant).await?
     {
@@ -115,6 +116,25 @@ async fn validated(
     } else {
         Err(ApiError::invalid_fields(code, "the tool", errors))
     }
+}
+
+/// The problem of a built-in tool the operator does not enable (`SPOOL_BUILTIN_TOOLS`), at
+/// `field`.
+pub(crate) fn builtin_problem(
+    state: &AppState,
+    tool: &ToolSpec,
+    field: &str,
+) -> Option<FieldError> {
+    let ToolSpec::Builtin(builtin) = tool else {
+        return None;
+    };
+    (!state.config.builtin_tools.enabled(builtin.name)).then(|| FieldError {
+        field: field.to_owned(),
+        message: format!(
+            "the built-in tool `{}` is not enabled on this server (SPOOL_BUILTIN_TOOLS)",
+            builtin.name.as_str()
+        ),
+    })
 }
 
 /// Creates a tool (`tools:write`).

@@ -129,6 +129,7 @@ impl TestApp {
                 stream_retention: Duration::from_secs(retention_secs),
                 quotas: spool_shared::quota::Quotas::default(),
                 providers: args.providers.providers(),
+                builtin_tools: args.builtin_tools.clone(),
                 // As `SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8` would: receivers in the tests
                 // listen on loopback.
                 network_policy: Arc::new(

@@ -3,6 +3,7 @@
 mod agents;
 mod ai_sdk;
 mod api_keys;
+mod builtins;
 mod cancel;
 mod citations;
 mod common;

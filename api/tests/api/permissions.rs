@@ -44,6 +44,9 @@ fn body(method: &str, path: &str) -> Option<Value> {
             json!({"type": "client", "name": "lookup"})
         }
         ("PATCH", "/v1/tools/{tool_id}") => json!({"enabled": false}),
+        ("POST", "/v1/knowledge_bases") => {
+            json!({"name": "kb", "url": "http://127.0.0.1:9/search"})
+        }
         ("POST", "/v1/webhooks") => {
             json!({"url": "http://127.0.0.1:9/hook", "events": ["run.completed"]})
         }

@@ -143,7 +143,7 @@ impl ToolSpec {
         match self {
             Self::Http(t) => Some(&t.headers),
             Self::Mcp(t) => Some(&t.headers),
-            Self::Client(_) | Self::Agent(_) => None,
+            Self::Client(_) | Self::Agent(_) | Self::Builtin(_) => None,
         }
     }
 
@@ -151,7 +151,7 @@ impl ToolSpec {
         match self {
             Self::Http(t) => Some(&mut t.headers),
             Self::Mcp(t) => Some(&mut t.headers),
-            Self::Client(_) | Self::Agent(_) => None,
+            Self::Client(_) | Self::Agent(_) | Self::Builtin(_) => None,
         }
     }
 
@@ -159,7 +159,7 @@ impl ToolSpec {
         match self {
             Self::Http(t) => Some(Destination::new("http", &t.url)),
             Self::Mcp(t) => Some(Destination::new("mcp", &t.url)),
-            Self::Client(_) | Self::Agent(_) => None,
+            Self::Client(_) | Self::Agent(_) | Self::Builtin(_) => None,
         }
     }
 

@@ -147,6 +147,9 @@ pub enum ToolSpec {
     /// Another agent of the tenant: a call starts a child run of it with the call's `input`,
     /// and the run waits (without a worker) for the child's final text as the call's result.
     Agent(AgentToolSpec),
+    /// A tool built into Spool (`http_request`, `knowledge_search`), offered when the operator
+    /// enables it (`SPOOL_BUILTIN_TOOLS`).
+    Builtin(BuiltinToolSpec),
 }
 
 impl ToolSpec {
@@ -157,6 +160,7 @@ impl ToolSpec {
             Self::Mcp(t) => &t.name,
             Self::Client(t) => &t.name,
             Self::Agent(t) => &t.name,
+            Self::Builtin(t) => t.name.as_str(),
         }
     }
 
@@ -175,6 +179,7 @@ impl ToolSpec {
             Self::Mcp(_) => "mcp",
             Self::Client(_) => "client",
             Self::Agent(_) => "agent",
+            Self::Builtin(_) => "builtin",
         }
     }
 
@@ -187,6 +192,7 @@ impl ToolSpec {
                 Self::Mcp(t) => t.requires_approval = approval,
                 Self::Client(t) => t.requires_approval = approval,
                 Self::Agent(t) => t.requires_approval = approval,
+                Self::Builtin(t) => t.requires_approval = approval,
             }
         }
         if let (Some(read_only), Self::Http(t)) = (reference.read_only, &mut self) {
@@ -354,6 +360,90 @@ impl AgentToolSpec {
             "properties": {"input": {"type": "string", "description": "The request for the agent."}},
             "required": ["input"],
         })
+    }
+}
+
+/// A built-in tool: its name is the name the model sees.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuiltinToolSpec {
+    /// Which built-in tool.
+    pub name: Builtin,
+    /// Whether a person must approve each call.
+    #[serde(default)]
+    pub requires_approval: bool,
+}
+
+/// The tools built into Spool (DESIGN section 12). Both only read: calls of one step run
+/// concurrently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Builtin {
+    /// Fetches a URL (`GET`) through the network policy: the response's text, at most
+    /// 10,000 characters, within 30 s.
+    HttpRequest,
+    /// Searches the tenant's knowledge bases (`/v1/knowledge_bases`): the chunks they answer,
+    /// which the answer cites.
+    KnowledgeSearch,
+}
+
+impl Builtin {
+    /// Every built-in tool.
+    pub const ALL: [Self; 2] = [Self::HttpRequest, Self::KnowledgeSearch];
+
+    /// The name the model sees (and `SPOOL_BUILTIN_TOOLS` lists).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HttpRequest => "http_request",
+            Self::KnowledgeSearch => "knowledge_search",
+        }
+    }
+
+    /// The one of this name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|b| b.as_str() == name)
+    }
+
+    /// What it does, for the model.
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::HttpRequest => {
+                "Fetches a web page or API with an HTTP GET and returns the response's text \
+                 (at most 10,000 characters)."
+            }
+            Self::KnowledgeSearch => {
+                "Searches the knowledge bases for passages relevant to a query; cite what you \
+                 use by the numbers the result gives."
+            }
+        }
+    }
+
+    /// JSON Schema of its arguments.
+    pub fn parameters(self) -> Value {
+        match self {
+            Self::HttpRequest => serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "url": {"type": "string", "description": "The http(s) URL to fetch."},
+                },
+                "required": ["url"],
+            }),
+            Self::KnowledgeSearch => serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "What to search for."},
+                    "knowledge_base": {
+                        "type": "string",
+                        "description": "The name of one knowledge base to search (all when omitted).",
+                    },
+                    "top_k": {
+                        "type": "integer", "minimum": 1, "maximum": 20,
+                        "description": "How many chunks each knowledge base returns (default 5).",
+                    },
+                },
+                "required": ["query"],
+            }),
+        }
     }
 }
 

@@ -290,8 +290,9 @@ impl AgentSpec {
                 ToolSpec::Client(t) => {
                     check_schema(&t.parameters, &format!("tools[{i}].parameters"), problems)
                 }
-                // Whether the agent exists (in the tenant) is checked where agents are saved.
-                ToolSpec::Agent(_) => {}
+                // Whether the agent exists (in the tenant) is checked where agents are saved;
+                // whether the operator enables a built-in tool, too (a setting of the API).
+                ToolSpec::Agent(_) | ToolSpec::Builtin(_) => {}
             }
         }
     }

@@ -37,6 +37,8 @@ pub struct Engine {
     pub tool_timeout: Duration,
     /// The most tools one MCP server's discovery keeps (`SPOOL_MCP_MAX_TOOLS`).
     pub mcp_max_tools: usize,
+    /// The built-in tools the operator enables (`SPOOL_BUILTIN_TOOLS`).
+    pub builtin_tools: crate::config::Builtins,
     /// Signs the identity token of outbound calls.
     identity: Option<Arc<IdentitySigner>>,
 }
@@ -102,6 +104,7 @@ impl Engine {
             http,
             tool_timeout: args.tool_timeout(),
             mcp_max_tools: args.mcp_max_tools,
+            builtin_tools: args.builtin_tools.clone(),
             identity,
         })
     }

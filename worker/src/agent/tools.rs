@@ -21,6 +21,7 @@
 //! by name ([`ToolSet::find`]: classification, approval, execution) goes through one index,
 //! so a call is approved and executed as the same tool.
 
+pub mod builtin;
 pub mod http;
 pub mod identity;
 pub mod mcp;
@@ -115,6 +116,8 @@ pub(crate) enum Kind {
         server: Arc<Server>,
         remote: String,
     },
+    /// A built-in tool (`http_request`, `knowledge_search`).
+    Builtin(spool_shared::agent::Builtin),
 }
 
 /// What each MCP server of a run offered when its first attempt discovered them, by the
@@ -274,6 +277,17 @@ impl ToolSet {
                     requires_approval: agent.requires_approval,
                     kind: Kind::Agent(agent.clone()),
                 },
+                // Both only read: a step's calls of them run together.
+                ToolSpec::Builtin(builtin) => Tool {
+                    def: ToolDef {
+                        name: builtin.name.as_str().to_owned(),
+                        description: builtin.name.description().to_owned(),
+                        parameters: builtin.name.parameters(),
+                    },
+                    read_only: true,
+                    requires_approval: builtin.requires_approval,
+                    kind: Kind::Builtin(builtin.name),
+                },
             };
             set.push(tool);
         }
@@ -374,6 +388,7 @@ impl ToolSet {
             Kind::Mcp { .. } => "mcp",
             Kind::Client => "client",
             Kind::Agent(_) => "agent",
+            Kind::Builtin(_) => "builtin",
         };
         let span = tracing::info_span!("tool",
             otel.name = %format!("tool {}", call.name),
@@ -430,6 +445,17 @@ impl ToolSet {
                         headers: &http.headers,
                     };
                     http::call(&engine.http, &self.identity, &target, &arguments, &key).await
+                }
+                Kind::Builtin(builtin) => {
+                    let cx = builtin::Context {
+                        db: a.db,
+                        http: &engine.http,
+                        identity: &self.identity,
+                        tenant: &a.claimed.run().tenant_id,
+                        idempotency_key: &key,
+                        enabled: engine.builtin_tools.enabled(*builtin),
+                    };
+                    builtin::call(&cx, *builtin, &arguments).await
                 }
                 Kind::Client => ToolOutput::error("client tools are executed by the client"),
                 Kind::Agent(_) => ToolOutput::error("agent tools are answered by child runs"),

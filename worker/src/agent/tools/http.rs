@@ -153,7 +153,7 @@ fn request(
 }
 
 /// The response's text, read up to [`MAX_RESPONSE_BYTES`] and marked where it was cut.
-async fn read_capped(mut response: reqwest::Response) -> reqwest::Result<String> {
+pub(super) async fn read_capped(mut response: reqwest::Response) -> reqwest::Result<String> {
     let mut body = Vec::new();
     let mut truncated = false;
     while let Some(chunk) = response.chunk().await? {
@@ -202,7 +202,7 @@ fn char_boundary(bytes: &[u8], limit: usize) -> usize {
 }
 
 /// The tool output for a request that failed before a complete response arrived.
-fn failure(err: reqwest::Error, host: &str) -> ToolOutput {
+pub(super) fn failure(err: reqwest::Error, host: &str) -> ToolOutput {
     // The URL may carry credentials in its query, so it stays out of the message.
     let err = err.without_url();
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
