@@ -22,8 +22,45 @@
 // once declining the page's question (the session stays), once by a fragment change while the
 // page is open (declined too), then accepting it. Prints who the page showed at each point and
 // the questions it asked.
+//
+// Usage: node page_test.mjs --agents BASE TOKEN AGENT_NAME
+// Signs in, picks AGENT_NAME in the agent picker, reads the tool badges it shows ({text,
+// health} each), sends "which agent?" and prints {options, badges, text} once the reply is done.
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
+
+if (process.argv[2] === "--agents") {
+  const [base, token, name] = process.argv.slice(3);
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox"],
+  });
+  try {
+    const page = await browser.newPage();
+    const errors = [];
+    page.on("pageerror", (err) => errors.push(String(err)));
+    await page.goto(`${base}/#token=${token}`);
+    await page.locator("#agent-picker").waitFor({ state: "visible", timeout: 10000 });
+    const options = await page.locator("#agent option").allTextContents();
+    await page.selectOption("#agent", { label: name });
+    await page.locator("#agent-tools li").first().waitFor({ state: "visible", timeout: 10000 });
+    await page.waitForFunction(() => !document.querySelector("#agent-tools").hidden, null, { timeout: 10000 });
+    const badges = await page.locator("#agent-tools li").evaluateAll((items) =>
+      items.map((li) => ({ text: li.textContent, health: li.dataset.health })));
+    await page.locator("textarea").fill("which agent?");
+    await page.locator("textarea").press("Enter");
+    await page.waitForFunction(() => {
+      const replies = document.querySelectorAll('.message[data-role="assistant"]');
+      return replies.length > 0 && replies[replies.length - 1].dataset.status === "completed";
+    }, null, { timeout: 30000 });
+    const text = await page.locator('.message[data-role="assistant"]').last().textContent();
+    console.log(JSON.stringify({ options, badges, text, errors }));
+  } finally {
+    await browser.close();
+  }
+  process.exit(0);
+}
 
 if (process.argv[2] === "--who") {
   const [base, token, other] = process.argv.slice(3);

@@ -311,6 +311,60 @@ function showClientTools(workflow, d) {
   box.append(submit);
 }
 
+// The agent picker (agents:read; hidden without it): the agents of the tenant, and the chosen
+// one's tools with their health (an MCP server's probe: healthy, unhealthy, pending).
+let agents = [];
+async function loadAgents() {
+  let page;
+  try {
+    page = await api("GET", "/v1/agents");
+  } catch {
+    return; // no agents:read: the default agent answers
+  }
+  agents = page.agents || [];
+  const select = $("agent");
+  const fallback = document.createElement("option");
+  fallback.value = "";
+  fallback.textContent = "Default";
+  select.replaceChildren(fallback);
+  for (const agent of agents) {
+    const option = document.createElement("option");
+    option.value = agent.id;
+    option.textContent = agent.name;
+    select.append(option);
+  }
+  const kept = sessionStorage.getItem("spool-agent");
+  if (kept && agents.some((a) => a.id === kept)) select.value = kept;
+  $("agent-picker").hidden = agents.length === 0;
+  await showTools();
+}
+
+function toolBadge(name, kind, health, title) {
+  const li = document.createElement("li");
+  li.textContent = `${name} · ${kind}${health && health !== "enabled" ? ` · ${health}` : ""}`;
+  li.dataset.health = health || "enabled";
+  if (title) li.title = title;
+  return li;
+}
+
+async function showTools() {
+  const list = $("agent-tools");
+  const agent = agents.find((a) => a.id === $("agent").value);
+  const badges = [];
+  for (const tool of agent?.tools || []) badges.push(toolBadge(tool.name, tool.type));
+  for (const ref of agent?.tool_ids || []) {
+    try {
+      const tool = await api("GET", `/v1/tools/${ref.tool_id}`);
+      const health = tool.enabled === false ? "disabled" : tool.status;
+      badges.push(toolBadge(tool.name, tool.type, health, tool.error || ""));
+    } catch (err) {
+      badges.push(toolBadge(ref.tool_id, "tool", "unhealthy", err.message));
+    }
+  }
+  list.replaceChildren(...badges);
+  list.hidden = badges.length === 0;
+}
+
 async function send() {
   // A thread still loading would otherwise draw its history after this message, and follow
   // the run this message starts a second time. Another thread opened meanwhile: not sent.
@@ -329,7 +383,9 @@ async function send() {
   $("input").value = "";
   bubble("user").textContent = text;
   try {
-    const accepted = await api("POST", `/v1/threads/${thread}/user_message`, { input_text: text },
+    const body = { input_text: text };
+    if ($("agent").value) body.agent_id = $("agent").value;
+    const accepted = await api("POST", `/v1/threads/${thread}/user_message`, body,
       { "Idempotency-Key": crypto.randomUUID() });
     follow(accepted.workflow_id, accepted.message_id);
     loadThreads().catch(() => {});
@@ -382,6 +438,7 @@ function start() {
   const asked = new URLSearchParams(location.search).get("thread");
   const wanted = asked && UUID.test(asked) ? asked : null;
   loadThreads().catch(() => {});
+  loadAgents().catch(() => {});
   openThread(wanted || crypto.randomUUID(), !wanted);
 }
 
@@ -403,6 +460,10 @@ $("composer").addEventListener("submit", (e) => {
 // A link followed while the page is open changes only the fragment: asked about the same way.
 window.addEventListener("hashchange", () => {
   if (tokenFromLink()) location.reload();
+});
+$("agent").addEventListener("change", () => {
+  sessionStorage.setItem("spool-agent", $("agent").value);
+  showTools().catch(() => {});
 });
 $("new-thread").onclick = () => openThread(crypto.randomUUID(), true);
 $("cancel").onclick = () => {

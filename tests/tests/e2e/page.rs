@@ -246,3 +246,100 @@ async fn the_page_shows_who_is_signed_in_and_asks_before_a_link_replaces_the_ses
     );
     assert_eq!(shown["errors"], serde_json::json!([]), "no script errors");
 }
+
+/// The agent picker: the tenant's agents to choose from, the chosen one's tools (inline and
+/// referenced, a disabled one marked so) shown with their kind and health, and the message sent
+/// to the chosen agent.
+#[tokio::test]
+async fn the_page_picks_an_agent_and_shows_its_tools_and_their_health_in_chromium() {
+    use spool_tests::fake_llm::{self, FakeLlm};
+
+    let dir = spool_tests::peers::node_peers().expect("npm peers");
+    let fake = FakeLlm::start(|_, _| fake_llm::text("Picked.", 2)).await;
+    let stack = Stack::start().await;
+    let _worker = stack
+        .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
+        .await;
+    let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
+    let mut tool_ids = Vec::new();
+    for (name, enabled) in [("lookup", true), ("retired", false)] {
+        let (status, tool) = stack
+            .post(
+                &admin,
+                "/v1/tools",
+                &serde_json::json!({"type": "client", "name": name, "enabled": enabled}),
+            )
+            .await;
+        assert_eq!(status, 201, "{tool}");
+        tool_ids.push(tool["id"].clone());
+    }
+    stack
+        .create_agent(&serde_json::json!({"name": "other", "model": "demo"}))
+        .await;
+    let picked = stack
+        .create_agent(
+            &serde_json::json!({"name": "picked", "model": "gpt-4o-mini",
+            "instructions": "You were picked.",
+            "tools": [{"type": "client", "name": "read_file"}], "tool_ids": tool_ids}),
+        )
+        .await;
+    let alice = token("alice", "acme");
+    let output = tokio::time::timeout(
+        TIMEOUT * 2,
+        tokio::process::Command::new("node")
+            .arg(dir.join("page_test.mjs"))
+            .args(["--agents", &stack.base, &alice, "picked"])
+            .current_dir(&dir)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the page test to finish")
+    .expect("node");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(shown["errors"], serde_json::json!([]), "{shown}");
+    let options: Vec<&str> = shown["options"]
+        .as_array()
+        .expect("options")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        options.contains(&"picked") && options.contains(&"other"),
+        "{shown}"
+    );
+    let badges: Vec<(String, String)> = shown["badges"]
+        .as_array()
+        .expect("badges")
+        .iter()
+        .map(|b| {
+            (
+                b["text"].as_str().unwrap_or_default().to_owned(),
+                b["health"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        badges,
+        [
+            ("read_file · client".to_owned(), "enabled".to_owned()),
+            ("lookup · client".to_owned(), "enabled".to_owned()),
+            (
+                "retired · client · disabled".to_owned(),
+                "disabled".to_owned()
+            ),
+        ],
+        "{shown}"
+    );
+    assert_eq!(shown["text"], "Picked.", "{shown}");
+    // The message went to the picked agent: its instructions reached the model.
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0]["messages"][0]["content"], "You were picked.");
+    let _ = picked;
+}
