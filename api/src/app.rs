@@ -40,6 +40,9 @@ pub struct ApiConfig {
     pub quotas: spool_shared::quota::Quotas,
     /// The named model providers (`SPOOL_PROVIDERS`), for agents' `provider`.
     pub providers: spool_shared::provider::Providers,
+    /// The keys that seal tenants' provider keys (`SPOOL_SECRETS_KEY`); `None`: provider
+    /// writes answer 503 `secrets_not_configured`.
+    pub secrets: Option<Arc<spool_shared::secrets_key::SecretsKeys>>,
     /// The network policy webhook URLs must pass (as tools' URLs do in the worker).
     pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
     /// The retention windows (`SPOOL_RETENTION_*`): idempotency keys, usage detail.
@@ -84,6 +87,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .merge(routes::workflows::router())
         .merge(routes::agents::router())
         .merge(routes::tools::router())
+        .merge(routes::providers::router())
         .merge(routes::webhooks::router())
         .merge(routes::usage::router())
         .merge(routes::api_keys::router())

@@ -5,6 +5,7 @@ pub mod api_keys;
 pub mod health;
 pub mod identity;
 pub mod list;
+pub mod providers;
 pub mod threads;
 pub mod tools;
 pub mod usage;

@@ -14,6 +14,7 @@ pub mod enqueue;
 pub mod idempotency;
 pub mod messages;
 pub mod page;
+pub mod providers;
 pub mod quota;
 pub mod runs;
 pub mod steps;

@@ -75,6 +75,10 @@ id_type!(
     /// A tenant's tool resource (`/v1/tools`), which agents reference by id.
     ToolId
 );
+id_type!(
+    /// A tenant's model provider (`/v1/providers`), which agents name by its name.
+    ProviderId
+);
 
 #[cfg(test)]
 mod tests {

@@ -44,6 +44,9 @@ fn body(method: &str, path: &str) -> Option<Value> {
             json!({"type": "client", "name": "lookup"})
         }
         ("PATCH", "/v1/tools/{tool_id}") => json!({"enabled": false}),
+        ("POST", "/v1/providers") => json!({"name": "p", "kind": "openai",
+            "base_url": "https://llm.example.com/v1", "api_key": "k"}),
+        ("PATCH", "/v1/providers/{provider_id}") => json!({"default_model": "m"}),
         ("POST", "/v1/webhooks") => {
             json!({"url": "http://127.0.0.1:9/hook", "events": ["run.completed"]})
         }
