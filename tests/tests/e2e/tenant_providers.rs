@@ -2,7 +2,7 @@
 //! an agent whose `provider` names it is served by it with its key as the bearer token, while
 //! the operator's provider of the same name is not called; the key appears in no response, no
 //! log line of the API or the worker, and no error message; and once a provider is stored, a
-//! process without `SPOOL_SECRETS_KEY` refuses to start.
+//! process without `SPOOL_SECRETS_KEY` refuses to start. Also `spool providers`.
 
 use std::time::Duration;
 
@@ -117,4 +117,64 @@ async fn a_tenant_provider_serves_its_agents_with_its_key_which_no_response_or_l
         );
         assert!(output.contains("SPOOL_SECRETS_KEY"), "{binary}: {output}");
     }
+}
+
+/// What `spool ARGS` printed as JSON against `stack` with `token`, after checking it exited 0.
+async fn spool_json(stack: &Stack, token: &str, args: &[&str]) -> (Option<i32>, Value, String) {
+    let output = tokio::process::Command::new(spool_tests::process::binary("spool"))
+        .args(args)
+        .env_clear()
+        .env("SPOOL_URL", &stack.base)
+        .env("SPOOL_TOKEN", token)
+        .output()
+        .await
+        .expect("spool");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    (
+        output.status.code(),
+        serde_json::from_str(&stdout).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn spool_providers_applies_lists_gets_and_deletes_without_showing_the_key() {
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_SECRETS_KEY", SECRETS_KEY)],
+    )
+    .await;
+    let admin = token_with("root", "acme", true, 3600, JWT_SECRET);
+    let dir = std::env::temp_dir().join(format!("spool-providers-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("provider.json");
+    let file = path.to_str().expect("path");
+    let body = json!({"name": "mine", "kind": "anthropic",
+        "base_url": "https://llm.example.com/v1", "api_key": KEY});
+    std::fs::write(&path, body.to_string()).expect("write");
+    let (code, created, stderr) =
+        spool_json(&stack, &admin, &["providers", "apply", "-f", file]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(created["api_key"], "<redacted>", "{created}");
+    let id = created["id"].as_str().expect("id").to_owned();
+
+    // What `get` prints applies as it is, changed: the key is kept.
+    let (_, mut got, _) = spool_json(&stack, &admin, &["providers", "get", &id]).await;
+    got["default_model"] = json!("claude-sonnet-4-5");
+    std::fs::write(&path, got.to_string()).expect("write");
+    let (code, changed, stderr) =
+        spool_json(&stack, &admin, &["providers", "apply", "-f", file]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(changed["default_model"], "claude-sonnet-4-5", "{changed}");
+    let (_, listed, _) = spool_json(&stack, &admin, &["providers", "list"]).await;
+    assert_eq!(listed["data"][0]["id"], id.as_str(), "{listed}");
+    for shown in [&created, &got, &changed, &listed] {
+        assert!(!shown.to_string().contains(KEY), "{shown}");
+    }
+    let (code, _, stderr) = spool_json(&stack, &admin, &["providers", "delete", &id]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, _, stderr) = spool_json(&stack, &admin, &["providers", "get", &id]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("404"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
 }
