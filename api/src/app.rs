@@ -42,6 +42,9 @@ pub struct ApiConfig {
     pub providers: spool_shared::provider::Providers,
     /// The built-in tools the operator enables (`SPOOL_BUILTIN_TOOLS`), for agents' tools.
     pub builtin_tools: spool_worker::config::Builtins,
+    /// The keys that seal tenants' provider keys (`SPOOL_SECRETS_KEY`); `None`: provider
+    /// writes answer 503 `secrets_not_configured`.
+    pub secrets: Option<Arc<spool_shared::secrets_key::SecretsKeys>>,
     /// The network policy webhook URLs must pass (as tools' URLs do in the worker).
     pub network_policy: Arc<spool_shared::egress::NetworkPolicy>,
     /// The retention windows (`SPOOL_RETENTION_*`): idempotency keys, usage detail.
@@ -87,6 +90,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .merge(routes::agents::router())
         .merge(routes::tools::router())
         .merge(routes::knowledge_bases::router())
+        .merge(routes::providers::router())
         .merge(routes::webhooks::router())
         .merge(routes::usage::router())
         .merge(routes::api_keys::router())

@@ -459,6 +459,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!("SPOOL_JWT_SECRET is not set: using the insecure development secret");
     }
     let db = spool_shared::db::connect(&args.db, "spool-api").await?;
+    let secrets = args.worker.providers.check_secrets(&db).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(spool_shared::shutdown::on_signal(shutdown.clone()));
     let keys = StreamKeys::new(args.redis.redis_prefix.clone());
@@ -487,6 +488,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             stream_retention: args.stream.retention(),
             quotas: args.quota.quotas(),
             providers: args.worker.providers.providers(),
+            secrets: secrets.map(Arc::new),
             network_policy: Arc::new(args.worker.egress.policy()?),
             builtin_tools: args.worker.builtin_tools.clone(),
             retention: args.worker.retention.clone(),

@@ -108,6 +108,7 @@ pub(crate) fn queued_status() -> Object {
         (name = "workflows", description = "Runs: lists, status (and waiting for it), the durable timeline, cancel, tool outputs and approvals."),
         (name = "agents", description = "Stored agent configurations (`agents:read`; writes `agents:write`)."),
         (name = "tools", description = "The tenant's tools as resources, which agents reference with `tool_ids` (`agents:read`; writes `tools:write`)."),
+        (name = "providers", description = "The tenant's model providers with their own keys, which agents name in `provider` before the operator's (`providers:write`)."),
         (name = "webhooks", description = "Signed notifications of run events (`webhooks:admin`)."),
         (name = "usage", description = "Tokens and runs by user, agent or model (`usage:read`)."),
         (name = "api_keys", description = "The tenant's API keys for servers (`api_keys:admin`): `Authorization: Bearer spk_...`, shown once, revoked at once."),

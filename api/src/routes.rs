@@ -6,6 +6,7 @@ pub mod health;
 pub mod identity;
 pub mod knowledge_bases;
 pub mod list;
+pub mod providers;
 pub mod threads;
 pub mod tools;
 pub mod usage;

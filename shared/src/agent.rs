@@ -50,13 +50,20 @@ pub struct AgentSpec {
     /// The system prompt.
     #[serde(default)]
     pub instructions: String,
-    /// The model name sent to the provider (`demo` is the built-in model).
-    #[schema(min_length = 1)]
+    /// The model name sent to the provider (`demo` is the built-in model). May be left out
+    /// when `provider` names a provider with a `default_model`, which it then is.
+    #[serde(default)]
     pub model: String,
-    /// The provider that serves the model: a name from the server's `SPOOL_PROVIDERS`. Unset:
-    /// the first configured provider that lists the model, else `SPOOL_LLM_BASE_URL`.
+    /// The provider that serves the model: the name of one of the tenant's providers
+    /// (`/v1/providers`), else of one of the server's (`SPOOL_PROVIDERS`). Unset: the first
+    /// configured provider that lists the model, else `SPOOL_LLM_BASE_URL`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
+    /// Set by the server on a run's snapshot (never on a stored agent): the tenant provider
+    /// `provider` named when the run was enqueued, which the run calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(read_only)]
+    pub provider_id: Option<crate::ids::ProviderId>,
     /// Models of the same provider asked in order when the model keeps failing (its retries
     /// of a 429, 5xx or timeout spent before any text was shown); the step records which one
     /// answered.
@@ -466,6 +473,7 @@ impl AgentSpec {
             instructions: instructions.into(),
             model: model.into(),
             provider: None,
+            provider_id: None,
             fallback_models: Vec::new(),
             temperature: None,
             max_steps: default_max_steps(),

@@ -96,12 +96,83 @@ pub struct ProviderArgs {
     /// "cached_input_per_mtok"?}}`. A model without a price is unpriced (`cost_usd` null).
     #[arg(long, env = "SPOOL_LLM_PRICES", value_parser = |s: &str| crate::pricing::Prices::parse("SPOOL_LLM_PRICES", s))]
     pub llm_prices: Option<crate::pricing::Prices>,
+
+    /// The key that seals tenants' provider API keys at rest (`/v1/providers`): 32 bytes as 64
+    /// hex characters (`openssl rand -hex 32`), the same on every API and worker process.
+    /// Unset: tenants cannot store providers (503 `secrets_not_configured`), and a process
+    /// refuses to start once some are stored.
+    #[arg(long, env = "SPOOL_SECRETS_KEY", hide_env_values = true)]
+    pub secrets_key: Option<secrecy::SecretString>,
+
+    /// Former `SPOOL_SECRETS_KEY` values (comma-separated) that still open the keys they
+    /// sealed, while a rotation is under way.
+    #[arg(long, env = "SPOOL_SECRETS_KEYS_RETIRED", hide_env_values = true)]
+    pub secrets_keys_retired: Option<secrecy::SecretString>,
 }
 
 impl ProviderArgs {
     /// The providers (none when unset).
     pub fn providers(&self) -> crate::provider::Providers {
         self.providers.clone().unwrap_or_default()
+    }
+
+    /// The secrets keys (`None`: `SPOOL_SECRETS_KEY` unset or empty); an error names the
+    /// variable, never the value.
+    pub fn secrets_keys(&self) -> anyhow::Result<Option<crate::secrets_key::SecretsKeys>> {
+        use secrecy::ExposeSecret as _;
+        let Some(current) = self
+            .secrets_key
+            .as_ref()
+            .map(|k| k.expose_secret())
+            .filter(|k| !k.trim().is_empty())
+        else {
+            return Ok(None);
+        };
+        let retired = self
+            .secrets_keys_retired
+            .as_ref()
+            .map(|k| k.expose_secret())
+            .unwrap_or("");
+        crate::secrets_key::SecretsKeys::parse(current, retired)
+            .map(Some)
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// The start-up check of every process that reads providers: once a tenant has stored a
+    /// provider, `SPOOL_SECRETS_KEY` must be set, well formed, and (with the retired keys)
+    /// open every stored key. With none stored, a missing key only disables provider writes.
+    pub async fn check_secrets(
+        &self,
+        db: &sqlx::PgPool,
+    ) -> anyhow::Result<Option<crate::secrets_key::SecretsKeys>> {
+        use anyhow::Context as _;
+        let versions = crate::db::providers::key_versions(db)
+            .await
+            .context("reading the versions of the stored provider keys")?;
+        let keys = match self.secrets_keys() {
+            Ok(keys) => keys,
+            Err(err) if versions.is_empty() => {
+                tracing::warn!(
+                    error = %err,
+                    "SPOOL_SECRETS_KEY is malformed: tenants cannot store providers until it is fixed"
+                );
+                return Ok(None);
+            }
+            Err(err) => return Err(err),
+        };
+        if versions.is_empty() {
+            return Ok(keys);
+        }
+        let keys = keys.context(
+            "SPOOL_SECRETS_KEY is not set, but tenants have stored providers whose keys it seals",
+        )?;
+        let unknown: Vec<&String> = versions.iter().filter(|v| !keys.knows(v)).collect();
+        anyhow::ensure!(
+            unknown.is_empty(),
+            "stored provider keys were sealed with key versions {unknown:?}, which neither \
+             SPOOL_SECRETS_KEY nor SPOOL_SECRETS_KEYS_RETIRED is"
+        );
+        Ok(Some(keys))
     }
 }
 

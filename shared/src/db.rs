@@ -15,6 +15,7 @@ pub mod idempotency;
 pub mod knowledge_bases;
 pub mod messages;
 pub mod page;
+pub mod providers;
 pub mod quota;
 pub mod runs;
 pub mod steps;

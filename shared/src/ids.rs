@@ -80,6 +80,10 @@ id_type!(
     /// `knowledge_search` tool asks.
     KnowledgeBaseId
 );
+id_type!(
+    /// A tenant's model provider (`/v1/providers`), which agents name by its name.
+    ProviderId
+);
 
 #[cfg(test)]
 mod tests {

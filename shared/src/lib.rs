@@ -3,7 +3,8 @@
 //! the Postgres queries ([`db`], with the run queue in [`db::runs`], the saved step in
 //! [`db::steps`] and the enqueue in [`db::enqueue`]), the event envelope ([`event`]), the
 //! Redis stream layout ([`stream`]), quotas and their counters in Redis ([`quota`]), named
-//! model providers ([`provider`]) and their prices ([`pricing`]), configuration pieces ([`config`]), metrics ([`metrics`]),
+//! model providers ([`provider`]; a tenant's own in [`db::providers`], their keys sealed with
+//! [`secrets_key`]) and their prices ([`pricing`]), configuration pieces ([`config`]), metrics ([`metrics`]),
 //! telemetry set-up ([`telemetry`]) and process signals ([`shutdown`]).
 //!
 //! No HTTP and no agent loop lives here: the API and the worker both depend on this crate. The
@@ -24,6 +25,7 @@ pub mod provider;
 pub mod quota;
 pub mod redis_conn;
 pub mod run;
+pub mod secrets_key;
 pub mod shutdown;
 pub mod status;
 pub mod stream;

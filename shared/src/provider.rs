@@ -10,7 +10,7 @@ use crate::agent::{AgentSpec, FieldError};
 use crate::pricing::Prices;
 
 /// The wire format a provider speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
     /// OpenAI Chat Completions (OpenAI, vLLM, Ollama, LiteLLM, ...).
@@ -116,6 +116,12 @@ impl Providers {
                 ),
             }];
         };
+        if agent.model.trim().is_empty() {
+            return vec![FieldError {
+                field: "model".into(),
+                message: format!("must be given: provider `{name}` has no `default_model`"),
+            }];
+        }
         let Some(models) = &provider.models else {
             return Vec::new();
         };

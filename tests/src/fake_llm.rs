@@ -33,6 +33,7 @@ type Handler = dyn Fn(&Value, usize) -> Reply + Send + Sync;
 struct Shared {
     handler: Arc<Handler>,
     requests: Arc<Mutex<Vec<Value>>>,
+    credentials: Arc<Mutex<Vec<Option<String>>>>,
 }
 
 /// A running fake upstream.
@@ -40,6 +41,7 @@ pub struct FakeLlm {
     /// The base URL to configure (`http://127.0.0.1:PORT/v1`).
     pub base_url: String,
     requests: Arc<Mutex<Vec<Value>>>,
+    credentials: Arc<Mutex<Vec<Option<String>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -49,8 +51,10 @@ impl FakeLlm {
         let shared = Shared {
             handler: Arc::new(handler),
             requests: Arc::default(),
+            credentials: Arc::default(),
         };
         let requests = shared.requests.clone();
+        let credentials = shared.credentials.clone();
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(complete))
             // The Anthropic Messages API: the handler answers in its format (`anthropic_*`).
@@ -66,6 +70,7 @@ impl FakeLlm {
         Self {
             base_url,
             requests,
+            credentials,
             task,
         }
     }
@@ -73,6 +78,15 @@ impl FakeLlm {
     /// Every request body received so far.
     pub fn requests(&self) -> Vec<Value> {
         self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The credentials of every request so far, in order: its `Authorization` header, else
+    /// its `x-api-key` (Anthropic's).
+    pub fn credentials(&self) -> Vec<Option<String>> {
+        self.credentials
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -85,7 +99,21 @@ impl Drop for FakeLlm {
     }
 }
 
-async fn complete(State(shared): State<Shared>, Json(body): Json<Value>) -> Response<Body> {
+async fn complete(
+    State(shared): State<Shared>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<Value>,
+) -> Response<Body> {
+    let credential = headers
+        .get("authorization")
+        .or_else(|| headers.get("x-api-key"))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    shared
+        .credentials
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(credential);
     let n = {
         let mut requests = shared
             .requests

@@ -80,9 +80,13 @@ pub(crate) async fn load_spec(
     match run.agent_id {
         None => Ok(Some(engine.default_agent.clone())),
         Some(id) => match agents::find(db, id, &run.tenant_id).await? {
-            Some(agent) => Ok(Some(
-                spool_shared::db::tools::resolve(db, &run.tenant_id, agent.spec.0).await?,
-            )),
+            Some(agent) => {
+                let spec =
+                    spool_shared::db::tools::resolve(db, &run.tenant_id, agent.spec.0).await?;
+                Ok(Some(
+                    spool_shared::db::providers::resolve(db, &run.tenant_id, spec).await?,
+                ))
+            }
             None => Ok(None),
         },
     }
@@ -180,7 +184,7 @@ impl<'a> Loop<'a> {
         if let Some(halt) = a.stop.now() {
             return Err(LoopEnd::halted(halt, checkpoint.answer).into());
         }
-        let models = match a.engine.models(spec) {
+        let models = match a.engine.models(a.db, &run.tenant_id, spec).await {
             Ok(models) => models,
             Err(err) => {
                 let failure = RunFailure::new(FailureCode::ModelUnavailable, err.to_string());

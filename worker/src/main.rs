@@ -68,6 +68,7 @@ async fn main() -> anyhow::Result<()> {
     // at once, before any Postgres connection is opened.
     let listener = bind_ops(metrics_addr).await?;
     let pool = spool_shared::db::connect(&db, "spool-worker").await?;
+    worker.providers.check_secrets(&pool).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(spool_shared::shutdown::on_signal(shutdown.clone()));
     let keys = spool_shared::stream::StreamKeys::new(redis.redis_prefix);

@@ -35,7 +35,7 @@ pub enum Permission {
     /// Write tools and knowledge bases (DESIGN section 12).
     #[serde(rename = "tools:write")]
     ToolsWrite,
-    /// Read and write model providers (DESIGN section 12; no such route yet).
+    /// Read and write the tenant's model providers (`/v1/providers`, DESIGN section 12).
     #[serde(rename = "providers:write")]
     ProvidersWrite,
     /// Send messages on one's own threads, and read, stream and cancel them.

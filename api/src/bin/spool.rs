@@ -72,6 +72,29 @@ enum Command {
         #[command(subcommand)]
         action: ToolsAction,
     },
+    /// The tenant's model providers and keys (`providers:write`): `list`, `get ID`,
+    /// `apply -f FILE` (create, or change the one its `id` names), `delete ID`.
+    Providers {
+        #[command(subcommand)]
+        action: ProvidersAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ProvidersAction {
+    /// All of the tenant's, newest first.
+    List,
+    /// One, by id (its key shows as `"<redacted>"`).
+    Get { id: uuid::Uuid },
+    /// Creates the provider in FILE (JSON), or changes the one its `id` field names (what
+    /// `get` prints applies as it is: the key read as `"<redacted>"` is kept while `base_url`
+    /// keeps its destination).
+    Apply {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Deletes one.
+    Delete { id: uuid::Uuid },
 }
 
 #[derive(Debug, Subcommand)]
@@ -309,6 +332,7 @@ async fn run(client: &Client, command: Command) -> anyhow::Result<()> {
             }
         },
         Command::Tools { action } => tools(client, action).await,
+        Command::Providers { action } => providers(client, action).await,
     }
 }
 
@@ -359,6 +383,62 @@ async fn tools(client: &Client, action: ToolsAction) -> anyhow::Result<()> {
         ToolsAction::Delete { id } => {
             client
                 .call(Method::DELETE, &format!("/v1/tools/{id}"), None)
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// `spool providers ...`.
+async fn providers(client: &Client, action: ProvidersAction) -> anyhow::Result<()> {
+    use reqwest::Method;
+    match action {
+        ProvidersAction::List => {
+            let mut data = Vec::new();
+            let mut path = "/v1/providers?limit=100".to_owned();
+            loop {
+                let page = client.get(&path).await?;
+                data.extend(page["data"].as_array().cloned().unwrap_or_default());
+                match page["next_cursor"].as_str() {
+                    Some(cursor) => path = format!("/v1/providers?limit=100&cursor={cursor}"),
+                    None => break,
+                }
+            }
+            print(&json!({ "data": data }))
+        }
+        ProvidersAction::Get { id } => print(&client.get(&format!("/v1/providers/{id}")).await?),
+        ProvidersAction::Apply { file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let mut spec: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            let fields = spec
+                .as_object_mut()
+                .with_context(|| format!("{} is not a JSON object", file.display()))?;
+            for added in ["created_at", "updated_at"] {
+                fields.remove(added);
+            }
+            let id = fields
+                .remove("id")
+                .and_then(|id| id.as_str().map(str::to_owned));
+            let provider = match id {
+                // A merge patch of every field the file has.
+                Some(id) => {
+                    client
+                        .call(Method::PATCH, &format!("/v1/providers/{id}"), Some(&spec))
+                        .await?
+                }
+                None => {
+                    client
+                        .call(Method::POST, "/v1/providers", Some(&spec))
+                        .await?
+                }
+            };
+            print(&provider)
+        }
+        ProvidersAction::Delete { id } => {
+            client
+                .call(Method::DELETE, &format!("/v1/providers/{id}"), None)
                 .await?;
             Ok(())
         }

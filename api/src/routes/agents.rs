@@ -101,7 +101,7 @@ async fn validated(
     };
     let mut errors = secrets;
     errors.extend(spec.validate_with(referenced));
-    errors.extend(state.config.providers.problems(&spec));
+    errors.extend(crate::routes::providers::agent_problems(state, tenant, &spec).await?);
     for (i, tool) in spec.tools.iter().enumerate() {
         errors.extend(super::tools::builtin_problem(
             state,

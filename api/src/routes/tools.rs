@@ -431,7 +431,7 @@ async fn delete_tool(
 }
 
 /// Applies a JSON merge patch (RFC 7396) to `target`.
-fn merge_patch(target: &mut Value, patch: Value) {
+pub(crate) fn merge_patch(target: &mut Value, patch: Value) {
     let Value::Object(patch) = patch else {
         *target = patch;
         return;

@@ -149,11 +149,8 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
         StatusCode::UNPROCESSABLE_ENTITY,
         "a missing model is named: {body}"
     );
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("model"))
-    );
+    // Named by field: `model` may be left out only for a provider's `default_model`.
+    assert_eq!(body["error"]["errors"][0]["field"], "model", "{body}");
     assert_eq!(app.db.count("agents").await, 0);
     app.stop().await;
 }

@@ -130,6 +130,12 @@ impl TestApp {
                 quotas: spool_shared::quota::Quotas::default(),
                 providers: args.providers.providers(),
                 builtin_tools: args.builtin_tools.clone(),
+                // `--secrets-key` in the tests that store providers, as an operator sets it.
+                secrets: args
+                    .providers
+                    .secrets_keys()
+                    .expect("secrets key")
+                    .map(Arc::new),
                 // As `SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8` would: receivers in the tests
                 // listen on loopback.
                 network_policy: Arc::new(

@@ -21,6 +21,7 @@ mod openapi;
 mod overrides;
 mod pauses;
 mod permissions;
+mod providers;
 mod public_agents;
 mod stream;
 mod stream_tokens;

@@ -47,6 +47,9 @@ fn body(method: &str, path: &str) -> Option<Value> {
         ("POST", "/v1/knowledge_bases") => {
             json!({"name": "kb", "url": "http://127.0.0.1:9/search"})
         }
+        ("POST", "/v1/providers") => json!({"name": "p", "kind": "openai",
+            "base_url": "https://llm.example.com/v1", "api_key": "k"}),
+        ("PATCH", "/v1/providers/{provider_id}") => json!({"default_model": "m"}),
         ("POST", "/v1/webhooks") => {
             json!({"url": "http://127.0.0.1:9/hook", "events": ["run.completed"]})
         }

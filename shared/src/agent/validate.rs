@@ -103,7 +103,9 @@ impl AgentSpec {
         if self.name.trim().is_empty() || self.name.len() > 200 {
             problems.add("name", "must be 1 to 200 characters");
         }
-        if self.model.trim().is_empty() {
+        // Without `model`, a named provider's `default_model` serves (checked against the
+        // providers, which this spec alone does not know).
+        if self.model.trim().is_empty() && self.provider.is_none() {
             problems.add("model", "must not be empty");
         }
         if let Some(window) = self.context_window_tokens

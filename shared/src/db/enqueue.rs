@@ -301,8 +301,11 @@ async fn agent_spec(
             if !spec.status.is_active() {
                 return Err(EnqueueError::AgentDisabled);
             }
-            // The run snapshots the tools it references as they are now (enabled ones only).
-            Some(tools::resolve(db.get().await?, &message.owner.tenant_id, spec).await?)
+            // The run snapshots the tools it references as they are now (enabled ones only),
+            // and the id of the tenant provider it names (never its key).
+            let tenant = &message.owner.tenant_id;
+            let spec = tools::resolve(db.get().await?, tenant, spec).await?;
+            Some(crate::db::providers::resolve(db.get().await?, tenant, spec).await?)
         }
         None => None,
     };

@@ -25,6 +25,7 @@ mod secrets;
 mod stack;
 mod stalls;
 mod stream;
+mod tenant_providers;
 mod timeline;
 mod tls;
 mod versioning;

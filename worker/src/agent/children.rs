@@ -113,8 +113,14 @@ impl Loop<'_> {
                 Some(agent) if agent.spec.0.status.is_active() => starts.push(AgentStart {
                     index,
                     agent_id: tool.agent_id,
-                    // The child run snapshots the tools its agent references, as an enqueue does.
-                    spec: tools::resolve(a.db, &run.tenant_id, agent.spec.0).await?,
+                    // The child run snapshots the tools its agent references and its tenant
+                    // provider's id, as an enqueue does.
+                    spec: spool_shared::db::providers::resolve(
+                        a.db,
+                        &run.tenant_id,
+                        tools::resolve(a.db, &run.tenant_id, agent.spec.0).await?,
+                    )
+                    .await?,
                     input: input.to_owned(),
                 }),
                 Some(_) => result.settle(format!("the agent {} is disabled", tool.agent_id), true),

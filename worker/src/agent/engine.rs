@@ -1,8 +1,19 @@
 //! What every run of a worker shares: the model clients, the default agent, and the HTTP
 //! client that enforces the tools' network policy.
+//!
+//! A tenant's own providers (`/v1/providers`) are read from Postgres when a run calls them
+//! (the run's snapshot names the provider's id): their clients are cached per (tenant,
+//! provider), and a cached client is checked against the row's `updated_at` once it is
+//! [`TENANT_PROVIDER_TTL`] old, so a changed key or URL is used within seconds. Their calls go
+//! through the network policy (the tenant chose the address), and their keys are opened with
+//! `SPOOL_SECRETS_KEY` only to build the client.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
 
 use spool_shared::agent::AgentSpec;
 use spool_shared::db::runs::Run;
@@ -18,7 +29,22 @@ use super::llm::openai::OpenAiClient;
 use super::llm::{ChatModel, LlmError, Timeouts};
 use super::tools::identity::{Identity, IdentitySigner};
 use crate::config::WorkerArgs;
-use spool_shared::egress::{GuardedClients, NetworkPolicy};
+use spool_shared::db::providers::ProviderSettings;
+use spool_shared::egress::{GuardedClients, NetworkPolicy, Redirects};
+use spool_shared::ids::ProviderId;
+use spool_shared::secrets_key::SecretsKeys;
+
+/// How long a tenant provider's cached client is used before its row is checked again.
+pub const TENANT_PROVIDER_TTL: Duration = Duration::from_secs(2);
+
+/// A tenant provider's client, as built from its row at `updated_at`.
+#[derive(Clone)]
+struct TenantClient {
+    client: Arc<dyn ChatModel>,
+    settings: ProviderSettings,
+    updated_at: DateTime<Utc>,
+    checked: Instant,
+}
 
 /// Models, tools' HTTP client and defaults, built once per worker.
 pub struct Engine {
@@ -41,6 +67,14 @@ pub struct Engine {
     pub builtin_tools: crate::config::Builtins,
     /// Signs the identity token of outbound calls.
     identity: Option<Arc<IdentitySigner>>,
+    /// Opens tenants' provider keys (`SPOOL_SECRETS_KEY`).
+    secrets: Option<Arc<SecretsKeys>>,
+    /// The network policy tenants' providers are called through.
+    egress: Arc<NetworkPolicy>,
+    /// The bounds of every model call.
+    timeouts: Timeouts,
+    /// Tenants' provider clients, by (tenant, provider).
+    tenant_clients: Mutex<HashMap<(String, ProviderId), TenantClient>>,
 }
 
 impl Engine {
@@ -106,6 +140,12 @@ impl Engine {
             mcp_max_tools: args.mcp_max_tools,
             builtin_tools: args.builtin_tools.clone(),
             identity,
+            // A malformed key was refused at start if tenants have providers; else there is
+            // nothing to open.
+            secrets: args.providers.secrets_keys().ok().flatten().map(Arc::new),
+            egress: Arc::clone(egress),
+            timeouts,
+            tenant_clients: Mutex::default(),
         })
     }
 
@@ -119,13 +159,26 @@ impl Engine {
         )
     }
 
-    /// The models a run of `spec` may call: its model, then its `fallback_models`, each with
-    /// the client that serves it.
-    pub(crate) fn models(&self, spec: &AgentSpec) -> Result<Vec<Candidate>, LlmError> {
+    /// The models a run of `spec` (of `tenant`) may call: its model, then its
+    /// `fallback_models`, each with the client that serves it: the tenant provider the run
+    /// snapshotted, else the operator's.
+    pub(crate) async fn models(
+        &self,
+        db: &PgPool,
+        tenant: &str,
+        spec: &AgentSpec,
+    ) -> Result<Vec<Candidate>, LlmError> {
+        let tenant_provider = match spec.provider_id {
+            Some(id) => Some(self.tenant_provider(db, tenant, id).await?),
+            None => None,
+        };
         std::iter::once(&spec.model)
             .chain(&spec.fallback_models)
             .map(|name| {
-                let (model, price) = self.model(spec.provider.as_deref(), name)?;
+                let (model, price) = match &tenant_provider {
+                    Some(provider) => provider.serving(name),
+                    None => self.model(spec.provider.as_deref(), name)?,
+                };
                 Ok(Candidate {
                     name: name.clone(),
                     model,
@@ -137,13 +190,119 @@ impl Engine {
 
     /// The model that writes the summaries of a thread's older turns: the agent's
     /// `summary_model` (else its model), served as its model is.
-    pub(crate) fn summarizer(&self, spec: &AgentSpec) -> Result<Candidate, LlmError> {
+    pub(crate) async fn summarizer(
+        &self,
+        db: &PgPool,
+        tenant: &str,
+        spec: &AgentSpec,
+    ) -> Result<Candidate, LlmError> {
         let name = spec.summary_model.as_ref().unwrap_or(&spec.model);
-        let (model, price) = self.model(spec.provider.as_deref(), name)?;
+        let (model, price) = match spec.provider_id {
+            Some(id) => self.tenant_provider(db, tenant, id).await?.serving(name),
+            None => self.model(spec.provider.as_deref(), name)?,
+        };
         Ok(Candidate {
             name: name.clone(),
             model,
             price,
+        })
+    }
+
+    /// The client of the tenant's provider `id`: cached, and rebuilt when its row changed.
+    async fn tenant_provider(
+        &self,
+        db: &PgPool,
+        tenant: &str,
+        id: ProviderId,
+    ) -> Result<TenantClient, LlmError> {
+        let key = (tenant.to_owned(), id);
+        let cached = self.cache().get(&key).cloned();
+        if let Some(cached) = &cached
+            && cached.checked.elapsed() < TENANT_PROVIDER_TTL
+        {
+            return Ok(cached.clone());
+        }
+        let row = spool_shared::db::providers::find(db, id, tenant)
+            .await
+            .map_err(|err| {
+                tracing::warn!(error = %err, provider.id = %id, "reading the tenant's provider");
+                LlmError::Unavailable("the tenant's provider could not be read".into())
+            })?;
+        let Some(row) = row else {
+            self.cache().remove(&key);
+            return Err(LlmError::Unavailable(
+                "the tenant's provider this run names was deleted".into(),
+            ));
+        };
+        let fresh = match cached {
+            Some(cached) if cached.updated_at == row.updated_at => TenantClient {
+                checked: Instant::now(),
+                ..cached
+            },
+            _ => TenantClient {
+                client: self.tenant_client(&row)?,
+                settings: row.settings,
+                updated_at: row.updated_at,
+                checked: Instant::now(),
+            },
+        };
+        self.cache().insert(key, fresh.clone());
+        Ok(fresh)
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, ProviderId), TenantClient>> {
+        self.tenant_clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A client for a tenant's provider: its key opened, its URL through the network policy,
+    /// no redirect followed. The errors name neither the key nor the URL (end users read them).
+    fn tenant_client(
+        &self,
+        row: &spool_shared::db::providers::StoredProvider,
+    ) -> Result<Arc<dyn ChatModel>, LlmError> {
+        let name = &row.settings.name;
+        let secrets = self.secrets.as_ref().ok_or_else(|| {
+            LlmError::Unavailable(format!(
+                "provider `{name}`: this worker has no SPOOL_SECRETS_KEY to open its key"
+            ))
+        })?;
+        let api_key = row.api_key(secrets).map_err(|err| {
+            tracing::error!(error = %err, provider.id = %row.id, "opening a provider's key");
+            LlmError::Unavailable(format!("provider `{name}`: its key does not open here"))
+        })?;
+        let url = reqwest::Url::parse(&row.settings.base_url)
+            .map_err(|_| LlmError::Unavailable(format!("provider `{name}`: invalid base_url")))?;
+        self.egress.check_url(&url).map_err(|reason| {
+            LlmError::Unavailable(format!(
+                "provider `{name}`: the network policy refuses its base_url: {reason}"
+            ))
+        })?;
+        let http = spool_shared::egress::guarded_client(
+            Arc::clone(&self.egress),
+            self.timeouts.call,
+            Redirects::Never,
+        )
+        .map_err(|err| LlmError::Unavailable(format!("provider `{name}`: {err}")))?;
+        let base = &row.settings.base_url;
+        Ok(match row.settings.kind {
+            ProviderKind::Openai => Arc::new(OpenAiClient(super::llm::Endpoint::with_client(
+                http,
+                base,
+                "chat/completions",
+                Some(api_key),
+                self.timeouts,
+            ))),
+            ProviderKind::Anthropic => {
+                Arc::new(AnthropicClient(super::llm::Endpoint::with_client(
+                    http,
+                    base,
+                    "messages",
+                    Some(api_key),
+                    self.timeouts,
+                )))
+            }
         })
     }
 
@@ -219,6 +378,16 @@ fn named_client(spec: &ProviderSpec, timeouts: Timeouts) -> anyhow::Result<Arc<d
             timeouts,
         )?),
     })
+}
+
+impl TenantClient {
+    /// The client and the price of `model` at this provider (`None`: unpriced).
+    fn serving(&self, model: &str) -> (Arc<dyn ChatModel>, Option<ModelPrice>) {
+        (
+            Arc::clone(&self.client),
+            self.settings.prices.get(model).copied(),
+        )
+    }
 }
 
 /// A model the call may use: the agent's, then its fallbacks in order.

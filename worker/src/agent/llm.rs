@@ -393,13 +393,25 @@ impl Endpoint {
             .read_timeout(timeouts.idle)
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
+        Ok(Self::with_client(http, base_url, path, api_key, timeouts))
+    }
+
+    /// The same with the HTTP client given: a tenant's provider gets one that enforces the
+    /// network policy and follows no redirect.
+    pub(crate) fn with_client(
+        http: reqwest::Client,
+        base_url: &str,
+        path: &str,
+        api_key: Option<String>,
+        timeouts: Timeouts,
+    ) -> Self {
         let url = format!("{}/{path}", base_url.trim_end_matches('/'));
-        Ok(Self {
+        Self {
             http,
             url,
             api_key,
             timeouts,
-        })
+        }
     }
 }
 

@@ -443,7 +443,11 @@ impl Loop<'_> {
             let Some(through) = older.last().map(|m| m.seq) else {
                 return Ok(());
             };
-            let summarizer = match a.engine.summarizer(&self.spec) {
+            let summarizer = match a
+                .engine
+                .summarizer(a.db, &a.claimed.run().tenant_id, &self.spec)
+                .await
+            {
                 Ok(summarizer) => summarizer,
                 Err(err) => {
                     tracing::warn!(error = %err, "no model to summarise the thread's backlog");
@@ -516,7 +520,11 @@ impl Loop<'_> {
             return Ok(Err("no earlier turn to summarise".to_owned()));
         };
         self.compactions += 1;
-        let summarizer = match a.engine.summarizer(&self.spec) {
+        let summarizer = match a
+            .engine
+            .summarizer(a.db, &a.claimed.run().tenant_id, &self.spec)
+            .await
+        {
             Ok(summarizer) => summarizer,
             Err(err) => return Ok(Err(err.to_string())),
         };

@@ -39,7 +39,7 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// A client for one Anthropic Messages endpoint.
 #[derive(Clone)]
-pub struct AnthropicClient(super::Endpoint);
+pub struct AnthropicClient(pub(crate) super::Endpoint);
 
 impl AnthropicClient {
     /// A client for `base_url` (e.g. `https://api.anthropic.com/v1`); `idle_timeout` bounds the wait

@@ -24,7 +24,7 @@ use super::{
 
 /// A client for one OpenAI-compatible endpoint.
 #[derive(Clone)]
-pub struct OpenAiClient(super::Endpoint);
+pub struct OpenAiClient(pub(crate) super::Endpoint);
 
 impl OpenAiClient {
     /// A client for `base_url` (e.g. `https://api.openai.com/v1`); `idle_timeout` bounds the wait
