@@ -9,6 +9,7 @@
 //! [`validate`] (every problem of a spec or of overrides, reported at once by field path, so a
 //! client can fix it in one round trip; nothing invalid is ever stored or run).
 
+pub mod graph;
 pub mod hooks;
 pub mod overrides;
 pub mod secrets;
@@ -18,6 +19,7 @@ pub mod validate;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use graph::GraphSpec;
 pub use hooks::{HookEvent, HookFailure, HookKind, HookSpec};
 pub use overrides::{RunDefaults, RunOverrides, Sampling};
 pub use secrets::REDACTED;
@@ -47,11 +49,19 @@ pub struct AgentSpec {
     /// A name for people.
     #[schema(min_length = 1, max_length = 200)]
     pub name: String,
+    /// `loop` (the default: a ReAct loop) or `graph` (a declarative `graph_spec`). A PATCH
+    /// cannot change it.
+    #[serde(default, skip_serializing_if = "AgentKind::is_loop")]
+    pub kind: AgentKind,
+    /// The graph of a `graph` agent (section 14 of the design).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_spec: Option<GraphSpec>,
     /// The system prompt.
     #[serde(default)]
     pub instructions: String,
     /// The model name sent to the provider (`demo` is the built-in model). May be left out
-    /// when `provider` names a provider with a `default_model`, which it then is.
+    /// when `provider` names a provider with a `default_model`, which it then is, and when
+    /// `kind` is `graph` (whose `llm` nodes that name no model use it, else the server's).
     #[serde(default)]
     pub model: String,
     /// The provider that serves the model: the name of one of the tenant's providers
@@ -159,6 +169,24 @@ pub struct AgentSpec {
     /// run (admin tokens may always).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_instruction_override: bool,
+}
+
+/// What runs an agent: a loop, or a graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentKind {
+    /// A ReAct loop over the model and the tools (section 5).
+    #[default]
+    Loop,
+    /// A declarative graph of nodes (`graph_spec`, section 14).
+    Graph,
+}
+
+impl AgentKind {
+    /// Whether it is `loop`.
+    pub fn is_loop(&self) -> bool {
+        *self == Self::Loop
+    }
 }
 
 /// Who may use an agent.
@@ -470,6 +498,8 @@ impl AgentSpec {
     pub fn default_agent(model: &str, instructions: &str) -> Self {
         Self {
             name: "default".into(),
+            kind: AgentKind::Loop,
+            graph_spec: None,
             instructions: instructions.into(),
             model: model.into(),
             provider: None,
@@ -498,6 +528,16 @@ impl AgentSpec {
             safety_acknowledged: false,
             allow_instruction_override: false,
         }
+    }
+
+    /// The run's wall clock in seconds, if it has one: `limits.timeout_secs`, else a graph's
+    /// `limits.timeout_seconds`.
+    pub fn time_limit_secs(&self) -> Option<u32> {
+        self.limits.timeout_secs.or_else(|| {
+            self.graph_spec
+                .as_ref()
+                .and_then(|g| g.limits.timeout_seconds)
+        })
     }
 
     /// The most model calls a run may make: `limits.max_steps`, else `max_steps` (a message

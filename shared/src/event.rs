@@ -232,6 +232,18 @@ pub struct ApprovalRequested {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+/// `input_requested`: a graph agent's `human_input` node waits for the user's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = InputRequestedData)]
+pub struct InputRequested {
+    /// The node.
+    pub node: String,
+    /// The question (answer it with `POST /v1/workflows/{id}/input {text}`).
+    pub prompt: String,
+    /// When the run stops waiting and fails (`human_timeout`).
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
 /// `error`: the run failed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[schema(as = ErrorData)]
@@ -383,6 +395,9 @@ events! {
     RequiresAction(RequiresAction) = "requires_action";
     /// A tool call waits for a person's approval.
     ApprovalRequested(ApprovalRequested) = "approval_requested";
+    /// A graph agent's `human_input` node waits for the user's answer (`node`, `prompt`,
+    /// `expires_at`).
+    InputRequested(InputRequested) = "input_requested";
     /// The run failed (`code`, `message`, `retryable`).
     Error(Failure) = "error";
     /// The assistant message ends (`status`, `usage`).

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::event::{ApprovalRequested, Data, RequiresAction};
+use crate::event::{ApprovalRequested, Data, InputRequested, RequiresAction};
 use crate::pricing::Usd;
 
 /// Token usage of one or more model calls.
@@ -103,7 +103,8 @@ pub enum FailureCode {
     /// The worker failed unexpectedly (a panic).
     InternalError,
     /// The run waited for client tool outputs longer than the agent allows
-    /// (`limits.human_timeout_secs`, default 86400).
+    /// (`limits.human_timeout_secs`, default 86400), or for the answer to a graph agent's
+    /// `human_input` node (`graph_spec.limits.human_timeout_seconds`).
     HumanTimeout,
     /// The run took longer than `limits.timeout_secs`, counted from enqueue by the database
     /// clock (pauses and crashes included).
@@ -119,11 +120,14 @@ pub enum FailureCode {
     /// The prompt did not fit the model's context window even after the thread's oldest turns
     /// were summarised (3 times at most), or nothing was left to summarise.
     ContextOverflow,
+    /// A graph agent's run executed `limits.max_steps` nodes without reaching an `end` node,
+    /// or reached a node none of whose edges' conditions held.
+    MaxStepsExceeded,
 }
 
 impl FailureCode {
     /// Every code, in the order the documentation lists them.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::AgentNotFound,
         Self::ModelUnavailable,
         Self::ModelError,
@@ -138,6 +142,7 @@ impl FailureCode {
         Self::BudgetExceeded,
         Self::InvalidOutput,
         Self::ContextOverflow,
+        Self::MaxStepsExceeded,
     ];
 
     /// The code as stored and shown.
@@ -157,6 +162,7 @@ impl FailureCode {
             Self::BudgetExceeded => "budget_exceeded",
             Self::InvalidOutput => "invalid_output",
             Self::ContextOverflow => "context_overflow",
+            Self::MaxStepsExceeded => "max_steps_exceeded",
         }
     }
 
@@ -239,6 +245,17 @@ pub enum PendingAction {
         #[serde(default)]
         expires_at: Option<DateTime<Utc>>,
     },
+    /// `requires_action`: a graph agent's `human_input` node waits for the user's answer
+    /// (`POST .../input`).
+    HumanInput {
+        /// The node.
+        node: String,
+        /// The rendered question.
+        prompt: String,
+        /// When the run stops waiting and fails (`human_timeout`).
+        #[serde(default)]
+        expires_at: Option<DateTime<Utc>>,
+    },
     /// `waiting`: the agent runs these calls started; the run goes on once all have ended.
     AgentRuns {
         /// The child runs.
@@ -251,7 +268,9 @@ impl PendingAction {
     #[must_use]
     pub fn until(mut self, deadline: DateTime<Utc>) -> Self {
         match &mut self {
-            Self::SubmitToolOutputs { expires_at, .. } | Self::Approval { expires_at, .. } => {
+            Self::SubmitToolOutputs { expires_at, .. }
+            | Self::Approval { expires_at, .. }
+            | Self::HumanInput { expires_at, .. } => {
                 *expires_at = Some(deadline);
             }
             Self::AgentRuns { .. } => {}
@@ -283,6 +302,16 @@ impl PendingAction {
                 expires_at,
             } => RequiresAction {
                 tool_calls: tool_calls.clone(),
+                expires_at: *expires_at,
+            }
+            .into(),
+            Self::HumanInput {
+                node,
+                prompt,
+                expires_at,
+            } => InputRequested {
+                node: node.clone(),
+                prompt: prompt.clone(),
                 expires_at: *expires_at,
             }
             .into(),

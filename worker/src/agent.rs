@@ -33,6 +33,7 @@ pub mod checkpoint;
 mod children;
 pub mod context;
 pub mod engine;
+mod graph;
 mod hooks;
 mod limits;
 pub mod llm;
@@ -45,7 +46,7 @@ pub mod tools;
 
 use sqlx::PgPool;
 
-use spool_shared::agent::{AgentSpec, HookEvent, Sampling};
+use spool_shared::agent::{AgentKind, AgentSpec, HookEvent, Sampling};
 use spool_shared::db::quota::Spent;
 use spool_shared::db::runs::Run;
 use spool_shared::db::{agents, messages};
@@ -96,7 +97,12 @@ pub(crate) async fn load_spec(
 pub(crate) async fn run(a: &Attempt<'_>, spec: &AgentSpec) -> anyhow::Result<LoopEnd> {
     // Boxed: the loop's future is most of an attempt's (about 16 KiB), once per run, so the
     // attempt's own future (and every caller's) stays small.
-    match Box::pin(Loop::run(a, spec)).await {
+    let ran = if spec.kind == AgentKind::Graph {
+        Box::pin(graph::run(a, spec)).await
+    } else {
+        Box::pin(Loop::run(a, spec)).await
+    };
+    match ran {
         Ok(end) => Ok(end),
         Err(Exit::End(end)) => Ok(*end),
         Err(Exit::Error(err)) => Err(err),

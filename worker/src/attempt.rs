@@ -112,7 +112,7 @@ async fn execute_in_span(
         .as_ref()
         .ok()
         .and_then(Option::as_ref)
-        .and_then(|spec| spec.limits.timeout_secs)
+        .and_then(|spec| spec.time_limit_secs())
         .map(|secs| {
             let now = run.heartbeat_at.unwrap_or(run.created_at);
             let end = run.created_at + chrono::Duration::seconds(i64::from(secs));

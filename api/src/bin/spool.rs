@@ -7,7 +7,7 @@
 //!   and a crashed worker's new attempt does not print text twice (the reply is followed
 //!   through the same transcript as every other client format). Exits 0 at end of input.
 //! - `spool threads list|show ID`, `spool runs list [--thread ID]|show ID`,
-//!   `spool agents list|get ID|apply -f FILE|delete ID`,
+//!   `spool agents list|get ID|apply -f FILE [--patch] [--dry-run]|validate -f FILE|delete ID`,
 //!   `spool tools list|get ID|apply -f FILE|delete ID`: JSON on stdout.
 //!
 //! Errors are one line on stderr: a server's error (its status, code and message) exits 1; an
@@ -143,6 +143,19 @@ enum AgentsAction {
     Apply {
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
+        /// For an existing `id`: change only the top-level fields FILE has (PATCH), not the
+        /// whole agent.
+        #[arg(long)]
+        patch: bool,
+        /// Validate only; store nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Validates the agent in FILE (JSON) and stores nothing: prints `{valid, errors}` and
+    /// exits 1 if it is not valid.
+    Validate {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
     },
     /// Deletes one.
     Delete { id: uuid::Uuid },
@@ -181,8 +194,21 @@ impl Client {
         };
         if !status.is_success() {
             let error = &body["error"];
+            // Problems by field (an invalid agent's, say), one per line after the message.
+            let problems: String = error["errors"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    format!(
+                        "\n  {}: {}",
+                        e["field"].as_str().unwrap_or(""),
+                        e["message"].as_str().unwrap_or("")
+                    )
+                })
+                .collect();
             bail!(
-                "{} {}: {}",
+                "{} {}: {}{problems}",
                 status.as_u16(),
                 error["code"].as_str().unwrap_or("error"),
                 error["message"].as_str().unwrap_or("")
@@ -245,6 +271,13 @@ fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// The JSON in `file`.
+fn read_json(file: &std::path::Path) -> anyhow::Result<Value> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))
+}
+
 fn print(value: &Value) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
@@ -305,24 +338,40 @@ async fn run(client: &Client, command: Command) -> anyhow::Result<()> {
         Command::Agents { action } => match action {
             AgentsAction::List => print(&client.get("/v1/agents").await?),
             AgentsAction::Get { id } => print(&client.get(&format!("/v1/agents/{id}")).await?),
-            AgentsAction::Apply { file } => {
-                let text = std::fs::read_to_string(&file)
-                    .with_context(|| format!("reading {}", file.display()))?;
-                let mut spec: Value = serde_json::from_str(&text)
-                    .with_context(|| format!("{} is not JSON", file.display()))?;
+            AgentsAction::Apply {
+                file,
+                patch,
+                dry_run,
+            } => {
+                let mut spec = read_json(&file)?;
                 let id = spec
                     .as_object_mut()
                     .and_then(|spec| spec.remove("id"))
                     .and_then(|id| id.as_str().map(str::to_owned));
+                let query = if dry_run { "?dry_run=true" } else { "" };
                 let agent = match id {
                     Some(id) => {
-                        client
-                            .call(Method::PUT, &format!("/v1/agents/{id}"), Some(&spec))
-                            .await?
+                        let method = if patch { Method::PATCH } else { Method::PUT };
+                        let path = format!("/v1/agents/{id}{query}");
+                        client.call(method, &path, Some(&spec)).await?
                     }
-                    None => client.call(Method::POST, "/v1/agents", Some(&spec)).await?,
+                    None => {
+                        let path = format!("/v1/agents{query}");
+                        client.call(Method::POST, &path, Some(&spec)).await?
+                    }
                 };
                 print(&agent)
+            }
+            AgentsAction::Validate { file } => {
+                let spec = read_json(&file)?;
+                let report = client
+                    .call(Method::POST, "/v1/agents/validate", Some(&spec))
+                    .await?;
+                print(&report)?;
+                if report["valid"] != Value::Bool(true) {
+                    bail!("{} is not a valid agent", file.display());
+                }
+                Ok(())
             }
             AgentsAction::Delete { id } => {
                 client
@@ -705,6 +754,13 @@ impl Reply {
                     event.workflow_id
                 );
             }
+            Data::InputRequested(input) => {
+                eprintln!(
+                    "spool: (paused: the agent asks: {}\n  answer with POST /v1/workflows/{}/input {{\"text\": ...}})",
+                    printable(&input.prompt),
+                    event.workflow_id
+                );
+            }
             Data::ApprovalRequested(approval) => {
                 eprintln!(
                     "spool: (paused: tool {} waits for an approval: POST /v1/workflows/{}/approvals/{})",
@@ -738,7 +794,7 @@ fn show_nested(event: &Event) {
         Data::Step(Step::Call(call)) => {
             eprintln!("spool: {indent}(tool {})", printable(&call.tool_name));
         }
-        Data::RequiresAction(_) | Data::ApprovalRequested(_) => {
+        Data::RequiresAction(_) | Data::ApprovalRequested(_) | Data::InputRequested(_) => {
             eprintln!(
                 "spool: {indent}(paused: agent run {} waits: GET /v1/workflows/{})",
                 event.workflow_id, event.workflow_id

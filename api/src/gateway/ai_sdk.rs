@@ -146,6 +146,9 @@ impl Chunks {
             Shown::Paused(Pause::ApprovalRequested(approval)) => {
                 json!({"type": "data-spool-approval-requested", "data": approval})
             }
+            Shown::Paused(Pause::InputRequested(input)) => {
+                json!({"type": "data-spool-input-requested", "data": input})
+            }
             Shown::Failed(failure) => json!({"type": "error",
                 "errorText": format!("{}: {}", failure.code.as_str(), failure.message)}),
             Shown::Ended(RunStatus::Cancelled) => json!({"type": "abort", "reason": "cancelled"}),

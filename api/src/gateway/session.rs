@@ -376,9 +376,13 @@ impl Session {
         {
             return None;
         }
-        let is_pause = [EventType::RequiresAction, EventType::ApprovalRequested]
-            .iter()
-            .any(|kind| entry.kind == kind.as_str());
+        let is_pause = [
+            EventType::RequiresAction,
+            EventType::ApprovalRequested,
+            EventType::InputRequested,
+        ]
+        .iter()
+        .any(|kind| entry.kind == kind.as_str());
         if entry.depth == 0 || matches!(&self.until, Until::DoneOf(m) if *m == entry.message_id) {
             self.pause_shown = is_pause;
         }

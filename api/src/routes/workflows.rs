@@ -1,6 +1,7 @@
 //! Workflows (runs): their status, attempt, timestamps and error, and cancel. The answers to a
 //! paused run (client tool outputs, approvals) are in [`pauses`].
 
+pub mod input;
 pub mod pauses;
 pub mod timeline;
 
@@ -37,6 +38,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(cancel_workflow))
         .routes(routes!(pauses::post_tool_outputs))
         .routes(routes!(pauses::post_approval))
+        .routes(routes!(input::post_input))
 }
 
 /// A run as clients see it.

@@ -150,6 +150,7 @@ async fn an_invalid_agent_is_refused_with_every_problem_named_by_field() {
         "a missing model is named: {body}"
     );
     // Named by field: `model` may be left out only for a provider's `default_model`.
+    assert_eq!(body["error"]["code"], "invalid_agent", "{body}");
     assert_eq!(body["error"]["errors"][0]["field"], "model", "{body}");
     assert_eq!(app.db.count("agents").await, 0);
     app.stop().await;
@@ -480,5 +481,258 @@ async fn limits_outside_their_ranges_are_refused_each_by_name() {
         StatusCode::CREATED,
         "the bounds themselves are fine: {body}"
     );
+    app.stop().await;
+}
+
+/// The fields of a validation report's or an `invalid_agent` error's `errors`.
+pub(crate) fn error_fields(errors: &Value) -> Vec<String> {
+    errors
+        .as_array()
+        .expect("errors")
+        .iter()
+        .filter_map(|e| e["field"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn validate_reports_every_problem_by_field_path_and_stores_nothing() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let root = admin("acme");
+    let good = json!({"name": "ok", "model": "demo", "tools": [{"type": "http", "name": "lookup",
+        "url": "https://tools.example.com/lookup", "headers": {"X-Key": "sesame"}}]});
+    let (status, report) = app.post(&root, "/v1/agents/validate", &good).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["valid"], true);
+    assert_eq!(report["errors"], json!([]));
+    assert_eq!(
+        report["agent"]["max_steps"], 25,
+        "the agent as it would be stored"
+    );
+    assert_eq!(
+        report["agent"]["tools"][0]["headers"]["X-Key"],
+        "<redacted>"
+    );
+
+    let bad = json!({"name": "", "model": "demo", "max_steps": 0,
+        "tools": [{"type": "http", "name": "a b", "url": "ftp://x"}]});
+    let (status, report) = app.post(&root, "/v1/agents/validate", &bad).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["valid"], false);
+    let fields = error_fields(&report["errors"]);
+    for field in ["name", "max_steps", "tools[0].name", "tools[0].url"] {
+        assert!(
+            fields.contains(&field.to_owned()),
+            "{field} not in {fields:?}"
+        );
+    }
+    // A problem of the body's shape is named by its path too.
+    let shape = json!({"name": "x", "model": "demo", "tools": [{"type": "http", "name": "t",
+        "url": "https://t.example", "read_only": "yes"}]});
+    let (status, report) = app.post(&root, "/v1/agents/validate", &shape).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["valid"], false);
+    assert!(
+        report["errors"][0]["field"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("tools[0]")),
+        "{report}"
+    );
+    let (status, report) = app
+        .post(
+            &root,
+            "/v1/agents/validate",
+            &json!({"name": "x", "model": "demo", "colour": 1}),
+        )
+        .await;
+    assert_eq!(
+        (status, report["valid"].clone()),
+        (StatusCode::OK, json!(false)),
+        "{report}"
+    );
+
+    let (status, body) = app
+        .post(&token("alice", "acme"), "/v1/agents/validate", &good)
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(app.db.count("agents").await, 0, "nothing is stored");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_dry_run_validates_a_write_and_stores_nothing() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let root = admin("acme");
+    let spec = json!({"name": "dry", "model": "demo"});
+    let (status, report) = app.post(&root, "/v1/agents?dry_run=true", &spec).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["valid"], true);
+    assert_eq!(app.db.count("agents").await, 0);
+    let (status, body) = app
+        .post(
+            &root,
+            "/v1/agents?dry_run=true",
+            &json!({"name": "dry", "model": "", "max_steps": 0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["code"], "invalid_agent");
+    assert_eq!(
+        error_fields(&body["error"]["errors"]),
+        ["model", "max_steps"]
+    );
+    assert_eq!(app.db.count("agents").await, 0);
+
+    let id = app.create_agent("acme", &spec).await;
+    let path = format!("/v1/agents/{id}");
+    let (_, before) = app.get(&root, &path).await;
+    let changed = json!({"name": "wet", "model": "demo", "instructions": "Changed."});
+    for (method, body) in [
+        (reqwest::Method::PUT, changed.clone()),
+        (reqwest::Method::PATCH, json!({"instructions": "Changed."})),
+    ] {
+        let (status, report) = app
+            .send(
+                method.clone(),
+                &root,
+                &format!("{path}?dry_run=true"),
+                Some(&body),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{method}: {report}");
+        assert_eq!(report["valid"], true, "{method}: {report}");
+        let (_, after) = app.get(&root, &path).await;
+        assert_eq!(after, before, "{method} ?dry_run=true changed nothing");
+        let (status, body) = app
+            .send(
+                method.clone(),
+                &root,
+                &format!("{path}?dry_run=true"),
+                Some(&json!({"name": "wet", "model": "demo", "max_steps": 999})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{method}: {body}");
+        assert_eq!(error_fields(&body["error"]["errors"]), ["max_steps"]);
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn patch_replaces_only_the_fields_sent_and_null_restores_a_default() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let root = admin("acme");
+    let spec = json!({"name": "p", "model": "demo", "instructions": "A.", "max_steps": 7,
+        "limits": {"max_tool_calls": 3, "timeout_secs": 60},
+        "tools": [{"type": "http", "name": "lookup", "url": "https://tools.example.com/lookup",
+                   "headers": {"X-Key": "sesame"}}]});
+    let id = app.create_agent("acme", &spec).await;
+    let path = format!("/v1/agents/{id}");
+    let patch = |body: Value| {
+        let path = path.clone();
+        let root = root.clone();
+        let app = &app;
+        async move {
+            app.send(reqwest::Method::PATCH, &root, &path, Some(&body))
+                .await
+        }
+    };
+    let (status, agent) =
+        patch(json!({"instructions": "B.", "limits": {"max_tool_calls": 9}})).await;
+    assert_eq!(status, StatusCode::OK, "{agent}");
+    assert_eq!(agent["instructions"], "B.");
+    assert_eq!(agent["max_steps"], 7, "not sent, kept");
+    assert_eq!(
+        agent["limits"],
+        json!({"max_tool_calls": 9}),
+        "sent whole, replaced whole"
+    );
+    let stored: (Value,) = sqlx::query_as("SELECT spec FROM agents")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("stored");
+    assert_eq!(
+        stored.0["tools"][0]["headers"]["X-Key"], "sesame",
+        "a secret not sent is kept"
+    );
+
+    let (status, agent) = patch(json!({"max_steps": null, "limits": null})).await;
+    assert_eq!(status, StatusCode::OK, "{agent}");
+    assert_eq!(agent["max_steps"], 25, "null restores the default");
+    assert!(agent.get("limits").is_none(), "{agent}");
+
+    // Tools sent back as read keep their secrets; pointed elsewhere, they must be resent.
+    let (_, read) = app.get(&root, &path).await;
+    let tools = read["tools"].clone();
+    let (status, agent) = patch(json!({"tools": tools})).await;
+    assert_eq!(status, StatusCode::OK, "{agent}");
+    let mut moved = read["tools"].clone();
+    moved[0]["url"] = json!("https://attacker.example/lookup");
+    let (status, body) = patch(json!({"tools": moved})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["code"], "secret_needs_reentry", "{body}");
+    let stored: (Value,) = sqlx::query_as("SELECT spec FROM agents")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("stored");
+    assert_eq!(stored.0["tools"][0]["headers"]["X-Key"], "sesame");
+
+    let (status, body) = patch(json!({"kind": "graph"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_agent");
+    assert_eq!(error_fields(&body["error"]["errors"]), ["kind"]);
+    let (status, body) = patch(json!({"max_steps": "many"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_body");
+    let (status, _) = app
+        .send(
+            reqwest::Method::PATCH,
+            &admin("other"),
+            &path,
+            Some(&json!({"instructions": "C."})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = app
+        .send(
+            reqwest::Method::PATCH,
+            &token("alice", "acme"),
+            &path,
+            Some(&json!({"instructions": "C."})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_run_keeps_its_snapshot_when_its_agent_is_patched() {
+    let fake =
+        spool_tests::fake_llm::FakeLlm::start(|_, _| spool_tests::fake_llm::text("done", 1)).await;
+    let args = crate::common::worker_args_with(1, 0, &["--llm-base-url", &fake.base_url]);
+    let mut app = TestApp::start(0, args.clone()).await;
+    let agent = app
+        .create_agent(
+            "acme",
+            &json!({"name": "v", "model": "gpt-4o-mini", "instructions": "Version A."}),
+        )
+        .await;
+    let (_, queued) = crate::common::ask(&app, &agent, "first").await;
+    let (status, _) = app
+        .send(
+            reqwest::Method::PATCH,
+            &admin("acme"),
+            &format!("/v1/agents/{agent}"),
+            Some(&json!({"instructions": "Version B."})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    app.restart_workers(1, args).await;
+    let run = crate::common::finished(&app, &queued).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let systems: Vec<String> = fake
+        .requests()
+        .iter()
+        .filter_map(|r| r["messages"][0]["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(systems, ["Version A."]);
     app.stop().await;
 }

@@ -69,7 +69,7 @@ async fn a_tool_run_streams_as_ai_sdk_chunks_and_resumes_from_any_chunk() {
     let typed = document["components"]["schemas"]["StreamEnvelope"]["oneOf"]
         .as_array()
         .map(Vec::len);
-    assert_eq!(typed, Some(15), "one schema per event type");
+    assert_eq!(typed, Some(16), "one schema per event type");
     let mut kinds = std::collections::BTreeSet::new();
     for entry in entries.iter().filter(|e| !e.is_marker()) {
         let envelope: Value = serde_json::from_str(&entry.json).expect("json");

@@ -126,6 +126,22 @@ async fn a_built_in_tool_the_operator_does_not_enable_is_refused_at_save() {
             .is_some_and(|m| m.contains("SPOOL_BUILTIN_TOOLS")),
         "{agent}"
     );
+    // A graph's built-in tools too.
+    let (status, graph) = app
+        .post(
+            &root,
+            "/v1/agents",
+            &json!({"name": "g", "kind": "graph", "graph_spec": {"spec_version": "1",
+                "entry": "done", "nodes": {"done": {"type": "end", "output_template": "ok"}},
+                "edges": [], "tools": {"builtin": ["http_request"]}}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{graph}");
+    assert_eq!(
+        graph["error"]["errors"][0]["field"],
+        "graph_spec.tools.builtin[0]",
+        "{graph}"
+    );
     let (status, tool) = app
         .post(
             &root,

@@ -11,6 +11,7 @@ mod control;
 mod costs;
 mod enqueue;
 mod external_auth;
+mod graph;
 mod identity;
 mod isolation;
 mod keepalive;

@@ -43,6 +43,8 @@ const EXPECTED: &[&str] = &[
     "POST /v1/responses/{response_id}/cancel",
     "GET /v1/agents",
     "POST /v1/agents",
+    "POST /v1/agents/validate",
+    "PATCH /v1/agents/{agent_id}",
     "GET /v1/api_keys",
     "POST /v1/api_keys",
     "DELETE /v1/api_keys/{api_key_id}",
@@ -87,6 +89,7 @@ const EXPECTED: &[&str] = &[
     "POST /v1/workflows/{workflow_id}/approvals/{tool_call_id}",
     "POST /v1/workflows/{workflow_id}/cancel",
     "POST /v1/workflows/{workflow_id}/tool_outputs",
+    "POST /v1/workflows/{workflow_id}/input",
 ];
 
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];

@@ -33,13 +33,15 @@ fn body(method: &str, path: &str) -> Option<Value> {
         ("POST", "/v1/threads/{thread_id}/user_message") => json!({"input_text": "hi"}),
         ("PATCH", "/v1/threads/{thread_id}") => json!({"title": "t"}),
         ("POST", "/v1/workflows/{workflow_id}/cancel") => json!({}),
+        ("POST", "/v1/workflows/{workflow_id}/input") => json!({"text": "yes"}),
         ("POST", "/v1/workflows/{workflow_id}/tool_outputs") => json!({"tool_outputs": []}),
         ("POST", "/v1/workflows/{workflow_id}/approvals/{tool_call_id}") => {
             json!({"approved": true})
         }
-        ("POST" | "PUT", "/v1/agents" | "/v1/agents/{agent_id}") => {
+        ("POST" | "PUT", "/v1/agents" | "/v1/agents/{agent_id}" | "/v1/agents/validate") => {
             json!({"name": "a", "instructions": "Be brief.", "model": "demo"})
         }
+        ("PATCH", "/v1/agents/{agent_id}") => json!({"instructions": "Be brief."}),
         ("POST" | "PUT", "/v1/tools" | "/v1/tools/{tool_id}") => {
             json!({"type": "client", "name": "lookup"})
         }

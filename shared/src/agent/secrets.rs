@@ -59,6 +59,14 @@ impl AgentSpec {
             .iter_mut()
             .filter_map(HookSpec::headers_mut)
             .for_each(redact);
+        if let Some(graph) = &mut self.graph_spec {
+            graph
+                .tools
+                .functions
+                .iter_mut()
+                .filter_map(ToolSpec::headers_mut)
+                .for_each(redact);
+        }
         self
     }
 
@@ -98,15 +106,38 @@ impl AgentSpec {
                 keep(format!("hooks[{i}].headers"), headers, old);
             }
         }
+        let stored_functions = stored
+            .and_then(|s| s.graph_spec.as_ref())
+            .map_or(&[][..], |g| &g.tools.functions[..]);
+        if let Some(graph) = &mut self.graph_spec {
+            for (i, tool) in graph.tools.functions.iter_mut().enumerate() {
+                let old = stored_among(stored_functions, tool);
+                if let Some(headers) = tool.headers_mut() {
+                    keep(
+                        format!("graph_spec.tools.functions[{i}].headers"),
+                        headers,
+                        old,
+                    );
+                }
+            }
+        }
         problems
     }
 }
 
 /// The stored headers of the tool `tool` replaces: the same name, kind and origin.
 fn stored_tool<'a>(stored: &'a AgentSpec, tool: &ToolSpec) -> Option<&'a BTreeMap<String, String>> {
+    stored_among(&stored.tools, tool)
+}
+
+/// The stored headers, among `stored`, of the tool `tool` replaces: the same name, kind and
+/// origin.
+fn stored_among<'a>(
+    stored: &'a [ToolSpec],
+    tool: &ToolSpec,
+) -> Option<&'a BTreeMap<String, String>> {
     let to = tool.destination()?;
     stored
-        .tools
         .iter()
         .find(|t| t.name() == tool.name())
         .filter(|t| t.destination().is_some_and(|d| d.same_as(&to)))

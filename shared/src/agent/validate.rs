@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use super::overrides::{MAX_INSTRUCTIONS_BYTES, RunOverrides};
 use super::{
-    AgentSpec, HISTORY_DEPTH_RANGE, HookEvent, HookKind, HookSpec, MAX_STEPS_RANGE, RuleCondition,
-    RuleOperator, StepRule, StopCondition, ToolChoice, ToolResource, ToolSpec,
+    AgentKind, AgentSpec, HISTORY_DEPTH_RANGE, HookEvent, HookKind, HookSpec, MAX_STEPS_RANGE,
+    RuleCondition, RuleOperator, StepRule, StopCondition, ToolChoice, ToolResource, ToolSpec,
 };
 use crate::ids::ToolId;
 
@@ -103,10 +103,24 @@ impl AgentSpec {
         if self.name.trim().is_empty() || self.name.len() > 200 {
             problems.add("name", "must be 1 to 200 characters");
         }
-        // Without `model`, a named provider's `default_model` serves (checked against the
-        // providers, which this spec alone does not know).
-        if self.model.trim().is_empty() && self.provider.is_none() {
-            problems.add("model", "must not be empty");
+        match (self.kind, &self.graph_spec) {
+            (AgentKind::Loop, graph) => {
+                // Without `model`, a named provider's `default_model` serves (checked against
+                // the providers, which this spec alone does not know).
+                if self.model.trim().is_empty() && self.provider.is_none() {
+                    problems.add("model", "must not be empty");
+                }
+                if graph.is_some() {
+                    problems.add(
+                        "graph_spec",
+                        "only a `graph` agent has one: set `kind: \"graph\"`",
+                    );
+                }
+            }
+            (AgentKind::Graph, None) => {
+                problems.add("graph_spec", "required when `kind` is `graph`");
+            }
+            (AgentKind::Graph, Some(_)) => {}
         }
         if let Some(window) = self.context_window_tokens
             && !(256..=10_000_000).contains(&window)
@@ -403,6 +417,9 @@ impl AgentSpec {
                 problem.field = format!("tool_ids[{j}]{tail}");
             }
             problems.0.push(problem);
+        }
+        if let (AgentKind::Graph, Some(graph)) = (self.kind, &self.graph_spec) {
+            problems.0.extend(graph.validate(referenced));
         }
         problems.0
     }

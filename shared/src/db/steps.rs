@@ -244,6 +244,25 @@ pub struct SavedStep {
     /// Its model call (absent in steps saved before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_call: Option<ModelCall>,
+    /// The graph node this step executed (a graph agent's steps only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeStep>,
+}
+
+/// One execution of a graph node, as its step saves it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeStep {
+    /// The node's id.
+    pub node: String,
+    /// Which execution of the node this is (from 1): the idempotency key is
+    /// `{workflow_id}:{node}:{n}`.
+    pub n: u32,
+    /// What it produced, under its `output_key`; `None` while a `human_input` node waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    /// Whether it is a `human_input` node (the API answers it with `POST .../input`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub human_input: bool,
 }
 
 /// Why client tool outputs cannot answer a paused step.
@@ -272,6 +291,19 @@ impl SavedStep {
     /// Whether every call is done: nothing is left to run, answer or decide.
     pub fn is_settled(&self) -> bool {
         self.results.iter().all(|r| r.state == CallState::Done)
+            && self.node.as_ref().is_none_or(|n| n.output.is_some())
+    }
+
+    /// Answers the `human_input` node this step waits on with `text`; `false` (nothing
+    /// changed) if it waits on none.
+    pub fn answer_input(&mut self, text: &str) -> bool {
+        match &mut self.node {
+            Some(node) if node.human_input && node.output.is_none() => {
+                node.output = Some(Value::String(text.to_owned()));
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The ids of the calls that wait for the client's output.

@@ -20,7 +20,10 @@
 
 use std::collections::HashSet;
 
-use super::{ApprovalRequested, BlockId, Data, Event, Failure, RequiresAction, Step, StepCall};
+use super::{
+    ApprovalRequested, BlockId, Data, Event, Failure, InputRequested, RequiresAction, Step,
+    StepCall,
+};
 use super::{StepEnd, StepResult, StepStart, TextDelta};
 use crate::run::Citation;
 use crate::status::RunStatus;
@@ -32,6 +35,8 @@ pub enum Pause {
     RequiresAction(RequiresAction),
     /// A person's decision on a call.
     ApprovalRequested(ApprovalRequested),
+    /// The user's answer to a graph agent's `human_input` node.
+    InputRequested(InputRequested),
 }
 
 /// One thing to show, in order.
@@ -191,6 +196,9 @@ impl Transcript {
             }
             Data::ApprovalRequested(approval) => {
                 out.push(Shown::Paused(Pause::ApprovalRequested(approval.clone())));
+            }
+            Data::InputRequested(input) => {
+                out.push(Shown::Paused(Pause::InputRequested(input.clone())));
             }
             Data::Error(failure) => out.push(Shown::Failed(failure.clone())),
             Data::MessageEnd(_) => self.close_all(&mut out),

@@ -272,6 +272,71 @@ async fn spool_lists_and_shows_threads_and_runs_and_manages_agents() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[tokio::test]
+async fn spool_validates_agents_and_applies_a_patch() {
+    let stack = Stack::start().await;
+    let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
+    let dir = std::env::temp_dir().join(format!("spool-cli-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("agent.json");
+    let file = path.to_str().expect("path");
+    // The documented graph validates; a broken one prints every problem and exits 1.
+    std::fs::write(&path, include_str!("../../../docs/examples/graph-rag.json")).expect("write");
+    let report = spool_json(&stack, &admin, &["agents", "validate", "-f", file]).await;
+    assert_eq!(report["valid"], true, "{report}");
+    std::fs::write(
+        &path,
+        r#"{"name": "g", "kind": "graph", "graph_spec": {"spec_version": "1", "entry": "a",
+            "nodes": {"a": {"type": "end", "output_template": "{{ghost}}"}}}}"#,
+    )
+    .expect("write");
+    let (code, stdout, stderr) = spool(&stack, &admin, &["agents", "validate", "-f", file]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stdout.contains("graph_spec.nodes.a.output_template"),
+        "{stdout}"
+    );
+    assert_eq!(stack_agents(&stack).await, 0, "nothing stored");
+
+    // apply --patch changes only the fields the file has; --dry-run stores nothing.
+    std::fs::write(&path, r#"{"name": "p", "model": "demo", "max_steps": 7}"#).expect("write");
+    let created = spool_json(&stack, &admin, &["agents", "apply", "-f", file]).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    std::fs::write(
+        &path,
+        format!(r#"{{"id": "{id}", "instructions": "Be brief."}}"#),
+    )
+    .expect("write");
+    let report = spool_json(
+        &stack,
+        &admin,
+        &["agents", "apply", "-f", file, "--patch", "--dry-run"],
+    )
+    .await;
+    assert_eq!(report["valid"], true, "{report}");
+    let patched = spool_json(&stack, &admin, &["agents", "apply", "-f", file, "--patch"]).await;
+    assert_eq!(
+        (&patched["instructions"], &patched["max_steps"]),
+        (&serde_json::json!("Be brief."), &serde_json::json!(7)),
+        "{patched}"
+    );
+    // An invalid write names each problem on stderr.
+    std::fs::write(&path, format!(r#"{{"id": "{id}", "max_steps": 0}}"#)).expect("write");
+    let (code, _, stderr) =
+        spool(&stack, &admin, &["agents", "apply", "-f", file, "--patch"]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("max_steps: must be between"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// How many agents the stack's database holds.
+async fn stack_agents(stack: &Stack) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM agents")
+        .fetch_one(&stack.db.pool)
+        .await
+        .expect("count")
+}
+
 /// `spool chat ARGS` against `stack` as `token`, sent `line` and then the end of input (it exits
 /// once that reply is done); its stderr is read apart.
 async fn chat_once(

@@ -11,6 +11,7 @@ mod crash;
 mod docs;
 mod done_tool;
 mod functions;
+mod graph;
 mod growth;
 mod identity;
 mod openai;

@@ -17,6 +17,7 @@
 mod stack;
 
 mod cluster;
+mod graph;
 mod restarts;
 mod stop;
 mod storm;

@@ -59,6 +59,7 @@ impl ModelOutput {
             usage: self.usage,
             sources,
             model_call: self.model_call.clone(),
+            node: None,
         }
     }
 }

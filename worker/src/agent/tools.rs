@@ -340,6 +340,19 @@ impl ToolSet {
         calls: &[&ToolCall],
         parallel: usize,
     ) -> Vec<Timed> {
+        self.execute_keyed(a, step, calls, parallel, None).await
+    }
+
+    /// [`ToolSet::execute`], every call with the idempotency key `key` if one is given (a
+    /// graph's tool node, keyed by its node and execution), else its own.
+    pub(crate) async fn execute_keyed(
+        &self,
+        a: &Attempt<'_>,
+        step: u32,
+        calls: &[&ToolCall],
+        parallel: usize,
+        key: Option<&str>,
+    ) -> Vec<Timed> {
         let tool_of = |call: &ToolCall| self.find(&call.name);
         let read_only = |call: &ToolCall| tool_of(call).is_some_and(|tool| tool.read_only);
         // Program order, except that a run of consecutive read-only calls goes at once: a read
@@ -359,7 +372,11 @@ impl ToolSet {
             outputs.extend(
                 futures::future::join_all(now.iter().map(|call| async move {
                     let started_at = Utc::now();
-                    let output = self.call(a, step, call, tool_of(call)).await;
+                    let key = key.map_or_else(
+                        || idempotency_key(a.claimed.run().id, step, &call.id),
+                        str::to_owned,
+                    );
+                    let output = self.call(a, (step, &key), call, tool_of(call)).await;
                     Timed {
                         output,
                         started_at,
@@ -376,7 +393,7 @@ impl ToolSet {
     async fn call(
         &self,
         a: &Attempt<'_>,
-        step: u32,
+        (step, key): (u32, &str),
         call: &ToolCall,
         tool: Option<&Tool>,
     ) -> ToolOutput {
@@ -401,7 +418,7 @@ impl ToolSet {
             run.step = i64::from(step));
         let started = std::time::Instant::now();
         let output = self
-            .run_tool(a, step, call, tool)
+            .run_tool(a, key, call, tool)
             .instrument(span.clone())
             .await;
         let outcome = if output.is_error { "error" } else { "ok" };
@@ -420,7 +437,7 @@ impl ToolSet {
     async fn run_tool(
         &self,
         a: &Attempt<'_>,
-        step: u32,
+        key: &str,
         call: &ToolCall,
         tool: &Tool,
     ) -> ToolOutput {
@@ -435,7 +452,6 @@ impl ToolSet {
             }
         };
         let engine = a.engine;
-        let key = idempotency_key(a.claimed.run().id, step, &call.id);
         let call = async {
             match &tool.kind {
                 Kind::Http(http) => {
@@ -444,7 +460,7 @@ impl ToolSet {
                         method: &http.method,
                         headers: &http.headers,
                     };
-                    http::call(&engine.http, &self.identity, &target, &arguments, &key).await
+                    http::call(&engine.http, &self.identity, &target, &arguments, key).await
                 }
                 Kind::Builtin(builtin) => {
                     let cx = builtin::Context {
@@ -463,7 +479,7 @@ impl ToolSet {
                     match server.session(engine, &self.identity).await {
                         Ok(session) => {
                             session
-                                .call(remote, arguments, &key, engine.tool_timeout)
+                                .call(remote, arguments, key, engine.tool_timeout)
                                 .await
                         }
                         Err(err) => {

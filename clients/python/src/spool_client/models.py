@@ -408,6 +408,7 @@ EventType = Literal[
     "attempt_restarted",
     "requires_action",
     "approval_requested",
+    "input_requested",
     "error",
     "message_end",
     "done",
