@@ -22,8 +22,8 @@ pub use hooks::{HookEvent, HookFailure, HookKind, HookSpec};
 pub use overrides::{RunDefaults, RunOverrides, Sampling};
 pub use secrets::REDACTED;
 pub use tools::{
-    AgentToolSpec, ClientToolSpec, DEFAULT_MAX_CALL_DEPTH, HttpToolSpec, McpToolSpec, ToolChoice,
-    ToolRef, ToolResource, ToolSpec,
+    AgentToolSpec, ClientToolSpec, DEFAULT_MAX_CALL_DEPTH, HttpToolSpec, McpAuth, McpToolSpec,
+    McpTransport, ToolChoice, ToolRef, ToolResource, ToolSpec,
 };
 pub use validate::FieldError;
 

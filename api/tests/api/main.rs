@@ -13,6 +13,7 @@ mod external_auth;
 mod identity;
 mod isolation;
 mod keepalive;
+mod mcp_servers;
 mod metrics;
 mod openai;
 mod openai_depth;

@@ -55,6 +55,7 @@ const EXPECTED: &[&str] = &[
     "GET /v1/tools/{tool_id}",
     "PATCH /v1/tools/{tool_id}",
     "PUT /v1/tools/{tool_id}",
+    "POST /v1/tools/{tool_id}/probe",
     "GET /v1/threads",
     "POST /v1/threads",
     "DELETE /v1/threads/{thread_id}",
