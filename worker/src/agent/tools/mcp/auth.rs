@@ -25,7 +25,7 @@ use spool_shared::egress::GuardedClients;
 
 /// How long before its expiry a cached token is fetched again (a request in flight must not
 /// reach the server with a token that expires on the way).
-pub const EARLY: Duration = Duration::from_secs(30);
+pub(crate) const EARLY: Duration = Duration::from_secs(30);
 
 /// How long a token whose answer gives no `expires_in` is kept.
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
