@@ -25,7 +25,7 @@ pub use overrides::{RunDefaults, RunOverrides, Sampling};
 pub use secrets::REDACTED;
 pub use tools::{
     AgentToolSpec, Builtin, BuiltinToolSpec, ClientToolSpec, DEFAULT_MAX_CALL_DEPTH, HttpToolSpec,
-    McpToolSpec, ToolChoice, ToolRef, ToolResource, ToolSpec,
+    McpAuth, McpToolSpec, McpTransport, ToolChoice, ToolRef, ToolResource, ToolSpec,
 };
 pub use validate::FieldError;
 

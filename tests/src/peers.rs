@@ -3,7 +3,8 @@
 //! OpenAI and Anthropic APIs; and the official `openai` Python SDK (`requirements.txt`, every
 //! package pinned), a client of Spool's OpenAI-compatible routes; and `jose`, the JWT library
 //! of docs/security.md's tool-side example; and `zod`, the schema library of the Node SDK's
-//! structured outputs. They are installed (`npm ci`;
+//! structured outputs; and `@modelcontextprotocol/server-everything`, the MCP reference test
+//! server, in both its HTTP transports ([`McpEverything`]). They are installed (`npm ci`;
 //! `pip install` into `tests/peers/.venv`) the first time a test needs them (this machine
 //! reaches the registries), so `cargo test --workspace` alone runs them.
 
@@ -26,6 +27,7 @@ fn installed() -> anyhow::Result<PathBuf> {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let wanted = [
         "@copilotkit/aimock",
+        "@modelcontextprotocol/server-everything",
         "ai",
         "eventsource-parser",
         "jose",
@@ -244,5 +246,49 @@ impl Aimock {
 impl Drop for Aimock {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.fixtures);
+    }
+}
+
+/// A running `@modelcontextprotocol/server-everything` (the MCP reference test server, with
+/// tools such as `echo` and `get-sum`), killed when dropped.
+pub struct McpEverything {
+    /// The URL to configure: `http://127.0.0.1:PORT/mcp` (Streamable HTTP) or `.../sse` (the
+    /// legacy HTTP+SSE transport).
+    pub url: String,
+    _child: tokio::process::Child,
+}
+
+impl McpEverything {
+    /// Starts it with `transport` (`streamableHttp` or `sse`, its own command-line names) on
+    /// a free port; answers once it accepts connections.
+    pub async fn start(transport: &str) -> anyhow::Result<Self> {
+        let dir = installed()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = tokio::process::Command::new("node")
+            .arg(dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js"))
+            .arg(transport)
+            .env("PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting server-everything")?;
+        let address = format!("127.0.0.1:{port}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(&address).await.is_err() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "server-everything did not listen on {address} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let path = if transport == "sse" { "sse" } else { "mcp" };
+        Ok(Self {
+            url: format!("http://{address}/{path}"),
+            _child: child,
+        })
     }
 }

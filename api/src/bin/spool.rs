@@ -8,7 +8,7 @@
 //!   through the same transcript as every other client format). Exits 0 at end of input.
 //! - `spool threads list|show ID`, `spool runs list [--thread ID]|show ID`,
 //!   `spool agents list|get ID|apply -f FILE [--patch] [--dry-run]|validate -f FILE|delete ID`,
-//!   `spool tools list|get ID|apply -f FILE|delete ID`: JSON on stdout.
+//!   `spool tools list|get ID|apply -f FILE|delete ID|probe ID`: JSON on stdout.
 //!
 //! Errors are one line on stderr: a server's error (its status, code and message) exits 1; an
 //! unreachable server or a missing `SPOOL_TOKEN` exits 2.
@@ -67,7 +67,7 @@ enum Command {
         action: AgentsAction,
     },
     /// Tools (resources agents reference with `tool_ids`): `list`, `get ID`, `apply -f FILE`
-    /// (create, or replace the one its `id` names), `delete ID`.
+    /// (create, or replace the one its `id` names), `delete ID`, `probe ID` (an MCP server).
     Tools {
         #[command(subcommand)]
         action: ToolsAction,
@@ -111,6 +111,9 @@ enum ToolsAction {
     },
     /// Deletes one (refused while an agent references it).
     Delete { id: uuid::Uuid },
+    /// Probes an MCP server now (initialize and `tools/list`, at most 30 s) and prints it with
+    /// its `status`, `error` and `discovered_tools`.
+    Probe { id: uuid::Uuid },
 }
 
 #[derive(Debug, Subcommand)]
@@ -413,7 +416,14 @@ async fn tools(client: &Client, action: ToolsAction) -> anyhow::Result<()> {
                 .as_object_mut()
                 .with_context(|| format!("{} is not a JSON object", file.display()))?;
             // What the server adds to a tool it shows, so the output of `get` applies as is.
-            for added in ["created_at", "updated_at"] {
+            for added in [
+                "created_at",
+                "updated_at",
+                "status",
+                "last_probed_at",
+                "error",
+                "discovered_tools",
+            ] {
                 fields.remove(added);
             }
             let id = fields
@@ -435,6 +445,11 @@ async fn tools(client: &Client, action: ToolsAction) -> anyhow::Result<()> {
                 .await?;
             Ok(())
         }
+        ToolsAction::Probe { id } => print(
+            &client
+                .call(Method::POST, &format!("/v1/tools/{id}/probe"), None)
+                .await?,
+        ),
     }
 }
 

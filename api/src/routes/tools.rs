@@ -13,6 +13,16 @@
 //!   `tool_in_use`, naming the agents). Both check under the tool's row lock, which an agent's
 //!   save takes too (`spool_shared::db::tools`).
 //! - Another tenant's ids are 404, as ids that do not exist.
+//! - An MCP server (`type: "mcp"`) is probed when it is created or changed, in the background
+//!   (the write answers at once, `status: "pending"`), and on `POST /v1/tools/{id}/probe`
+//!   (which waits): initialize and `tools/list` through the network policy, within
+//!   [`PROBE_TIMEOUT`]. A probe never blocks a save and its result lands only on the version it
+//!   probed ([`tools::record_probe`]). Its error never carries the server's URL or a secret.
+//! - A URL the network policy refuses outright (an address literal it refuses) is a 422
+//!   `url_not_allowed` at save; a host name that resolves to a refused address probes
+//!   `unhealthy`.
+
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
@@ -21,9 +31,12 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
-use spool_shared::agent::{FieldError, ToolResource, ToolSpec};
+use spool_shared::agent::{FieldError, McpAuth, McpToolSpec, REDACTED, ToolResource, ToolSpec};
 use spool_shared::db::{agents, is_unique_violation, tools};
+use spool_shared::egress::GuardedClients;
 use spool_shared::ids::{AgentId, ToolId};
+use spool_worker::agent::tools::identity::Identity;
+use spool_worker::agent::tools::mcp::{McpServer, McpSession};
 
 use crate::app::AppState;
 use crate::auth::{Caller, Permission};
@@ -37,6 +50,29 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_tools, post_tool))
         .routes(routes!(get_tool, put_tool, patch_tool, delete_tool))
+        .routes(routes!(probe_tool))
+}
+
+/// How long a probe of an MCP server may take, handshake and `tools/list` included.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many of a server's tools a probe lists at most.
+const MAX_PROBED_TOOLS: usize = 1000;
+
+/// An MCP server's health, as its last probe found it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct McpProbe {
+    /// `pending` (a probe is due or running), `healthy` (the last probe initialized and listed
+    /// the server's tools) or `unhealthy` (it could not: see `error`).
+    #[schema(value_type = String, example = "healthy")]
+    pub status: String,
+    /// When the last probe ended (`null` before the first).
+    pub last_probed_at: Option<DateTime<Utc>>,
+    /// Why the last probe failed; `null` when it did not.
+    pub error: Option<String>,
+    /// The names (on the server) of the tools the last successful probe listed, whether or not
+    /// `allowed_tools` offers them.
+    pub discovered_tools: Vec<String>,
 }
 
 /// A tool as clients see it: the tool (header values redacted), plus `id` and timestamps.
@@ -51,17 +87,28 @@ pub struct ToolResponse {
     pub created_at: DateTime<Utc>,
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
+    /// An MCP server's health (`status`, `last_probed_at`, `error`, `discovered_tools`); other
+    /// kinds have none. Read-only: leave these fields out of a PUT.
+    #[serde(flatten)]
+    pub probe: Option<McpProbe>,
 }
 
 impl From<tools::Tool> for ToolResponse {
     fn from(tool: tools::Tool) -> Self {
         let mut spec = tool.spec.0;
         spec.tool = spec.tool.redacted();
+        let probe = tool.probe_status.map(|status| McpProbe {
+            status,
+            last_probed_at: tool.last_probed_at,
+            error: tool.probe_error,
+            discovered_tools: tool.discovered_tools.map(|t| t.0).unwrap_or_default(),
+        });
         Self {
             id: tool.id,
             spec,
             created_at: tool.created_at,
             updated_at: tool.updated_at,
+            probe,
         }
     }
 }
@@ -95,12 +142,16 @@ async fn validated(
     stored: Option<&ToolSpec>,
 ) -> Result<ToolResource, ApiError> {
     let secrets = tool.tool.keep_redacted(stored);
-    let code = if secrets.is_empty() {
-        "invalid_tool"
-    } else {
+    let refused = refused_urls(state, &tool.tool);
+    let code = if !secrets.is_empty() {
         "secret_needs_reentry"
+    } else if !refused.is_empty() {
+        "url_not_allowed"
+    } else {
+        "invalid_tool"
     };
     let mut errors = secrets;
+    errors.extend(refused);
     errors.extend(tool.validate());
     errors.extend(builtin_problem(state, &tool.tool, "name"));
     if let ToolSpec::Agent(agent) = &tool.tool
@@ -137,6 +188,161 @@ pub(crate) fn builtin_problem(
     })
 }
 
+/// The URLs of an MCP server (its own, its OAuth token endpoint's) that the network policy
+/// refuses outright: a scheme other than http(s), or an address literal it refuses. (An
+/// unparsable URL is validation's to report.)
+fn refused_urls(state: &AppState, tool: &ToolSpec) -> Vec<FieldError> {
+    let Some(mcp) = tool.as_mcp() else {
+        return Vec::new();
+    };
+    let mut urls = vec![("url", mcp.url.as_str())];
+    if let Some(McpAuth::OauthClientCredentials { token_url, .. }) = &mcp.auth {
+        urls.push(("auth.token_url", token_url.as_str()));
+    }
+    urls.into_iter()
+        .filter_map(|(field, url)| {
+            let url = reqwest::Url::parse(url).ok()?;
+            let reason = state.config.network_policy.check_url(&url).err()?;
+            Some(FieldError {
+                field: field.into(),
+                message: format!("the network policy refuses it: {reason}"),
+            })
+        })
+        .collect()
+}
+
+/// Probes the MCP server now, within [`PROBE_TIMEOUT`]: what it offers, or why it cannot be
+/// used (without its URL or any secret).
+pub async fn probe(
+    policy: &std::sync::Arc<spool_shared::egress::NetworkPolicy>,
+    tenant: &str,
+    user: &str,
+    mcp: &McpToolSpec,
+) -> tools::Probed {
+    let clients = match GuardedClients::new(policy, PROBE_TIMEOUT) {
+        Ok(clients) => clients,
+        Err(err) => return tools::Probed::Unhealthy(format!("no HTTP client: {err:#}")),
+    };
+    let identity = Identity::new(tenant, user, "probe", None);
+    let server = McpServer::of(mcp);
+    let connect = McpSession::connect(
+        &server,
+        &clients,
+        &identity,
+        PROBE_TIMEOUT,
+        MAX_PROBED_TOOLS,
+    );
+    match tokio::time::timeout(PROBE_TIMEOUT, connect).await {
+        Ok(Ok((session, found))) => {
+            // Ending the session is no part of the probe's answer.
+            tokio::spawn(session.close());
+            tools::Probed::Healthy(found.into_iter().map(|t| t.remote_name).collect())
+        }
+        Ok(Err(err)) => tools::Probed::Unhealthy(scrubbed(&format!("{err:#}"), mcp)),
+        Err(_) => tools::Probed::Unhealthy(format!(
+            "MCP server {}: no answer within {} s",
+            mcp.name,
+            PROBE_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// `error` without the server's URL and without any of its secrets (header values, `auth`).
+fn scrubbed(error: &str, mcp: &McpToolSpec) -> String {
+    let mut text = spool_worker::agent::tools::without_urls(error, &mcp.url);
+    let mut secrets: Vec<&str> = mcp.headers.values().map(String::as_str).collect();
+    match &mcp.auth {
+        Some(McpAuth::Bearer { token }) => secrets.push(token),
+        Some(McpAuth::OauthClientCredentials { client_secret, .. }) => {
+            secrets.push(client_secret);
+        }
+        None => {}
+    }
+    for secret in secrets.into_iter().filter(|s| s.len() >= 4) {
+        text = text.replace(secret, REDACTED);
+    }
+    text
+}
+
+/// Probes the stored MCP server in the background and records what it finds on the version
+/// probed; nothing for other kinds.
+fn probe_later(state: &AppState, tool: &tools::Tool, tenant: &str, user: &str) {
+    let Some(mcp) = tool.spec.0.tool.as_mcp().cloned() else {
+        return;
+    };
+    let (state, id, version) = (state.clone(), tool.id, tool.updated_at);
+    let (tenant, user) = (tenant.to_owned(), user.to_owned());
+    tokio::spawn(async move {
+        let probed = probe(&state.config.network_policy, &tenant, &user, &mcp).await;
+        log_probe(id, &probed);
+        if let Err(err) = tools::record_probe(&state.db, id, &tenant, version, &probed).await {
+            tracing::warn!(tool.id = %id, error = %err, "storing an MCP server's probe failed");
+        }
+    });
+}
+
+fn log_probe(id: ToolId, probed: &tools::Probed) {
+    match probed {
+        tools::Probed::Healthy(found) => {
+            tracing::info!(tool.id = %id, tools = found.len(), "MCP server probed: healthy");
+        }
+        tools::Probed::Unhealthy(error) => {
+            tracing::info!(tool.id = %id, error, "MCP server probed: unhealthy");
+        }
+    }
+}
+
+/// Probes an MCP server now and answers with the tool once the probe is done (`tools:write`).
+#[utoipa::path(
+    post,
+    path = "/v1/tools/{tool_id}/probe",
+    tag = "tools",
+    security(("bearer" = ["tools:write"])),
+    params(("tool_id" = ToolId, Path, description = "The tool (an MCP server).")),
+    responses(
+        (status = 200, description = "The tool, with the probe's `status`, `last_probed_at`, `error` and `discovered_tools` (within 30 s).", body = ToolResponse),
+        Unauthenticated,
+        MissingPermission,
+        (status = 404, description = "`tool_not_found`, `not_found`", body = ErrorBody),
+        (status = 422, description = "`not_an_mcp_server`: only MCP servers are probed", body = ErrorBody),
+    )
+)]
+async fn probe_tool(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(tool_id): ApiPath<ToolId>,
+) -> Result<Json<ToolResponse>, ApiError> {
+    caller.require(Permission::ToolsWrite)?;
+    let tenant = &caller.owner.tenant_id;
+    let tool = tools::find(&state.db, tool_id, tenant)
+        .await?
+        .ok_or_else(not_found)?;
+    let Some(mcp) = tool.spec.0.tool.as_mcp() else {
+        return Err(ApiError::unprocessable(
+            "not_an_mcp_server",
+            "only MCP servers (`type: \"mcp\"`) are probed",
+        ));
+    };
+    let probed = probe(
+        &state.config.network_policy,
+        tenant,
+        &caller.owner.user_id,
+        mcp,
+    )
+    .await;
+    log_probe(tool_id, &probed);
+    let recorded =
+        tools::record_probe(&state.db, tool_id, tenant, tool.updated_at, &probed).await?;
+    // Changed meanwhile: the newer version is what there is (its own probe is under way).
+    let tool = match recorded {
+        Some(tool) => tool,
+        None => tools::find(&state.db, tool_id, tenant)
+            .await?
+            .ok_or_else(not_found)?,
+    };
+    Ok(Json(tool.into()))
+}
+
 /// Creates a tool (`tools:write`).
 #[utoipa::path(
     post,
@@ -156,7 +362,7 @@ pub(crate) fn builtin_problem(
         Unauthenticated,
         MissingPermission,
         (status = 409, description = "`name_taken`: the tenant has a tool of that name", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_tool` or `secret_needs_reentry` (a `\"<redacted>\"` header value), with `errors: [{field, message}]`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_tool`, `secret_needs_reentry` (a `\"<redacted>\"` header value or `auth` secret) or `url_not_allowed` (an MCP server's URL the network policy refuses outright), with `errors: [{field, message}]`", body = ErrorBody),
     )
 )]
 async fn post_tool(
@@ -176,6 +382,7 @@ async fn post_tool(
                 err.into()
             }
         })?;
+    probe_later(&state, &stored, tenant, &caller.owner.user_id);
     Ok((StatusCode::CREATED, Json(stored.into())))
 }
 
@@ -254,7 +461,7 @@ async fn get_tool(
         MissingPermission,
         (status = 404, description = "`tool_not_found`, `not_found`", body = ErrorBody),
         (status = 409, description = "`name_taken`: the tenant has another tool of that name", body = ErrorBody),
-        (status = 422, description = "`invalid_body`, `invalid_tool`, `secret_needs_reentry` (a `\"<redacted>\"` header value with no value stored for the same kind and URL origin), `tool_conflict` (an agent that references the tool would offer two tools of one name; `errors` names the agents), with `errors: [{field, message}]`", body = ErrorBody),
+        (status = 422, description = "`invalid_body`, `invalid_tool`, `url_not_allowed`, `secret_needs_reentry` (a `\"<redacted>\"` or omitted secret with no value stored for the same kind and URL origin), `tool_conflict` (an agent that references the tool would offer two tools of one name; `errors` names the agents), with `errors: [{field, message}]`", body = ErrorBody),
     )
 )]
 async fn put_tool(
@@ -264,7 +471,7 @@ async fn put_tool(
     ApiJson(tool): ApiJson<ToolResource>,
 ) -> Result<Json<ToolResponse>, ApiError> {
     caller.require(Permission::ToolsWrite)?;
-    replace(&state, &caller.owner.tenant_id, tool_id, |_| Ok(tool)).await
+    replace(&state, &caller, tool_id, |_| Ok(tool)).await
 }
 
 /// Changes some fields of a tool (`tools:write`): a JSON merge patch (RFC 7396) of the tool as
@@ -293,7 +500,7 @@ async fn patch_tool(
     ApiJson(patch): ApiJson<Value>,
 ) -> Result<Json<ToolResponse>, ApiError> {
     caller.require(Permission::ToolsWrite)?;
-    replace(&state, &caller.owner.tenant_id, tool_id, |stored| {
+    replace(&state, &caller, tool_id, |stored| {
         // Patched as it reads, so a header not sent stays `"<redacted>"` and is kept only for
         // the same destination, exactly as a PUT of what was read.
         let mut read = stored.clone();
@@ -310,10 +517,11 @@ async fn patch_tool(
 /// the tool's row: validated, and checked against every agent that references it.
 async fn replace(
     state: &AppState,
-    tenant: &str,
+    caller: &Caller,
     tool_id: ToolId,
     change: impl FnOnce(&ToolResource) -> Result<ToolResource, ApiError>,
 ) -> Result<Json<ToolResponse>, ApiError> {
+    let tenant = &caller.owner.tenant_id;
     let mut tx = state.db.begin().await?;
     let stored = tools::lock(&mut *tx, tool_id, tenant)
         .await?
@@ -339,6 +547,7 @@ async fn replace(
         })?
         .ok_or_else(not_found)?;
     tx.commit().await?;
+    probe_later(state, &updated, tenant, &caller.owner.user_id);
     Ok(Json(updated.into()))
 }
 

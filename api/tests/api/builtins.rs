@@ -138,8 +138,7 @@ async fn a_built_in_tool_the_operator_does_not_enable_is_refused_at_save() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{graph}");
     assert_eq!(
-        graph["error"]["errors"][0]["field"],
-        "graph_spec.tools.builtin[0]",
+        graph["error"]["errors"][0]["field"], "graph_spec.tools.builtin[0]",
         "{graph}"
     );
     let (status, tool) = app

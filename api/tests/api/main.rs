@@ -15,6 +15,7 @@ mod graph;
 mod identity;
 mod isolation;
 mod keepalive;
+mod mcp_servers;
 mod metrics;
 mod openai;
 mod openai_depth;

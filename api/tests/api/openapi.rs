@@ -66,6 +66,7 @@ const EXPECTED: &[&str] = &[
     "DELETE /v1/providers/{provider_id}",
     "GET /v1/providers/{provider_id}",
     "PATCH /v1/providers/{provider_id}",
+    "POST /v1/tools/{tool_id}/probe",
     "GET /v1/threads",
     "POST /v1/threads",
     "DELETE /v1/threads/{thread_id}",

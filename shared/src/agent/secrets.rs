@@ -8,12 +8,17 @@
 //! cannot read to a host of its choosing (`"url": "https://attacker.example"` with the headers
 //! as read), or, with hooks matched by position, move one hook's credential to another's URL.
 //! Such a write must resend the value (`secret_needs_reentry`).
+//!
+//! An MCP server's `auth` secrets (`token`, `client_secret`) are write-only the same way, and
+//! bound the same way: kept only for the same server destination (and, for an OAuth client
+//! secret, the same token endpoint origin, where it is sent). A secret sent as [`REDACTED`] or
+//! left out is the stored one there, and a problem anywhere else.
 
 use std::collections::BTreeMap;
 
 use reqwest::Url;
 
-use super::{AgentSpec, FieldError, HookKind, HookSpec, ToolSpec};
+use super::{AgentSpec, FieldError, HookKind, HookSpec, McpAuth, ToolSpec};
 
 /// What a header's value reads as on every read of an agent: header values are write-only
 /// (they are often credentials).
@@ -55,6 +60,10 @@ impl AgentSpec {
             .iter_mut()
             .filter_map(ToolSpec::headers_mut)
             .for_each(redact);
+        self.tools
+            .iter_mut()
+            .filter_map(ToolSpec::auth_mut)
+            .for_each(McpAuth::redact);
         self.hooks
             .iter_mut()
             .filter_map(HookSpec::headers_mut)
@@ -94,10 +103,16 @@ impl AgentSpec {
                 }
             }
         };
+        let mut auth_problems = Vec::new();
         for (i, tool) in self.tools.iter_mut().enumerate() {
-            let old = stored.and_then(|s| stored_tool(s, tool));
+            let same = stored.and_then(|s| stored_same_tool(s, tool));
+            let old = same.and_then(ToolSpec::headers);
+            let old_auth = same.and_then(ToolSpec::auth);
             if let Some(headers) = tool.headers_mut() {
                 keep(format!("tools[{i}].headers"), headers, old);
+            }
+            if let Some(auth) = tool.auth_mut() {
+                auth_problems.extend(auth.keep_redacted(&format!("tools[{i}].auth"), old_auth));
             }
         }
         for (i, hook) in self.hooks.iter_mut().enumerate() {
@@ -111,7 +126,7 @@ impl AgentSpec {
             .map_or(&[][..], |g| &g.tools.functions[..]);
         if let Some(graph) = &mut self.graph_spec {
             for (i, tool) in graph.tools.functions.iter_mut().enumerate() {
-                let old = stored_among(stored_functions, tool);
+                let old = stored_among(stored_functions, tool).and_then(ToolSpec::headers);
                 if let Some(headers) = tool.headers_mut() {
                     keep(
                         format!("graph_spec.tools.functions[{i}].headers"),
@@ -121,27 +136,24 @@ impl AgentSpec {
                 }
             }
         }
+        problems.extend(auth_problems);
         problems
     }
 }
 
-/// The stored headers of the tool `tool` replaces: the same name, kind and origin.
-fn stored_tool<'a>(stored: &'a AgentSpec, tool: &ToolSpec) -> Option<&'a BTreeMap<String, String>> {
+/// The stored tool `tool` replaces, if its secrets may be kept: the same name, kind and origin.
+fn stored_same_tool<'a>(stored: &'a AgentSpec, tool: &ToolSpec) -> Option<&'a ToolSpec> {
     stored_among(&stored.tools, tool)
 }
 
-/// The stored headers, among `stored`, of the tool `tool` replaces: the same name, kind and
-/// origin.
-fn stored_among<'a>(
-    stored: &'a [ToolSpec],
-    tool: &ToolSpec,
-) -> Option<&'a BTreeMap<String, String>> {
+/// The tool among `stored` that `tool` replaces, if its secrets may be kept: the same name,
+/// kind and origin.
+fn stored_among<'a>(stored: &'a [ToolSpec], tool: &ToolSpec) -> Option<&'a ToolSpec> {
     let to = tool.destination()?;
     stored
         .iter()
         .find(|t| t.name() == tool.name())
         .filter(|t| t.destination().is_some_and(|d| d.same_as(&to)))
-        .and_then(ToolSpec::headers)
 }
 
 /// The stored headers of the hook `hook` replaces. A hook has no name: its identity is its
@@ -186,6 +198,18 @@ impl ToolSpec {
         }
     }
 
+    /// Its MCP `auth`, if it is an MCP server that has one.
+    pub fn auth(&self) -> Option<&McpAuth> {
+        self.as_mcp().and_then(|t| t.auth.as_ref())
+    }
+
+    fn auth_mut(&mut self) -> Option<&mut McpAuth> {
+        match self {
+            Self::Mcp(t) => t.auth.as_mut(),
+            _ => None,
+        }
+    }
+
     fn destination(&self) -> Option<Destination> {
         match self {
             Self::Http(t) => Some(Destination::new("http", &t.url)),
@@ -194,12 +218,16 @@ impl ToolSpec {
         }
     }
 
-    /// The tool as any reader sees it: every header value replaced by [`REDACTED`].
+    /// The tool as any reader sees it: every header value and `auth` secret replaced by
+    /// [`REDACTED`].
     pub fn redacted(mut self) -> Self {
         if let Some(headers) = self.headers_mut() {
             headers
                 .values_mut()
                 .for_each(|value| *value = REDACTED.to_owned());
+        }
+        if let Some(auth) = self.auth_mut() {
+            auth.redact();
         }
         self
     }
@@ -209,13 +237,18 @@ impl ToolSpec {
     /// may change) if it is of the same kind and its URL has the same origin. Every header sent
     /// as [`REDACTED`] with no value kept for it is a problem (`headers.{name}`).
     pub fn keep_redacted(&mut self, stored: Option<&ToolSpec>) -> Vec<FieldError> {
-        let old = match (self.destination(), stored) {
+        let same = match (self.destination(), stored) {
             (Some(to), Some(stored)) if stored.destination().is_some_and(|d| d.same_as(&to)) => {
-                stored.headers().cloned()
+                Some(stored)
             }
             _ => None,
         };
+        let old = same.and_then(ToolSpec::headers).cloned();
+        let old_auth = same.and_then(ToolSpec::auth).cloned();
         let mut problems = Vec::new();
+        if let Some(auth) = self.auth_mut() {
+            problems.extend(auth.keep_redacted("auth", old_auth.as_ref()));
+        }
         let Some(headers) = self.headers_mut() else {
             return problems;
         };
@@ -232,6 +265,67 @@ impl ToolSpec {
             }
         }
         problems
+    }
+}
+
+impl McpAuth {
+    /// Replaces its secret by [`REDACTED`].
+    fn redact(&mut self) {
+        match self {
+            Self::Bearer { token } => *token = REDACTED.to_owned(),
+            Self::OauthClientCredentials { client_secret, .. } => {
+                *client_secret = REDACTED.to_owned();
+            }
+        }
+    }
+
+    /// Puts back its secret if it is sent as [`REDACTED`] or left out (empty): the secret of
+    /// `stored` (the auth of the same server destination, if any), when that is of the same type
+    /// and, for client credentials, has a token endpoint of the same origin. Otherwise a problem
+    /// on `{field}.token` or `{field}.client_secret`.
+    fn keep_redacted(&mut self, field: &str, stored: Option<&McpAuth>) -> Option<FieldError> {
+        let (secret, name, old) = match self {
+            Self::Bearer { token } => {
+                let old = match stored {
+                    Some(Self::Bearer { token }) => Some(token),
+                    _ => None,
+                };
+                (token, "token", old)
+            }
+            Self::OauthClientCredentials {
+                token_url,
+                client_secret,
+                ..
+            } => {
+                let to = Destination::new("oauth", token_url);
+                let old = match stored {
+                    Some(Self::OauthClientCredentials {
+                        token_url: u,
+                        client_secret: s,
+                        ..
+                    }) if Destination::new("oauth", u).same_as(&to) => Some(s),
+                    _ => None,
+                };
+                (client_secret, "client_secret", old)
+            }
+        };
+        if !secret.is_empty() && secret != REDACTED {
+            return None;
+        }
+        match old.filter(|old| !old.is_empty() && *old != REDACTED) {
+            Some(kept) => {
+                secret.clone_from(kept);
+                None
+            }
+            None => Some(FieldError {
+                field: format!("{field}.{name}"),
+                message: format!(
+                    "a secret sent as `{REDACTED}` or left out stands for one stored for this \
+                     same destination (the server's and the token endpoint's origins); there is \
+                     none, so send the value again"
+                ),
+            }),
+        }
     }
 }
 
@@ -389,5 +483,80 @@ mod tests {
         assert_eq!(fields, ["hooks[0].headers.X-Hook"]);
         let (fields, _) = refused(&|v| v["hooks"][1]["event"] = json!("pre_response"));
         assert_eq!(fields, ["hooks[1].headers.X-Hook"]);
+    }
+
+    #[test]
+    fn an_mcp_server_s_auth_secret_is_write_only_and_bound_to_its_destinations() {
+        let tool = |value: Value| -> ToolSpec { serde_json::from_value(value).expect("tool") };
+        let stored = tool(
+            json!({"type": "mcp", "name": "m", "url": "https://m.example/mcp",
+            "auth": {"type": "oauth_client_credentials", "token_url": "https://auth.example/token",
+                     "client_id": "c", "client_secret": "cs1"}}),
+        );
+        let read = stored.clone().redacted();
+        assert!(!serde_json::to_string(&read).expect("json").contains("cs1"));
+        let secret = |t: &ToolSpec| match t.auth() {
+            Some(McpAuth::OauthClientCredentials { client_secret, .. }) => client_secret.clone(),
+            _ => String::new(),
+        };
+        assert_eq!(secret(&read), REDACTED);
+        // As read, or with the secret left out: kept.
+        let mut written = read.clone();
+        assert_eq!(written.keep_redacted(Some(&stored)), []);
+        assert_eq!(secret(&written), "cs1");
+        let mut omitted = tool(
+            json!({"type": "mcp", "name": "m", "url": "https://m.example/other",
+            "auth": {"type": "oauth_client_credentials", "token_url": "https://auth.example/t2",
+                     "client_id": "c"}}),
+        );
+        assert_eq!(omitted.keep_redacted(Some(&stored)), []);
+        assert_eq!(secret(&omitted), "cs1");
+        // Another server origin, another token endpoint origin, or a bearer token: refused.
+        for (url, token_url) in [
+            ("https://attacker.example/mcp", "https://auth.example/token"),
+            ("https://m.example/mcp", "https://attacker.example/token"),
+        ] {
+            let mut moved = tool(json!({"type": "mcp", "name": "m", "url": url,
+                "auth": {"type": "oauth_client_credentials", "token_url": token_url,
+                         "client_id": "c", "client_secret": REDACTED}}));
+            let fields: Vec<String> = moved
+                .keep_redacted(Some(&stored))
+                .into_iter()
+                .map(|e| e.field)
+                .collect();
+            assert_eq!(fields, ["auth.client_secret"], "{url} {token_url}");
+            assert_ne!(secret(&moved), "cs1");
+        }
+        let mut bearer = tool(
+            json!({"type": "mcp", "name": "m", "url": "https://m.example/mcp",
+            "auth": {"type": "bearer", "token": REDACTED}}),
+        );
+        let fields: Vec<String> = bearer
+            .keep_redacted(Some(&stored))
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(fields, ["auth.token"]);
+        // Inline in an agent: redacted on every read, kept when written back.
+        let agent = spec(json!({"name": "a", "model": "demo", "tools": [
+            {"type": "mcp", "name": "m", "url": "https://m.example/mcp",
+             "auth": {"type": "bearer", "token": "tok-1"}}]}));
+        let read = agent.clone().redacted();
+        assert!(
+            !serde_json::to_string(&read)
+                .expect("json")
+                .contains("tok-1")
+        );
+        let mut written = read.clone();
+        assert_eq!(written.keep_redacted(Some(&agent)), []);
+        assert_eq!(written, agent);
+        assert_eq!(
+            read.clone()
+                .keep_redacted(None)
+                .into_iter()
+                .map(|e| e.field)
+                .collect::<Vec<_>>(),
+            ["tools[0].auth.token"]
+        );
     }
 }

@@ -306,14 +306,80 @@ pub struct McpToolSpec {
     /// The prefix of its tools' names (`{name}_{tool}`).
     #[schema(pattern = "^[a-zA-Z0-9_-]{1,64}$")]
     pub name: String,
-    /// Its Streamable HTTP endpoint.
+    /// Its endpoint: the Streamable HTTP endpoint (`.../mcp`), or with `transport: "sse"` the
+    /// legacy transport's event stream (`.../sse`).
     pub url: String,
-    /// Headers sent on every request.
+    /// How to speak to it (default `streamable_http`).
+    #[serde(default, skip_serializing_if = "McpTransport::is_default")]
+    pub transport: McpTransport,
+    /// Headers sent on every request (write-only values).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// If set, only these of the server's tools (by their names on the server) are offered to
+    /// the model; the others are never offered, whatever the server lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tools: Option<Vec<String>>,
+    /// How requests authenticate (its secrets are write-only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<McpAuth>,
     /// Whether a person must approve each call.
     #[serde(default)]
     pub requires_approval: bool,
+}
+
+impl McpToolSpec {
+    /// Whether the server's tool `remote` (its name on the server) may be offered.
+    pub fn allows(&self, remote: &str) -> bool {
+        self.allowed_tools
+            .as_ref()
+            .is_none_or(|allowed| allowed.iter().any(|name| name == remote))
+    }
+}
+
+/// The transport an MCP server speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum McpTransport {
+    /// Streamable HTTP (MCP 2025-03-26 and later): one endpoint for POSTs and the event stream.
+    #[default]
+    StreamableHttp,
+    /// The legacy HTTP+SSE transport (MCP 2024-11-05): an event stream whose first `endpoint`
+    /// event names where to POST messages.
+    Sse,
+}
+
+impl McpTransport {
+    fn is_default(&self) -> bool {
+        *self == Self::StreamableHttp
+    }
+}
+
+/// How an MCP server's requests authenticate: an `Authorization: Bearer` token, given or
+/// fetched with OAuth 2.0 client credentials. Every secret (`token`, `client_secret`) is
+/// write-only: reads show `"<redacted>"`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum McpAuth {
+    /// A fixed bearer token.
+    Bearer {
+        /// The token (write-only).
+        #[serde(default)]
+        token: String,
+    },
+    /// OAuth 2.0 client credentials (RFC 6749 section 4.4): a token fetched from `token_url`
+    /// (the client authenticating with HTTP Basic), kept until it expires, then fetched again.
+    OauthClientCredentials {
+        /// The authorization server's token endpoint.
+        token_url: String,
+        /// The client's id.
+        client_id: String,
+        /// The client's secret (write-only).
+        #[serde(default)]
+        client_secret: String,
+        /// The scope to ask for, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scope: Option<String>,
+    },
 }
 
 /// A client tool.

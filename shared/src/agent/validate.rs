@@ -302,7 +302,7 @@ impl AgentSpec {
                         );
                     }
                 }
-                ToolSpec::Mcp(t) => check_url(&t.url, &format!("tools[{i}].url"), problems),
+                ToolSpec::Mcp(t) => validate_mcp(i, t, problems),
                 ToolSpec::Client(t) => {
                     check_schema(&t.parameters, &format!("tools[{i}].parameters"), problems)
                 }
@@ -661,6 +661,65 @@ fn check_schema(schema: &Value, field: &str, problems: &mut Problems) {
     }
     if schema.get("type").is_some_and(|t| t != "object") {
         problems.add(field, "the arguments schema must have \"type\": \"object\"");
+    }
+}
+
+/// How many names an MCP server's `allowed_tools` may list.
+pub const MAX_ALLOWED_TOOLS: usize = 256;
+
+/// An MCP server's URL, `allowed_tools` and `auth`.
+fn validate_mcp(i: usize, t: &super::McpToolSpec, problems: &mut Problems) {
+    check_url(&t.url, &format!("tools[{i}].url"), problems);
+    if let Some(allowed) = &t.allowed_tools {
+        if allowed.len() > MAX_ALLOWED_TOOLS {
+            problems.add(
+                format!("tools[{i}].allowed_tools"),
+                format!("at most {MAX_ALLOWED_TOOLS} names"),
+            );
+        }
+        for (j, name) in allowed.iter().enumerate() {
+            if name.is_empty() || name.len() > 128 {
+                problems.add(
+                    format!("tools[{i}].allowed_tools[{j}]"),
+                    "a tool's name on the server: 1 to 128 bytes",
+                );
+            } else if allowed[..j].contains(name) {
+                problems.add(
+                    format!("tools[{i}].allowed_tools[{j}]"),
+                    format!("`{name}` is listed twice"),
+                );
+            }
+        }
+    }
+    match &t.auth {
+        None => {}
+        Some(super::McpAuth::Bearer { token }) => {
+            if token.is_empty() {
+                problems.add(format!("tools[{i}].auth.token"), "must not be empty");
+            } else if token.chars().any(|c| !c.is_ascii_graphic()) {
+                problems.add(
+                    format!("tools[{i}].auth.token"),
+                    "must be visible ASCII (no spaces or control characters)",
+                );
+            }
+        }
+        Some(super::McpAuth::OauthClientCredentials {
+            token_url,
+            client_id,
+            client_secret,
+            ..
+        }) => {
+            check_url(token_url, &format!("tools[{i}].auth.token_url"), problems);
+            if client_id.is_empty() {
+                problems.add(format!("tools[{i}].auth.client_id"), "must not be empty");
+            }
+            if client_secret.is_empty() {
+                problems.add(
+                    format!("tools[{i}].auth.client_secret"),
+                    "must not be empty",
+                );
+            }
+        }
     }
 }
 

@@ -29,12 +29,31 @@ pub struct Tool {
     pub spec: Json<ToolResource>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
-    /// When it last changed.
+    /// When it last changed (a probe's result is not a change): the version a probe's
+    /// result is written against ([`record_probe`]).
     pub updated_at: DateTime<Utc>,
+    /// An MCP server's last probe: `pending`, `healthy` or `unhealthy` (`None` for other kinds).
+    pub probe_status: Option<String>,
+    /// When an MCP server was last probed.
+    pub last_probed_at: Option<DateTime<Utc>>,
+    /// Why the last probe failed.
+    pub probe_error: Option<String>,
+    /// The names of the tools the server listed at the last successful probe.
+    pub discovered_tools: Option<Json<Vec<String>>>,
 }
 
 /// The columns of [`Tool`].
-const COLUMNS: &str = "id, spec, created_at, updated_at";
+const COLUMNS: &str = "id, spec, created_at, updated_at, probe_status, last_probed_at, \
+                       probe_error, discovered_tools";
+
+/// What a probe found, as [`record_probe`] stores it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probed {
+    /// The server answered `initialize` and `tools/list`, listing these tools.
+    Healthy(Vec<String>),
+    /// It did not, for this reason.
+    Unhealthy(String),
+}
 
 /// The name of the unique index that refuses a second tool of a name in a tenant.
 pub const NAME_INDEX: &str = "tools_tenant_name_idx";
@@ -47,18 +66,21 @@ pub async fn insert(
     spec: &ToolResource,
 ) -> sqlx::Result<Tool> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO tools (id, tenant_id, name, spec) VALUES ($1, $2, $3, $4)
+        "INSERT INTO tools (id, tenant_id, name, spec, probe_status)
+         VALUES ($1, $2, $3, $4, $5)
          RETURNING {COLUMNS}"
     )))
     .bind(id)
     .bind(tenant_id)
     .bind(spec.tool.name())
     .bind(Json(spec))
+    .bind(spec.tool.as_mcp().map(|_| "pending"))
     .fetch_one(executor)
     .await
 }
 
-/// Replaces a tool; `None` if the tenant has no such tool.
+/// Replaces a tool; `None` if the tenant has no such tool. An MCP server is `pending` again
+/// (to be probed); another kind has no probe state.
 pub async fn update(
     executor: impl PgExecutor<'_>,
     id: ToolId,
@@ -66,13 +88,48 @@ pub async fn update(
     spec: &ToolResource,
 ) -> sqlx::Result<Option<Tool>> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE tools SET name = $3, spec = $4, updated_at = now()
+        "UPDATE tools SET name = $3, spec = $4, updated_at = clock_timestamp(),
+                probe_status = $5,
+                last_probed_at = CASE WHEN $5 IS NULL THEN NULL ELSE last_probed_at END,
+                probe_error = CASE WHEN $5 IS NULL THEN NULL ELSE probe_error END,
+                discovered_tools = CASE WHEN $5 IS NULL THEN NULL ELSE discovered_tools END
           WHERE id = $1 AND tenant_id = $2 RETURNING {COLUMNS}"
     )))
     .bind(id)
     .bind(tenant_id)
     .bind(spec.tool.name())
     .bind(Json(spec))
+    .bind(spec.tool.as_mcp().map(|_| "pending"))
+    .fetch_optional(executor)
+    .await
+}
+
+/// Stores a probe's result on the tool, if it is still the version probed (`updated_at` as
+/// it was when the probe began): the tool as it now is, or `None` if it changed (or is gone)
+/// meanwhile, in which case the newer version's own probe tells.
+pub async fn record_probe(
+    executor: impl PgExecutor<'_>,
+    id: ToolId,
+    tenant_id: &str,
+    version: DateTime<Utc>,
+    probed: &Probed,
+) -> sqlx::Result<Option<Tool>> {
+    let (status, error, tools) = match probed {
+        Probed::Healthy(tools) => ("healthy", None, Some(Json(tools))),
+        Probed::Unhealthy(error) => ("unhealthy", Some(error.as_str()), None),
+    };
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE tools SET probe_status = $4, last_probed_at = now(), probe_error = $5,
+                discovered_tools = COALESCE($6, discovered_tools)
+          WHERE id = $1 AND tenant_id = $2 AND updated_at = $3 AND probe_status IS NOT NULL
+          RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .bind(tenant_id)
+    .bind(version)
+    .bind(status)
+    .bind(error)
+    .bind(tools)
     .fetch_optional(executor)
     .await
 }
@@ -154,7 +211,9 @@ pub async fn list(
     limit: i64,
 ) -> sqlx::Result<Page<Tool>> {
     let mut query = sqlx::QueryBuilder::new(
-        "SELECT t.id, t.spec, t.created_at, t.updated_at FROM tools t WHERE t.tenant_id = ",
+        "SELECT t.id, t.spec, t.created_at, t.updated_at, t.probe_status, t.last_probed_at,
+                t.probe_error, t.discovered_tools
+           FROM tools t WHERE t.tenant_id = ",
     );
     query.push_bind(tenant_id.to_owned());
     page::push_after(&mut query, "t", after);

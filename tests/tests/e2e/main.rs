@@ -14,6 +14,7 @@ mod functions;
 mod graph;
 mod growth;
 mod identity;
+mod mcp_servers;
 mod openai;
 mod openai_refusals;
 mod orchestration;

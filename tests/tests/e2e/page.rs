@@ -256,12 +256,39 @@ async fn the_page_picks_an_agent_and_shows_its_tools_and_their_health_in_chromiu
 
     let dir = spool_tests::peers::node_peers().expect("npm peers");
     let fake = FakeLlm::start(|_, _| fake_llm::text("Picked.", 2)).await;
-    let stack = Stack::start().await;
+    let stack = Stack::start_with(
+        &spool_tests::redis_url(),
+        &[("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.0/8")],
+    )
+    .await;
     let _worker = stack
-        .worker(&[("SPOOL_LLM_BASE_URL", fake.base_url.as_str())])
+        .worker(&[
+            ("SPOOL_LLM_BASE_URL", fake.base_url.as_str()),
+            ("SPOOL_TOOLS_ALLOW_NETWORKS", "127.0.0.0/8"),
+        ])
         .await;
     let admin = spool_tests::token_with("root", "acme", true, 3600, spool_tests::JWT_SECRET);
-    let mut tool_ids = Vec::new();
+    // An MCP server nobody listens for: its probe finds it unhealthy.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let (status, dead) = stack
+        .post(
+            &admin,
+            "/v1/tools",
+            &serde_json::json!({"type": "mcp", "name": "dead", "url": format!("http://{closed}/mcp")}),
+        )
+        .await;
+    assert_eq!(status, 201, "{dead}");
+    let dead_path = format!("/v1/tools/{}", dead["id"].as_str().expect("id"));
+    let probed = spool_tests::poll_until("the MCP server's probe", TIMEOUT, || async {
+        let (_, tool) = stack.get_with(&admin, &dead_path).await;
+        (tool["status"] != "pending").then_some(tool)
+    })
+    .await;
+    assert_eq!(probed["status"], "unhealthy", "{probed}");
+    let mut tool_ids = vec![dead["id"].clone()];
     for (name, enabled) in [("lookup", true), ("retired", false)] {
         let (status, tool) = stack
             .post(
@@ -328,6 +355,7 @@ async fn the_page_picks_an_agent_and_shows_its_tools_and_their_health_in_chromiu
         badges,
         [
             ("read_file · client".to_owned(), "enabled".to_owned()),
+            ("dead · mcp · unhealthy".to_owned(), "unhealthy".to_owned()),
             ("lookup · client".to_owned(), "enabled".to_owned()),
             (
                 "retired · client · disabled".to_owned(),

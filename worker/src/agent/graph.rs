@@ -322,7 +322,11 @@ impl<'s> Graph<'s> {
         let mut spec = self.spec.clone();
         spec.model = model_of(self.spec, self.graph, Some(node));
         spec.fallback_models.clear();
-        let models = match a.engine.models(a.db, &a.claimed.run().tenant_id, &spec).await {
+        let models = match a
+            .engine
+            .models(a.db, &a.claimed.run().tenant_id, &spec)
+            .await
+        {
             Ok(models) => models,
             Err(err) => return Err(self.failed(FailureCode::ModelUnavailable, err.to_string())),
         };

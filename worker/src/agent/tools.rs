@@ -152,11 +152,7 @@ impl Server {
     }
 
     fn address(&self) -> McpServer<'_> {
-        McpServer {
-            prefix: &self.spec.name,
-            url: &self.spec.url,
-            headers: &self.spec.headers,
-        }
+        McpServer::of(&self.spec)
     }
 }
 
@@ -227,7 +223,11 @@ impl ToolSet {
                         session: tokio::sync::OnceCell::new_with(session),
                     });
                     let discovered = found.0.remove(&mcp.name).unwrap_or_default();
-                    for found in discovered {
+                    // `allowed_tools`: the others are never offered, so never called.
+                    for found in discovered
+                        .into_iter()
+                        .filter(|t| mcp.allows(&t.remote_name))
+                    {
                         let taken = own.contains(found.name.as_str())
                             || set.index.contains_key(&found.name);
                         if !valid_tool_name(&found.name) || taken {
@@ -514,11 +514,7 @@ async fn discover(
     identity: &Identity,
 ) -> (McpTools, Vec<(String, McpSession)>) {
     let connects = servers.iter().map(|mcp| async move {
-        let server = McpServer {
-            prefix: &mcp.name,
-            url: &mcp.url,
-            headers: &mcp.headers,
-        };
+        let server = McpServer::of(mcp);
         let connected = McpSession::connect(
             &server,
             &engine.http,
@@ -556,7 +552,7 @@ fn truncate(mut output: ToolOutput) -> ToolOutput {
 
 /// `text` without `url` and without reqwest's `for url (...)` notes: a configured URL may
 /// carry a credential, and logs are read by more people than agent specs.
-fn without_urls(text: &str, url: &str) -> String {
+pub fn without_urls(text: &str, url: &str) -> String {
     let mut text = text.replace(url, "<url>");
     while let Some(start) = text.find(" for url (") {
         let end = text[start..]

@@ -206,6 +206,8 @@ async fn connect_keeping(
         prefix: "calc",
         url,
         headers: &headers,
+        transport: spool_shared::agent::McpTransport::StreamableHttp,
+        auth: None,
     };
     // Through the guarded clients, allowed to reach the loopback servers of these tests.
     let policy = Arc::new(NetworkPolicy::parse("127.0.0.1/32").expect("allow list parses"));
@@ -503,6 +505,8 @@ async fn an_mcp_server_the_network_policy_refuses_is_never_connected_to() {
             prefix: "calc",
             url: refused,
             headers: &headers,
+            transport: spool_shared::agent::McpTransport::StreamableHttp,
+            auth: None,
         };
         let err = McpSession::connect(&server, &clients, &identity(), Duration::from_secs(2), 128)
             .await

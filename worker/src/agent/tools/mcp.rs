@@ -1,4 +1,6 @@
-//! MCP tools: an agent's remote MCP servers, spoken to over Streamable HTTP with `rmcp`.
+//! MCP tools: an agent's remote MCP servers, spoken to with `rmcp` over Streamable HTTP, or
+//! over the legacy HTTP+SSE transport ([`sse`], a client of our own), authenticated by their
+//! `auth` ([`auth`]: a bearer token, given or fetched with OAuth client credentials).
 //!
 //! At run start the worker opens one [`McpSession`] per configured server and lists its tools;
 //! each is shown to the model as `{prefix}_{tool}`, read-only when the server annotates it with
@@ -8,8 +10,8 @@
 //! What must stay true:
 //! - every HTTP request of a session (initialize, tool calls, the event stream, the final
 //!   `DELETE`) goes through the caller's `reqwest::Client`, so its network policy applies, and
-//!   carries the server's configured headers and the run's identity
-//!   ([`super::identity`], a token minted per request);
+//!   carries the server's configured headers, its `auth` token (fetched again when it is about
+//!   to expire) and the run's identity ([`super::identity`], a token minted per request);
 //! - every `tools/call` carries `Idempotency-Key: {workflow_id}:{step}:{tool_call_id}`, as an
 //!   HTTP tool's request does, so a server can recognise a call repeated after a crash. MCP has
 //!   no per-request header, so the key travels in the call's `_meta` (under
@@ -34,6 +36,7 @@ use rmcp::model::{
 };
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::sink_stream::SinkStreamTransport;
 use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
     StreamableHttpPostResponse,
@@ -44,7 +47,13 @@ use std::sync::Arc;
 
 use super::ToolOutput;
 use super::identity::Identity;
+use spool_shared::agent::{McpAuth, McpTransport};
 use spool_shared::egress::GuardedClients;
+
+pub(crate) mod auth;
+mod sse;
+
+use auth::Credentials;
 
 /// The `_meta` key of a tool call that carries its idempotency key.
 pub const IDEMPOTENCY_META: &str = "io.spool/idempotency-key";
@@ -65,6 +74,23 @@ pub struct McpServer<'a> {
     pub url: &'a str,
     /// Headers sent on every HTTP request to the server (typically credentials).
     pub headers: &'a BTreeMap<String, String>,
+    /// The transport it speaks.
+    pub transport: McpTransport,
+    /// How its requests authenticate, if they do.
+    pub auth: Option<&'a McpAuth>,
+}
+
+impl<'a> McpServer<'a> {
+    /// The server an MCP tool names.
+    pub fn of(spec: &'a spool_shared::agent::McpToolSpec) -> Self {
+        Self {
+            prefix: &spec.name,
+            url: &spec.url,
+            headers: &spec.headers,
+            transport: spec.transport,
+            auth: spec.auth.as_ref(),
+        }
+    }
 }
 
 /// A tool discovered on an MCP server, as the model will see it (kept with the run, so its
@@ -109,28 +135,60 @@ impl McpSession {
         let prefix = server.prefix;
         let url = reqwest::Url::parse(server.url)
             .with_context(|| format!("MCP server {prefix}: invalid URL"))?;
+        let credentials = !server.headers.is_empty() || identity.signs() || server.auth.is_some();
         let http = clients
-            .for_url(&url, !server.headers.is_empty() || identity.signs())
+            .for_url(&url, credentials)
             .with_context(|| format!("MCP server {prefix}"))?
             .clone();
         let started = tokio::time::Instant::now();
-        let config = StreamableHttpClientTransportConfig::with_uri(server.url).custom_headers(
-            header_map(server.headers)
-                .with_context(|| format!("MCP server {prefix}: invalid configured header"))?,
-        );
+        let configured = header_map(server.headers)
+            .with_context(|| format!("MCP server {prefix}: invalid configured header"))?;
+        let auth = server
+            .auth
+            .map(|auth| Credentials::new(auth, clients))
+            .transpose()
+            .with_context(|| format!("MCP server {prefix}: auth"))?
+            .map(Arc::new);
         let keyed = Keyed {
             http,
             identity: identity.clone(),
+            auth,
         };
-        let transport = StreamableHttpClientTransport::with_client(keyed, config);
         let client = ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("spool", env!("CARGO_PKG_VERSION")),
         );
-        let service = tokio::time::timeout(timeout, client.serve(transport))
+        let initialize = async {
+            // The token first, so a refused credential says so rather than "initialize failed".
+            if let Some(auth) = &keyed.auth {
+                auth.token()
+                    .await
+                    .with_context(|| format!("MCP server {prefix}: authentication failed"))?;
+            }
+            match server.transport {
+                McpTransport::StreamableHttp => {
+                    let config = StreamableHttpClientTransportConfig::with_uri(server.url)
+                        .custom_headers(configured);
+                    let transport = StreamableHttpClientTransport::with_client(keyed, config);
+                    client
+                        .serve(transport)
+                        .await
+                        .with_context(|| format!("MCP server {prefix}: initialize failed"))
+                }
+                McpTransport::Sse => {
+                    let (outgoing, incoming) = sse::open(keyed, server.url, configured)
+                        .await
+                        .with_context(|| format!("MCP server {prefix}: SSE transport"))?;
+                    client
+                        .serve(SinkStreamTransport::new(outgoing, incoming))
+                        .await
+                        .with_context(|| format!("MCP server {prefix}: initialize failed"))
+                }
+            }
+        };
+        let service = tokio::time::timeout(timeout, initialize)
             .await
-            .map_err(|_| anyhow::anyhow!("MCP server {prefix}: initialize timed out"))?
-            .with_context(|| format!("MCP server {prefix}: initialize failed"))?;
+            .map_err(|_| anyhow::anyhow!("MCP server {prefix}: initialize timed out"))??;
         // On failure from here on, dropping `service` cancels it and ends the session in the
         // background, which is all a server that cannot list its tools deserves.
         let remaining = timeout.saturating_sub(started.elapsed());
@@ -210,15 +268,58 @@ impl McpSession {
 }
 
 /// The session's HTTP client: reqwest's, plus the run's identity headers on every request (a
-/// token minted for each) and the `Idempotency-Key` header on a `tools/call` POST whose
-/// `_meta` carries one. Everything else is passed through unchanged.
+/// token minted for each), the `auth` bearer token (fetched again before it expires) and the
+/// `Idempotency-Key` header on a `tools/call` POST whose `_meta` carries one. Everything else
+/// is passed through unchanged.
 #[derive(Clone)]
 struct Keyed {
     http: reqwest::Client,
     identity: Identity,
+    auth: Option<Arc<Credentials>>,
 }
 
 impl Keyed {
+    /// The bearer token of `auth`, if there is one and the request sets none itself.
+    async fn bearer(
+        &self,
+        given: Option<String>,
+    ) -> Result<Option<String>, StreamableHttpError<reqwest::Error>> {
+        match (&self.auth, given) {
+            (_, Some(given)) => Ok(Some(given)),
+            (None, None) => Ok(None),
+            (Some(auth), None) => auth.token().await.map(Some).map_err(|err| {
+                StreamableHttpError::Io(std::io::Error::other(format!(
+                    "authentication failed: {err:#}"
+                )))
+            }),
+        }
+    }
+
+    /// Every header of a request of the SSE transport to `uri`: the configured ones, the
+    /// identity's, the bearer token's and (for a `tools/call`) the idempotency key.
+    async fn request_headers(
+        &self,
+        uri: &str,
+        message: Option<&ClientJsonRpcMessage>,
+        configured: &HashMap<HeaderName, HeaderValue>,
+    ) -> std::io::Result<reqwest::header::HeaderMap> {
+        let headers = match message {
+            Some(message) => self.with_key(uri, message, configured.clone()),
+            None => self.identified(uri, configured.clone()),
+        };
+        let mut map: reqwest::header::HeaderMap = headers.into_iter().collect();
+        if let Some(auth) = &self.auth {
+            let token = auth
+                .token()
+                .await
+                .map_err(|err| std::io::Error::other(format!("authentication failed: {err:#}")))?;
+            let value = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| std::io::Error::other("the bearer token is not a valid header"))?;
+            map.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        Ok(map)
+    }
+
     /// `headers` with the identity's for `uri` (replacing any configured header of their names).
     fn identified(
         &self,
@@ -268,6 +369,7 @@ impl StreamableHttpClient for Keyed {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> PostResult {
         let headers = self.with_key(&uri, &message, custom_headers);
+        let auth_header = self.bearer(auth_header).await?;
         (self.http)
             .post_message(uri, message, session_id, auth_header, headers)
             .await
@@ -283,6 +385,7 @@ impl StreamableHttpClient for Keyed {
         max_sse_event_size: usize,
     ) -> PostResult {
         let headers = self.with_key(&uri, &message, custom_headers);
+        let auth_header = self.bearer(auth_header).await?;
         (self.http)
             .post_message_with_max_sse_event_size(
                 uri,
@@ -303,6 +406,7 @@ impl StreamableHttpClient for Keyed {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<reqwest::Error>> {
         let headers = self.identified(&uri, custom_headers);
+        let auth_header = self.bearer(auth_header).await?;
         (self.http)
             .delete_session(uri, session_id, auth_header, headers)
             .await
@@ -317,6 +421,7 @@ impl StreamableHttpClient for Keyed {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> StreamResult {
         let headers = self.identified(&uri, custom_headers);
+        let auth_header = self.bearer(auth_header).await?;
         (self.http)
             .get_stream(uri, session_id, last_event_id, auth_header, headers)
             .await
@@ -332,6 +437,7 @@ impl StreamableHttpClient for Keyed {
         max_sse_event_size: usize,
     ) -> StreamResult {
         let headers = self.identified(&uri, custom_headers);
+        let auth_header = self.bearer(auth_header).await?;
         (self.http)
             .get_stream_with_max_sse_event_size(
                 uri,
