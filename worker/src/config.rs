@@ -92,6 +92,13 @@ pub struct WorkerArgs {
     #[arg(long, env = "SPOOL_MCP_MAX_TOOLS", default_value_t = 128)]
     pub mcp_max_tools: usize,
 
+    /// Put prompts, answers and tool arguments and results in the exported spans (the GenAI
+    /// semantic conventions' opt-in content attributes). Off: spans carry names, models,
+    /// token counts and ids, no content. Tenants' data: turn it on only where the trace
+    /// backend may hold it.
+    #[arg(long, env = "SPOOL_OTEL_CAPTURE_CONTENT", default_value_t = false)]
+    pub otel_capture_content: bool,
+
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]
     pub lease: LeaseArgs,

@@ -25,6 +25,7 @@ mod secrets;
 mod stack;
 mod stalls;
 mod stream;
+mod telemetry;
 mod timeline;
 mod tls;
 mod versioning;

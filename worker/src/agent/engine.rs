@@ -39,6 +39,8 @@ pub struct Engine {
     pub mcp_max_tools: usize,
     /// Signs the identity token of outbound calls.
     identity: Option<Arc<IdentitySigner>>,
+    /// Whether spans carry content (`SPOOL_OTEL_CAPTURE_CONTENT`; see [`super::genai`]).
+    pub capture_content: bool,
 }
 
 impl Engine {
@@ -103,6 +105,7 @@ impl Engine {
             tool_timeout: args.tool_timeout(),
             mcp_max_tools: args.mcp_max_tools,
             identity,
+            capture_content: args.otel_capture_content,
         })
     }
 
