@@ -13,6 +13,7 @@ mod done_tool;
 mod functions;
 mod growth;
 mod identity;
+mod nextjs;
 mod openai;
 mod openai_refusals;
 mod orchestration;
