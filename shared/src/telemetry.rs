@@ -233,6 +233,22 @@ pub fn set_parent_from_traceparent(span: &tracing::Span, traceparent: &str) {
     }
 }
 
+/// Renames `span` as exported (its `otel.name`), also once it has started: `tracing`'s
+/// `otel.name` field is only read before. Nothing without OpenTelemetry.
+pub fn rename(span: &tracing::Span, name: String) {
+    span.context().span().update_name(name);
+}
+
+/// Sets the string-array attribute `key` of `span` (such as `gen_ai.response.finish_reasons`),
+/// which a `tracing` field cannot carry. Nothing without OpenTelemetry.
+pub fn set_string_array(span: &tracing::Span, key: &'static str, values: Vec<String>) {
+    let values = values.into_iter().map(Into::into).collect();
+    span.set_attribute(
+        key,
+        opentelemetry::Value::Array(opentelemetry::Array::String(values)),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@
 //! - [`poll_until`]: waiting for a condition with a deadline, never a bare sleep.
 //! - [`token`]: a signed JWT for a user of a tenant.
 //! - [`fake_llm`]: an upstream speaking the OpenAI wire format; [`tools`]: a tool server.
+//! - [`otlp`]: a loopback OTLP/HTTP collector that keeps the spans it is sent.
 //! - [`growth`]: months of threads, messages and runs made in bulk by SQL (plan test, P7).
 //!
 //! Tests are quiet unless `TEST_LOG=1`.
@@ -14,6 +15,7 @@
 pub mod conform;
 pub mod fake_llm;
 pub mod growth;
+pub mod otlp;
 pub mod peers;
 pub mod process;
 pub mod servers;

@@ -101,6 +101,48 @@ pub fn typescript_client() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// `examples/nextjs/` (the Next.js example app), with its pinned packages installed (`npm ci`,
+/// once per content of its `package-lock.json`; `@spool/ai-sdk` is a link to
+/// `clients/typescript`, whose committed `dist/` it uses) and built now with `next build`
+/// (Turbopack, about 30 s on two cores), so the test runs the current sources.
+pub fn nextjs_example() -> anyhow::Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/nextjs");
+    let _guard = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let lock = std::fs::read(dir.join("package-lock.json"))?;
+    let stamp = dir.join("node_modules").join(format!(
+        ".installed-{}",
+        hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&lock)[..8])
+    ));
+    let run = |program: &str, args: &[&str]| -> anyhow::Result<()> {
+        let output = std::process::Command::new(program)
+            .args(args)
+            .current_dir(&dir)
+            .env("NEXT_TELEMETRY_DISABLED", "1")
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| {
+                format!("running {program} (Node 20.9 or later and npm are needed)")
+            })?;
+        anyhow::ensure!(
+            output.status.success(),
+            "{program} {} in {} failed: {}{}",
+            args.join(" "),
+            dir.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    };
+    if !stamp.exists() {
+        run("npm", &["ci", "--no-audit", "--no-fund"])?;
+        std::fs::write(&stamp, b"")?;
+    }
+    run("node", &["node_modules/next/dist/bin/next", "build"])?;
+    Ok(dir)
+}
+
 /// The Python of `clients/python/.venv`, with the client's pinned test requirements installed
 /// (once per content of `clients/python/requirements.txt`) and the client itself installed
 /// from `clients/python` as a user would (`pip install ./clients/python`, not editable; again

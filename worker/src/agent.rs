@@ -21,6 +21,7 @@
 //! | hooks | `hooks` |
 //! | models, clients and the default agent of a worker | [`engine`] |
 //! | a restarted attempt showing again what its client dropped | [`takeover`] |
+//! | the spans' GenAI semantic conventions, and what content they may carry | [`genai`] |
 //!
 //! Pauses: a call of a client tool, or of a tool that needs approval, is held; the step is
 //! saved with the held calls, the run pauses (`requires_action` / `awaiting_approval`) and
@@ -33,6 +34,7 @@ pub mod checkpoint;
 mod children;
 pub mod context;
 pub mod engine;
+pub(crate) mod genai;
 mod graph;
 mod hooks;
 mod limits;

@@ -49,7 +49,8 @@ pub enum Ended {
     Paused,
 }
 
-/// Executes one claimed attempt, inside a `run` span that joins the enqueuing request's trace.
+/// Executes one claimed attempt, inside an `invoke_agent {agent}` span (GenAI semantic
+/// conventions, see [`crate::agent::genai`]) that joins the enqueuing request's trace.
 /// Never panics and never returns an error: it logs instead, and says how the attempt ended
 /// (`None`: it failed, and the lease will expire).
 pub(crate) async fn execute(
@@ -59,7 +60,20 @@ pub(crate) async fn execute(
     release: CancellationToken,
 ) -> Option<Ended> {
     let run = claimed.run();
-    let span = tracing::info_span!("run", workflow.id = %run.id, thread.id = %run.thread_id,
+    // The agent's name, model and provider are known once its spec is loaded (`agent_span`);
+    // until then the span is `invoke_agent`, as the conventions name it without a name.
+    let span = tracing::info_span!("run",
+        otel.name = "invoke_agent",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.provider.name = tracing::field::Empty,
+        gen_ai.agent.name = tracing::field::Empty,
+        gen_ai.agent.id = run.agent_id.map(|id| id.to_string()),
+        gen_ai.request.model = tracing::field::Empty,
+        gen_ai.conversation.id = %run.thread_id,
+        error.type = tracing::field::Empty,
+        workflow.id = %run.id,
+        thread.id = %run.thread_id,
         run.attempt = run.attempt);
     // Every attempt of the run joins the trace of the request that enqueued it.
     if let Some(traceparent) = &run.trace_context {
@@ -106,6 +120,9 @@ async fn execute_in_span(
     };
     let started = std::time::Instant::now();
     let spec = agent::load_spec(a.db, a.engine, run).await;
+    if let Ok(Some(spec)) = &spec {
+        agent_span(&a, spec).await;
+    }
     // The run's time limit, counted from enqueue by the database clock: `heartbeat_at` is the
     // database's now() at this claim.
     let _time_limit = spec
@@ -144,6 +161,9 @@ async fn execute_in_span(
                 error = format!("{err:#}"),
                 "attempt failed; the lease will expire"
             );
+            let span = tracing::Span::current();
+            span.record("otel.status_code", "error");
+            span.record("error.type", "_OTHER");
             None
         }
         Err(_) => {
@@ -159,6 +179,31 @@ async fn execute_in_span(
     }
     wind_up(ended.as_ref(), lease, events).await;
     ended
+}
+
+/// Names the attempt's span for its agent and records the agent's model and provider.
+async fn agent_span(a: &Attempt<'_>, spec: &AgentSpec) {
+    let span = tracing::Span::current();
+    spool_shared::telemetry::rename(&span, format!("invoke_agent {}", spec.name));
+    span.record("gen_ai.agent.name", spec.name.as_str());
+    span.record("gen_ai.request.model", spec.model.as_str());
+    // A model no provider serves fails the first call (recorded there); the attribute is
+    // then left out.
+    if let Ok(models) = a
+        .engine
+        .models(a.db, &a.claimed.run().tenant_id, spec)
+        .await
+        && let Some(first) = models.first()
+    {
+        span.record("gen_ai.provider.name", first.model.system());
+    }
+}
+
+/// Records a failed run on the attempt's span: its failure code as `error.type`.
+fn record_failure(error: &RunFailure) {
+    let span = tracing::Span::current();
+    span.record("otel.status_code", "error");
+    span.record("error.type", error.code.as_str());
 }
 
 /// Fails the run at once (`internal_error`), where retrying on another worker would only fail
@@ -312,6 +357,9 @@ async fn end(
     error: Option<&RunFailure>,
 ) -> anyhow::Result<Ended> {
     let run = a.claimed.run();
+    if let Some(error) = error {
+        record_failure(error);
+    }
     let outcome = Outcome {
         status,
         content: &answer.content,

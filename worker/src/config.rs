@@ -96,6 +96,12 @@ pub struct WorkerArgs {
     /// `knowledge_search`. Empty: none (an agent naming one is refused at save).
     #[arg(long, env = "SPOOL_BUILTIN_TOOLS", default_value = "", value_parser = parse_builtins)]
     pub builtin_tools: Builtins,
+    /// Put prompts, answers and tool arguments and results in the exported spans (the GenAI
+    /// semantic conventions' opt-in content attributes). Off: spans carry names, models,
+    /// token counts and ids, no content. Tenants' data: turn it on only where the trace
+    /// backend may hold it.
+    #[arg(long, env = "SPOOL_OTEL_CAPTURE_CONTENT", default_value_t = false)]
+    pub otel_capture_content: bool,
 
     #[command(flatten)]
     #[expect(missing_docs, reason = "flattened group; its fields are documented")]

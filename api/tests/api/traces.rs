@@ -93,6 +93,14 @@ fn named<'a>(spans: &'a HashMap<SpanId, SpanData>, name: &str) -> Vec<&'a SpanDa
     spans.values().filter(|span| span.name == name).collect()
 }
 
+/// The attempts' spans (`invoke_agent {agent}`).
+fn attempts(spans: &HashMap<SpanId, SpanData>) -> Vec<&SpanData> {
+    spans
+        .values()
+        .filter(|span| span.name.starts_with("invoke_agent"))
+        .collect()
+}
+
 fn attribute<'a>(span: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
     span.attributes
         .iter()
@@ -158,7 +166,7 @@ fn check_request_and_attempt(spans: &HashMap<SpanId, SpanData>) -> &SpanData {
         attribute(request, "http.response.status_code"),
         Some(&OtelValue::I64(202))
     );
-    let attempts = named(spans, "run");
+    let attempts = attempts(spans);
     assert_eq!(attempts.len(), 1, "one attempt");
     let attempt = attempts[0];
     let chain = ancestors(spans, attempt);
@@ -181,7 +189,11 @@ async fn a_run_is_one_trace_from_the_request_through_the_queue_to_its_model_call
     app.wait_for_status(&token("alice", "acme"), workflow, "completed")
         .await;
 
-    let spans = wait_for_spans(MODEL_TRACE, &[USER_MESSAGE_SPAN, "run", "chat demo"]).await;
+    let spans = wait_for_spans(
+        MODEL_TRACE,
+        &[USER_MESSAGE_SPAN, "invoke_agent default", "chat demo"],
+    )
+    .await;
     let attempt = check_request_and_attempt(&spans);
     assert_eq!(
         attribute(attempt, "workflow.id"),
@@ -192,9 +204,37 @@ async fn a_run_is_one_trace_from_the_request_through_the_queue_to_its_model_call
         attribute(attempt, "thread.id"),
         Some(&OtelValue::from(thread.to_owned()))
     );
+    // GenAI semantic conventions: the default agent, its model's provider, the thread.
+    for (key, value) in [
+        ("gen_ai.operation.name", "invoke_agent"),
+        ("gen_ai.agent.name", "default"),
+        ("gen_ai.provider.name", "spool.demo"),
+        ("gen_ai.request.model", "demo"),
+        ("gen_ai.conversation.id", thread),
+    ] {
+        assert_eq!(
+            attribute(attempt, key),
+            Some(&OtelValue::from(value.to_owned())),
+            "{key}"
+        );
+    }
     let chats = named(&spans, "chat demo");
     assert_eq!(chats.len(), 1, "one model call");
     let chat = chats[0];
+    assert_eq!(
+        attribute(chat, "gen_ai.response.model"),
+        Some(&OtelValue::from("demo"))
+    );
+    assert_eq!(
+        attribute(chat, "gen_ai.response.finish_reasons"),
+        Some(&OtelValue::Array(opentelemetry::Array::String(vec![
+            "stop".into()
+        ])))
+    );
+    assert_eq!(
+        attribute(chat, "gen_ai.conversation.id"),
+        Some(&OtelValue::from(thread.to_owned()))
+    );
     assert_eq!(chat.parent_span_id, attempt.span_context.span_id());
     assert_eq!(
         attribute(chat, "gen_ai.request.model"),
@@ -205,7 +245,7 @@ async fn a_run_is_one_trace_from_the_request_through_the_queue_to_its_model_call
         Some(&OtelValue::from("chat"))
     );
     assert_eq!(
-        attribute(chat, "gen_ai.system"),
+        attribute(chat, "gen_ai.provider.name"),
         Some(&OtelValue::from("spool.demo"))
     );
     // The demo model counts the input's words and answers `demo_tokens` pieces.
@@ -249,9 +289,9 @@ async fn a_tool_call_is_a_child_span_of_the_attempt_with_its_outcome() {
         TOOL_TRACE,
         &[
             USER_MESSAGE_SPAN,
-            "run",
+            "invoke_agent weather",
             "chat gpt-4o-mini",
-            "tool get_weather",
+            "execute_tool get_weather",
         ],
     )
     .await;
@@ -261,18 +301,18 @@ async fn a_tool_call_is_a_child_span_of_the_attempt_with_its_outcome() {
     assert_eq!(chats.len(), 2, "a model call before and after the tool");
     assert!(chats.iter().all(|chat| chat.parent_span_id == attempt_id));
     assert!(chats.iter().all(|chat| {
-        attribute(chat, "gen_ai.system") == Some(&OtelValue::from("openai"))
+        attribute(chat, "gen_ai.provider.name") == Some(&OtelValue::from("openai"))
             && matches!(
                 attribute(chat, "gen_ai.usage.input_tokens"),
                 Some(OtelValue::I64(_))
             )
     }));
-    let tools = named(&spans, "tool get_weather");
+    let tools = named(&spans, "execute_tool get_weather");
     assert_eq!(tools.len(), 1);
     let tool = tools[0];
     assert_eq!(tool.parent_span_id, attempt_id);
     assert_eq!(
-        attribute(tool, "tool.name"),
+        attribute(tool, "gen_ai.tool.name"),
         Some(&OtelValue::from("get_weather"))
     );
     assert_eq!(attribute(tool, "tool.kind"), Some(&OtelValue::from("http")));
@@ -307,11 +347,11 @@ async fn an_agent_run_started_by_an_agent_tool_call_is_in_its_parent_s_trace() {
     // and the lead's second; the child's is a descendant of the lead's first.
     let spans = spool_tests::poll_until("three attempts", Duration::from_secs(20), || async {
         let spans = spans_of_trace(TREE_TRACE);
-        (named(&spans, "run").len() == 3).then_some(spans)
+        (attempts(&spans).len() == 3).then_some(spans)
     })
     .await;
     let parent = accepted["workflow_id"].as_str().expect("id");
-    let runs = named(&spans, "run");
+    let runs = attempts(&spans);
     let (lead_runs, child_runs): (Vec<&SpanData>, Vec<&SpanData>) =
         runs.into_iter().partition(|span| {
             attribute(span, "workflow.id") == Some(&OtelValue::from(parent.to_owned()))

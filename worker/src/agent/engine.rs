@@ -75,6 +75,8 @@ pub struct Engine {
     timeouts: Timeouts,
     /// Tenants' provider clients, by (tenant, provider).
     tenant_clients: Mutex<HashMap<(String, ProviderId), TenantClient>>,
+    /// Whether spans carry content (`SPOOL_OTEL_CAPTURE_CONTENT`; see [`super::genai`]).
+    pub capture_content: bool,
 }
 
 impl Engine {
@@ -146,6 +148,7 @@ impl Engine {
             egress: Arc::clone(egress),
             timeouts,
             tenant_clients: Mutex::default(),
+            capture_content: args.otel_capture_content,
         })
     }
 

@@ -179,6 +179,10 @@ pub struct ChatResponse {
     pub finish_reason: FinishReason,
     /// Token usage, if reported.
     pub usage: Usage,
+    /// The model that answered, as the provider names it (`None`: it did not say).
+    pub model: Option<String>,
+    /// The provider's id of the response (`None`: it did not say).
+    pub id: Option<String>,
 }
 
 /// A piece of a streaming response.
@@ -198,7 +202,7 @@ pub trait ChatModel: Send + Sync {
     /// Starts a streaming call.
     fn stream(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatStream, LlmError>>;
 
-    /// The provider, as the GenAI semantic conventions' `gen_ai.system` names it.
+    /// The provider, as the GenAI semantic conventions' `gen_ai.provider.name` names it.
     fn system(&self) -> &'static str {
         // Every remote model speaks the OpenAI Chat Completions API.
         "openai"

@@ -27,6 +27,7 @@ use spool_shared::run::Usage;
 
 use super::context::Attempt;
 use super::engine::Candidate;
+use super::genai;
 use super::llm::{
     ChatChunk, ChatMessage, ChatModel, ChatRequest, ChatResponse, FinishReason, LlmError, ToolCall,
 };
@@ -72,8 +73,10 @@ pub(crate) enum LlmEnd {
     Error(LlmError),
 }
 
-/// Calls the model inside a `chat {model}` span (GenAI semantic conventions: operation, system,
-/// model, and the tokens used, summed over retries and continuations).
+/// Calls the model inside a `chat {model}` span (GenAI semantic conventions, see
+/// [`super::genai`]: operation, provider, requested and answering model, the thread as the
+/// conversation, finish reasons, the tokens used summed over retries and continuations, and,
+/// when the operator opts in, the messages).
 pub(crate) async fn call_model(
     a: &Attempt<'_>,
     models: &[Candidate],
@@ -86,12 +89,42 @@ pub(crate) async fn call_model(
         otel.kind = "client",
         otel.status_code = tracing::field::Empty,
         gen_ai.operation.name = "chat",
-        gen_ai.system = models.first().map_or("openai", |c| c.model.system()),
+        gen_ai.provider.name = models.first().map_or("openai", |c| c.model.system()),
         gen_ai.request.model = %request.model,
+        gen_ai.conversation.id = %a.claimed.run().thread_id,
+        gen_ai.request.stream = true,
+        gen_ai.request.temperature = tracing::field::Empty,
+        gen_ai.request.top_p = tracing::field::Empty,
+        gen_ai.request.max_tokens = tracing::field::Empty,
+        gen_ai.output.type = tracing::field::Empty,
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.response.id = tracing::field::Empty,
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.system_instructions = tracing::field::Empty,
+        gen_ai.input.messages = tracing::field::Empty,
+        gen_ai.output.messages = tracing::field::Empty,
         error.type = tracing::field::Empty,
         run.step = i64::from(step));
+    if let Some(temperature) = request.temperature {
+        span.record("gen_ai.request.temperature", temperature);
+    }
+    if let Some(top_p) = request.top_p {
+        span.record("gen_ai.request.top_p", top_p);
+    }
+    if let Some(max_tokens) = request.max_output_tokens {
+        span.record("gen_ai.request.max_tokens", i64::from(max_tokens));
+    }
+    if request.response_format.is_some() {
+        span.record("gen_ai.output.type", "json");
+    }
+    if a.engine.capture_content {
+        let (instructions, input) = genai::input_messages(&request.messages);
+        if let Some(instructions) = instructions {
+            span.record("gen_ai.system_instructions", instructions.as_str());
+        }
+        span.record("gen_ai.input.messages", input.as_str());
+    }
     let mut out = Streamed {
         a,
         block: BlockId::of_step(step),
@@ -100,7 +133,7 @@ pub(crate) async fn call_model(
         text: String::new(),
         streamed: false,
     };
-    let result = continued(models, request, &mut out)
+    let result = continued(models, request, &mut out, &span)
         .instrument(span.clone())
         .await;
     match &result {
@@ -126,12 +159,34 @@ pub(crate) async fn call_model(
     result
 }
 
+/// Records on the chat span what the last response says of itself: the answering model, its
+/// id, why it stopped, and (opted in) the answer, all parts' text together.
+fn record_response(span: &tracing::Span, response: &ChatResponse, text: &str, capture: bool) {
+    if let Some(model) = &response.model {
+        span.record("gen_ai.response.model", model.as_str());
+    }
+    if let Some(id) = &response.id {
+        span.record("gen_ai.response.id", id.as_str());
+    }
+    let reason = genai::finish_reason(&response.finish_reason);
+    spool_shared::telemetry::set_string_array(
+        span,
+        "gen_ai.response.finish_reasons",
+        vec![reason.to_owned()],
+    );
+    if capture {
+        let output = genai::output_messages(text, &response.tool_calls, &response.finish_reason);
+        span.record("gen_ai.output.messages", output.as_str());
+    }
+}
+
 /// The call, continued after `finish_reason: length`; the block's `text_end` goes out however
 /// it ends.
 async fn continued(
     mut models: &[Candidate],
     mut request: ChatRequest,
     out: &mut Streamed<'_, '_>,
+    span: &tracing::Span,
 ) -> Result<ModelOutput, LlmEnd> {
     let mut usage = Usage::default();
     let mut continuations = 0;
@@ -172,6 +227,7 @@ async fn continued(
             continue;
         }
         out.close();
+        record_response(span, &response, &out.text, out.a.engine.capture_content);
         return Ok(ModelOutput {
             text: std::mem::take(&mut out.text),
             tool_calls: response.tool_calls,

@@ -407,15 +407,29 @@ impl ToolSet {
             Kind::Agent(_) => "agent",
             Kind::Builtin(_) => "builtin",
         };
+        // GenAI semantic conventions (see `super::genai`); the arguments and the result only
+        // when the operator opts in to content.
         let span = tracing::info_span!("tool",
-            otel.name = %format!("tool {}", call.name),
+            otel.name = %format!("execute_tool {}", call.name),
             otel.status_code = tracing::field::Empty,
             gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %call.name,
             gen_ai.tool.call.id = %call.id,
-            tool.name = %call.name,
+            gen_ai.tool.type = super::genai::tool_type(kind),
+            gen_ai.tool.description = tracing::field::Empty,
+            gen_ai.tool.call.arguments = tracing::field::Empty,
+            gen_ai.tool.call.result = tracing::field::Empty,
+            error.type = tracing::field::Empty,
             tool.kind = kind,
             tool.outcome = tracing::field::Empty,
             run.step = i64::from(step));
+        if !tool.def.description.is_empty() {
+            span.record("gen_ai.tool.description", tool.def.description.as_str());
+        }
+        let capture = a.engine.capture_content;
+        if capture {
+            span.record("gen_ai.tool.call.arguments", call.arguments.as_str());
+        }
         let started = std::time::Instant::now();
         let output = self
             .run_tool(a, key, call, tool)
@@ -425,6 +439,9 @@ impl ToolSet {
         span.record("tool.outcome", outcome);
         if output.is_error {
             span.record("otel.status_code", "error");
+            span.record("error.type", "tool_error");
+        } else if capture {
+            span.record("gen_ai.tool.call.result", output.content.as_str());
         }
         metrics::counter!("spool_tool_calls_total", "kind" => kind, "outcome" => outcome)
             .increment(1);

@@ -185,6 +185,9 @@ pub struct Assembler {
     calls: BTreeMap<u64, ToolCall>,
     stop_reason: Option<String>,
     usage: Usage,
+    /// The answering model and the message's id, from `message_start`.
+    model: Option<String>,
+    id: Option<String>,
     done: bool,
 }
 
@@ -226,7 +229,18 @@ impl Assembler {
         })?;
         let index = event["index"].as_u64().unwrap_or(0);
         match event["type"].as_str().unwrap_or_default() {
-            "message_start" => self.count(&event["message"]["usage"]),
+            "message_start" => {
+                let message = &event["message"];
+                let named = |key: &str| {
+                    message[key]
+                        .as_str()
+                        .filter(|v| !v.is_empty())
+                        .map(super::provider_text)
+                };
+                self.model = named("model");
+                self.id = named("id");
+                self.count(&message["usage"]);
+            }
             "content_block_start" => {
                 let block = &event["content_block"];
                 match block["type"].as_str() {
@@ -333,6 +347,8 @@ impl Assembler {
             tool_calls,
             finish_reason,
             usage: self.usage,
+            model: self.model.take(),
+            id: self.id.take(),
         })
     }
 }

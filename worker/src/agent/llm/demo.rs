@@ -106,6 +106,8 @@ impl ChatModel for DemoModel {
                 tool_calls: Vec::new(),
                 finish_reason: FinishReason::Stop,
                 usage,
+                model: Some(MODEL_NAME.to_owned()),
+                id: None,
             }))
         });
         async move { Ok(chunks.chain(done).boxed()) }.boxed()

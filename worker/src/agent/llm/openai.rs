@@ -152,6 +152,9 @@ pub struct Assembler {
     calls: BTreeMap<u64, ToolCall>,
     finish_reason: Option<FinishReason>,
     usage: Usage,
+    /// The answering model and the response's id, from the first chunk that names them.
+    model: Option<String>,
+    id: Option<String>,
     done: bool,
 }
 
@@ -204,6 +207,8 @@ impl Assembler {
                 tool_calls,
                 finish_reason,
                 usage: self.usage,
+                model: self.model.take(),
+                id: self.id.take(),
             })]);
         }
         if data.is_empty() {
@@ -222,6 +227,18 @@ impl Assembler {
                 message,
                 retry_after: None,
             });
+        }
+        let named = |key: &str| {
+            chunk[key]
+                .as_str()
+                .filter(|v| !v.is_empty())
+                .map(super::provider_text)
+        };
+        if self.model.is_none() {
+            self.model = named("model");
+        }
+        if self.id.is_none() {
+            self.id = named("id");
         }
         if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
             self.usage = Usage {
