@@ -485,7 +485,7 @@ impl ToolSet {
                         http: &engine.http,
                         identity: &self.identity,
                         tenant: &a.claimed.run().tenant_id,
-                        idempotency_key: &key,
+                        idempotency_key: key,
                         enabled: engine.builtin_tools.enabled(*builtin),
                     };
                     builtin::call(&cx, *builtin, &arguments).await
