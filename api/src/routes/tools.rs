@@ -562,7 +562,10 @@ async fn conflicts(
 ) -> Result<Vec<FieldError>, ApiError> {
     let mut conflicts = Vec::new();
     for (agent_id, agent) in tools::referencing_agents(&mut *tx, tool_id, tenant).await? {
-        let ids: Vec<ToolId> = agent.tool_ids.iter().map(|r| r.tool_id).collect();
+        let mut ids: Vec<ToolId> = agent.tool_ids.iter().map(|r| r.tool_id).collect();
+        if let Some(graph) = &agent.graph_spec {
+            ids.extend(graph.tools.mcp_servers.iter().copied());
+        }
         let mut referenced = tools::find_many(&mut *tx, &ids, tenant).await?;
         let old = agent.validate_with(&referenced);
         for (id, tool) in &mut referenced {

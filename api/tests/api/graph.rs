@@ -350,3 +350,52 @@ async fn a_human_input_nobody_answers_fails_the_run_with_human_timeout() {
     );
     app.stop().await;
 }
+
+/// A graph's MCP server (`tools.mcp_servers`) is a reference like `tool_ids`: deleting the tool
+/// is refused while the graph names it, and allowed once the graph no longer does.
+#[tokio::test]
+async fn a_tool_a_graph_names_among_its_mcp_servers_is_not_deleted() {
+    let app = TestApp::start(0, worker_args(1, 0)).await;
+    let root = admin("acme");
+    let (status, server) = app
+        .post(
+            &root,
+            "/v1/tools",
+            &json!({"type": "mcp", "name": "docs", "url": "http://127.0.0.1:9/mcp"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{server}");
+    let id = server["id"].as_str().expect("id").to_owned();
+    let graph = |servers: Value| {
+        json!({"name": "reader", "kind": "graph", "graph_spec": {
+            "spec_version": "1", "entry": "done",
+            "nodes": {"done": {"type": "end", "output_template": "{{input}}"}},
+            "edges": [], "tools": {"mcp_servers": servers}}})
+    };
+    let (status, agent) = app.post(&root, "/v1/agents", &graph(json!([id]))).await;
+    assert_eq!(status, StatusCode::CREATED, "{agent}");
+    let agent_id = agent["id"].as_str().expect("id").to_owned();
+
+    let path = format!("/v1/tools/{id}");
+    let (status, refused) = app
+        .send(reqwest::Method::DELETE, &root, &path, None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "tool_in_use");
+    assert!(refused.to_string().contains(&agent_id), "{refused}");
+
+    let (status, _) = app
+        .send(
+            reqwest::Method::PUT,
+            &root,
+            &format!("/v1/agents/{agent_id}"),
+            Some(&graph(json!([]))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = app
+        .send(reqwest::Method::DELETE, &root, &path, None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    app.stop().await;
+}

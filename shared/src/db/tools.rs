@@ -237,7 +237,8 @@ pub async fn delete(
 }
 
 /// The tenant's agents that reference the tool (at most [`MAX_REFERENCING`], oldest first),
-/// with their specs.
+/// with their specs: by `tool_ids`, or as one of a graph's MCP servers (each found through its
+/// GIN index, `agents_tool_ids_idx` and `agents_graph_mcp_servers_idx`).
 pub async fn referencing_agents(
     executor: impl PgExecutor<'_>,
     id: ToolId,
@@ -245,12 +246,15 @@ pub async fn referencing_agents(
 ) -> sqlx::Result<Vec<(AgentId, AgentSpec)>> {
     let rows: Vec<(AgentId, Json<AgentSpec>)> = sqlx::query_as(
         "SELECT id, spec FROM agents
-          WHERE tenant_id = $1 AND spec -> 'tool_ids' @> $2
+          WHERE tenant_id = $1
+            AND (spec -> 'tool_ids' @> $2
+                 OR spec -> 'graph_spec' -> 'tools' -> 'mcp_servers' @> $4)
           ORDER BY created_at, id LIMIT $3",
     )
     .bind(tenant_id)
     .bind(Json(serde_json::json!([{"tool_id": id}])))
     .bind(MAX_REFERENCING)
+    .bind(Json(serde_json::json!([id])))
     .fetch_all(executor)
     .await?;
     Ok(rows.into_iter().map(|(id, spec)| (id, spec.0)).collect())
