@@ -18,6 +18,10 @@ psql postgres://root@127.0.0.1:5432/postgres -qc "DROP DATABASE IF EXISTS $db" 2
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 log="$(mktemp)"
 export SPOOL_JWT_SECRET=schemathesis-secret-of-at-least-32-bytes
+# As an operator who lets tenants store provider keys sets it: without it provider writes are a
+# 503 `secrets_not_configured` by design (DESIGN section 12; tested in api/tests/api/providers.rs),
+# which this check would count as a server error, and the provider routes would go unfuzzed.
+export SPOOL_SECRETS_KEY="$(openssl rand -hex 32)"
 DATABASE_URL="postgres://root@127.0.0.1:5432/$db" SPOOL_API_ADDR="127.0.0.1:$port" \
   SPOOL_REDIS_PREFIX="schemathesis-$port" SPOOL_TOOLS_ALLOW_NETWORKS=127.0.0.0/8 \
   SPOOL_DEMO_DELAY_MS=0 "$CARGO_TARGET_DIR/debug/spool-api" serve --embedded-worker 1 >"$log" 2>&1 &
