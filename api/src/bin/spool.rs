@@ -12,6 +12,10 @@
 //!
 //! Errors are one line on stderr: a server's error (its status, code and message) exits 1; an
 //! unreachable server or a missing `SPOOL_TOKEN` exits 2.
+//!
+//! Over 800 lines: one small function per subcommand, each a request and its printing, in one
+//! binary's root (a `mod` file beside it would be taken by cargo for another binary); the
+//! streaming of `spool chat` is the library's transcript, not here.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
