@@ -1,9 +1,9 @@
 //! The built-in tools (DESIGN section 12), offered when the operator enables them
 //! (`SPOOL_BUILTIN_TOOLS`):
 //! - `http_request` fetches a URL with a `GET` through the network policy (the client of
-//!   [`GuardedClients::for_url`]; redirects are not followed), sending no identity and no
-//!   credential, and answers the response's text cut at [`MAX_FETCH_CHARS`] characters, within
-//!   [`FETCH_TIMEOUT`].
+//!   [`GuardedClients::for_url`]; at most 5 redirects, each hop checked by the policy again),
+//!   sending no identity and no credential, and answers the response's text cut at
+//!   [`MAX_FETCH_CHARS`] characters, within [`FETCH_TIMEOUT`].
 //! - `knowledge_search` asks the tenant's knowledge bases (`/v1/knowledge_bases`, read at each
 //!   call, at most [`knowledge_bases::MAX_PER_TENANT`]) at once: each gets `POST {"query",
 //!   "top_k"}` with its headers and the run's identity, and answers `{"chunks": [...]}`. The
