@@ -1,4 +1,3 @@
-
 use super::super::test_support::{overrides, spec};
 use super::*;
 use serde_json::json;

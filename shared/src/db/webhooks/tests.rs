@@ -1,4 +1,3 @@
-
 use spool_tests::TestDb;
 
 use super::*;
