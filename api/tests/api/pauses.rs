@@ -369,8 +369,10 @@ async fn an_approved_call_runs_and_a_denied_one_reaches_the_model_as_an_error() 
         )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _) = app.post(&alice, &path, &json!({"approved": true})).await;
+    let (status, approved) = app.post(&alice, &path, &json!({"approved": true})).await;
     assert_eq!(status, StatusCode::ACCEPTED);
+    // The run as the approval's transaction left it, whether or not a worker took it since.
+    assert_eq!(approved["status"], "queued", "{approved}");
     assert_eq!(finished(&app, &accepted).await["status"], "completed");
     assert_eq!(tools.calls().len(), 1);
 

@@ -493,26 +493,29 @@ pub async fn latest_on_thread(
 
 /// Re-queues a paused run after its pause was answered. `overrides`, if given, replace the
 /// run's (the caller has merged them with what earlier pauses posted); `None` keeps them.
-/// `false` if it is not in `expected` status (answered twice, cancelled meanwhile).
+/// The run as this statement left it (queued), or `None` if it is not in `expected` status
+/// (answered twice, cancelled meanwhile). The caller answers with this row, not a read after
+/// its commit, which may already see a worker's `running`.
 pub async fn resume(
     executor: impl PgExecutor<'_>,
     id: WorkflowId,
     expected: RunStatus,
     overrides: Option<&RunOverrides>,
-) -> sqlx::Result<bool> {
-    let result = sqlx::query(
+) -> sqlx::Result<Option<Run>> {
+    sqlx::query_as(concat!(
         "UPDATE runs
             SET status = 'queued', pending_action = NULL, pause_expires_at = NULL,
                 resumed = true, overrides = coalesce($3, overrides), queued_at = now(),
                 updated_at = now()
-          WHERE id = $1 AND status = $2",
-    )
+          WHERE id = $1 AND status = $2
+      RETURNING ",
+        columns!("")
+    ))
     .bind(id)
     .bind(expected)
     .bind(overrides.map(Json))
-    .execute(executor)
-    .await?;
-    Ok(result.rows_affected() == 1)
+    .fetch_optional(executor)
+    .await
 }
 
 /// Records a cancel request (the first reason and requester stick) on a run that is not

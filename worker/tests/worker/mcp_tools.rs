@@ -1,7 +1,8 @@
 //! An agent's MCP servers in the loop, against real rmcp servers on loopback whose tools a test
 //! names: discovered tools with invalid or taken names are dropped and one lookup decides both
 //! a call's approval and which server runs it; servers are discovered all at once within one
-//! tool timeout; a later attempt offers what the first discovered without discovering again.
+//! tool timeout; a later attempt offers what the first discovered without discovering again; a
+//! graph's MCP servers are the ones its run was enqueued with.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,9 +19,10 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
-use spool_shared::agent::AgentSpec;
+use spool_shared::agent::{AgentSpec, ToolResource};
 use spool_shared::db::steps::{self, SavedStep};
-use spool_shared::db::{agents, runs};
+use spool_shared::db::{agents, runs, tools};
+use spool_shared::ids::ToolId;
 use spool_shared::status::RunStatus;
 use spool_shared::{AgentId, WorkflowId};
 use spool_tests::fake_llm::{self, FakeLlm, tool_results_in};
@@ -250,7 +252,7 @@ async fn a_later_attempt_offers_what_the_first_discovered_and_connects_only_to_c
     let resumed = runs::resume(&mut *tx, id, RunStatus::RequiresAction, None)
         .await
         .expect("resume");
-    assert!(resumed);
+    assert!(resumed.is_some());
     tx.commit().await.expect("commit");
 
     let run = app.finished(&accepted).await;
@@ -272,4 +274,57 @@ async fn a_later_attempt_offers_what_the_first_discovered_and_connects_only_to_c
         offered(&requests[1]),
         "the same tools"
     );
+}
+
+/// A graph's MCP servers are snapshot at enqueue, as an agent's referenced tools are: a change
+/// of the tool resource after the run was enqueued (here its URL moves to another server, then
+/// it is disabled) does not reach the run, which calls the server it was enqueued with.
+#[tokio::test]
+async fn a_graph_run_calls_its_mcp_server_as_it_was_when_enqueued() {
+    let (before, enqueued_with) = named(&["add"]).await;
+    let (after, changed_to) = named(&["add"]).await;
+    let fake = FakeLlm::start(|_, _| fake_llm::text("unused", 1)).await;
+    let app = Harness::start(&fake).await;
+    let server = |url: &str, enabled: bool| ToolResource {
+        tool: serde_json::from_value(json!({"type": "mcp", "name": "calc", "url": url}))
+            .expect("an MCP tool"),
+        enabled,
+    };
+    let tool = ToolId::new();
+    tools::insert(&app.db.pool, tool, "acme", &server(&before, true))
+        .await
+        .expect("insert the tool");
+    let spec: AgentSpec = serde_json::from_value(json!({
+        "name": "adder", "kind": "graph", "model": "gpt-4o-mini",
+        "graph_spec": {"spec_version": "1", "entry": "call",
+            "tools": {"mcp_servers": [tool]},
+            "nodes": {
+                "call": {"type": "tool", "tool_ref": {"source": "mcp", "server_id": tool, "name": "add"},
+                         "args_template": {}, "output_key": "sum"},
+                "end": {"type": "end", "output_template": "{{sum}}"}},
+            "edges": [{"from": "call", "to": "end"}]}}))
+    .expect("a graph agent");
+    let agent = agents::insert(&app.db.pool, AgentId::new(), "acme", &spec)
+        .await
+        .expect("insert the agent");
+    let (_, accepted) = app.ask(&agent.id.to_string(), "add").await;
+    tools::update(&app.db.pool, tool, "acme", &server(&after, true))
+        .await
+        .expect("move the tool")
+        .expect("the tool");
+    tools::update(&app.db.pool, tool, "acme", &server(&after, false))
+        .await
+        .expect("disable the tool")
+        .expect("the tool");
+
+    let run = app
+        .run_until(&accepted, |s| s != "queued" && s != "running")
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(
+        enqueued_with.calls(),
+        ["add"],
+        "the server the run was enqueued with"
+    );
+    assert!(changed_to.calls().is_empty(), "{:?}", changed_to.calls());
 }

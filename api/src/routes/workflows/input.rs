@@ -21,7 +21,7 @@ use crate::app::AppState;
 use crate::auth::{Caller, Permission};
 use crate::error::{ApiError, BadBody, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
-use crate::runs::{find_own, workflow_not_found};
+use crate::runs::workflow_not_found;
 
 /// Longest answer, in bytes (the limit of a message's `input_text`).
 const MAX_INPUT_BYTES: usize = 32 * 1024;
@@ -88,10 +88,11 @@ pub(crate) async fn post_input(
         return Err(not_waiting());
     }
     steps::replace(&mut *tx, id, step.step, &data).await?;
-    if !runs::resume(&mut *tx, id, RunStatus::RequiresAction, None).await? {
+    let Some(queued) = runs::resume(&mut *tx, id, RunStatus::RequiresAction, None).await? else {
         return Err(not_waiting());
-    }
+    };
     db::notify_runs(&mut *tx).await?;
     tx.commit().await?;
-    Ok(accepted(find_own(&state, id, &caller).await?))
+    // The run as this transaction left it: a read after the commit may find a worker on it.
+    Ok(accepted(queued))
 }

@@ -28,7 +28,7 @@ use crate::app::AppState;
 use crate::auth::{Caller, Permission};
 use crate::error::{ApiError, BadBody, ErrorBody, MissingPermission, Unauthenticated};
 use crate::extract::{ApiJson, ApiPath};
-use crate::runs::{find_own, workflow_not_found};
+use crate::runs::workflow_not_found;
 
 /// One client tool output.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -132,8 +132,8 @@ pub(crate) async fn post_tool_outputs(
                 .with("missing", missing)
         }
     };
-    answer_client_tools(&state, &caller, id, outputs, overrides, refuse, None).await?;
-    Ok(accepted(find_own(&state, id, &caller).await?))
+    let run = answer_client_tools(&state, &caller, id, outputs, overrides, refuse, None).await?;
+    Ok(accepted(run))
 }
 
 /// Answers the caller's run paused as `requires_action` with every pending call's output
@@ -141,6 +141,7 @@ pub(crate) async fn post_tool_outputs(
 /// agent, its client tools included), and re-queues it, in one transaction; nothing changes
 /// on an error. `refuse` words outputs that do not answer the pending calls. With a `key`, the
 /// same transaction takes the `Idempotency-Key` and records what a retry with it replays.
+/// Returns the run as the transaction left it (queued).
 pub(crate) async fn answer_client_tools(
     state: &AppState,
     caller: &Caller,
@@ -149,7 +150,7 @@ pub(crate) async fn answer_client_tools(
     overrides: RunOverrides,
     refuse: impl FnOnce(AnswerError) -> ApiError,
     key: Option<AnswerKey<'_>>,
-) -> Result<(), ApiError> {
+) -> Result<Run, ApiError> {
     let mut paused = Paused::lock(state, caller, id, RunStatus::RequiresAction).await?;
     paused.step.answer_client(outputs).map_err(refuse)?;
     // Checked against the agent as the worker will run it: a tool the agent does not have
@@ -266,8 +267,7 @@ pub(crate) async fn post_approval(
         DecideError::NotPending => ApiError::not_found("tool_call_not_found", err.to_string()),
         DecideError::Expired => ApiError::conflict("approval_expired", err.to_string()),
     })?;
-    paused.resume(None).await?;
-    Ok(accepted(find_own(&state, id, &caller).await?))
+    Ok(accepted(paused.resume(None).await?))
 }
 
 /// A paused run locked in its transaction, with the step it paused on.
@@ -308,15 +308,17 @@ impl Paused {
     }
 
     /// Saves the answered step, re-queues the run (with `overrides`, if given) and wakes a
-    /// worker, in one commit.
-    async fn resume(mut self, overrides: Option<&RunOverrides>) -> Result<(), ApiError> {
+    /// worker, in one commit; the run as that commit left it (a read after it could already
+    /// find a worker's `running`).
+    async fn resume(mut self, overrides: Option<&RunOverrides>) -> Result<Run, ApiError> {
         let id = self.run.id;
         steps::replace(&mut *self.tx, id, self.number, &self.step).await?;
-        if !runs::resume(&mut *self.tx, id, self.run.status, overrides).await? {
+        let Some(queued) = runs::resume(&mut *self.tx, id, self.run.status, overrides).await?
+        else {
             return Err(not_waiting(&self.run, self.run.status));
-        }
+        };
         db::notify_runs(&mut *self.tx).await?;
         self.tx.commit().await?;
-        Ok(())
+        Ok(queued)
     }
 }

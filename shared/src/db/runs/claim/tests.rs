@@ -607,11 +607,11 @@ async fn only_the_attempt_right_after_a_pause_continues_cleanly() {
     };
     let paused = a.pause(pool, RunStatus::RequiresAction, &action, HOUR);
     assert!(matches!(paused.await.expect("pause"), Pause::Paused(_)));
-    assert!(
-        resume(pool, id, RunStatus::RequiresAction, None)
-            .await
-            .expect("resume")
-    );
+    let queued = resume(pool, id, RunStatus::RequiresAction, None)
+        .await
+        .expect("resume")
+        .expect("the paused run");
+    assert_eq!(queued.status, RunStatus::Queued);
     let b = claim(&db, lease).await.expect("the answered run");
     assert!(
         b.run().resumed,
@@ -624,11 +624,11 @@ async fn only_the_attempt_right_after_a_pause_continues_cleanly() {
     // A release after a resume: the next attempt restarts too.
     let paused = c.pause(pool, RunStatus::RequiresAction, &action, HOUR);
     assert!(matches!(paused.await.expect("pause"), Pause::Paused(_)));
-    assert!(
-        resume(pool, id, RunStatus::RequiresAction, None)
-            .await
-            .expect("resume")
-    );
+    let queued = resume(pool, id, RunStatus::RequiresAction, None)
+        .await
+        .expect("resume")
+        .expect("the paused run");
+    assert_eq!(queued.status, RunStatus::Queued);
     let d = claim(&db, lease).await.expect("the answered run");
     assert!(d.run().resumed);
     assert_eq!(d.release(pool).await.expect("release"), Fence::Held);
