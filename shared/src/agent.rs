@@ -554,16 +554,30 @@ impl AgentSpec {
 
     /// The spec with its references resolved: each tool of `resolved` (the referenced tools as
     /// stored, by id) that is enabled, as the reference changes it, appended to `tools` in the
-    /// order of `tool_ids`, which is emptied. What a run snapshots at enqueue; a reference
-    /// `resolved` lacks (a tool deleted meanwhile) is dropped.
+    /// order of `tool_ids`, which is emptied; a graph's `tools.mcp_servers` found there,
+    /// enabled and MCP servers, as its `tools.mcp_snapshot`. What a run snapshots at enqueue;
+    /// a reference `resolved` lacks (a tool deleted meanwhile) is dropped.
     pub fn resolve_tools(mut self, resolved: &[(ToolId, ToolResource)]) -> Self {
-        for reference in std::mem::take(&mut self.tool_ids) {
-            let found = resolved
+        let enabled = |id: ToolId| {
+            resolved
                 .iter()
-                .find(|(id, tool)| *id == reference.tool_id && tool.enabled);
-            if let Some((_, tool)) = found {
-                self.tools.push(tool.tool.clone().referenced_as(&reference));
+                .find(|(found, tool)| *found == id && tool.enabled)
+                .map(|(_, tool)| &tool.tool)
+        };
+        for reference in std::mem::take(&mut self.tool_ids) {
+            if let Some(tool) = enabled(reference.tool_id) {
+                self.tools.push(tool.clone().referenced_as(&reference));
             }
+        }
+        if let Some(graph) = &mut self.graph_spec {
+            let servers = graph.tools.mcp_servers.iter().filter_map(|&id| {
+                let tool = enabled(id).filter(|tool| tool.as_mcp().is_some())?;
+                Some(graph::McpServerSnapshot {
+                    id,
+                    tool: tool.clone(),
+                })
+            });
+            graph.tools.mcp_snapshot = Some(servers.collect());
         }
         self
     }

@@ -201,6 +201,23 @@ pub struct GraphTools {
     /// Built-in tools, by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub builtin: Vec<String>,
+    /// Set by the server on a run's snapshot (never on a stored agent; a save that sets it is
+    /// refused): the `mcp_servers` as they were when the run was enqueued, enabled ones only,
+    /// which the run connects to whatever happens to the tools later. Absent on runs enqueued
+    /// before snapshots were taken, which read the servers as they are when a node runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(read_only)]
+    pub mcp_snapshot: Option<Vec<McpServerSnapshot>>,
+}
+
+/// One of a graph's MCP servers as a run snapshots it ([`GraphTools::mcp_snapshot`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerSnapshot {
+    /// The tool resource's id (what nodes name as `server_id`).
+    pub id: ToolId,
+    /// The server, as the tool resource was.
+    pub tool: ToolSpec,
 }
 
 impl GraphTools {
@@ -463,6 +480,12 @@ impl GraphSpec {
                     ),
                 );
             }
+        }
+        if self.tools.mcp_snapshot.is_some() {
+            add(
+                "graph_spec.tools.mcp_snapshot".into(),
+                "is set by the server on a run's snapshot; leave it out".into(),
+            );
         }
         for (i, id) in self.tools.mcp_servers.iter().enumerate() {
             match referenced.iter().find(|(r, _)| r == id) {

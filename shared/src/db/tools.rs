@@ -140,13 +140,7 @@ pub async fn find(
     id: ToolId,
     tenant_id: &str,
 ) -> sqlx::Result<Option<Tool>> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM tools WHERE id = $1 AND tenant_id = $2"
-    )))
-    .bind(id)
-    .bind(tenant_id)
-    .fetch_optional(executor)
-    .await
+    select(executor, id, tenant_id, "").await
 }
 
 /// The tenant's tool, its row locked until the transaction ends (`FOR UPDATE`): what a change
@@ -156,8 +150,18 @@ pub async fn lock(
     id: ToolId,
     tenant_id: &str,
 ) -> sqlx::Result<Option<Tool>> {
+    select(executor, id, tenant_id, " FOR UPDATE").await
+}
+
+/// The tenant's tool by its primary key, read with `locking` (`""` or a locking clause).
+async fn select(
+    executor: impl PgExecutor<'_>,
+    id: ToolId,
+    tenant_id: &str,
+    locking: &'static str,
+) -> sqlx::Result<Option<Tool>> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM tools WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
+        "SELECT {COLUMNS} FROM tools WHERE id = $1 AND tenant_id = $2{locking}"
     )))
     .bind(id)
     .bind(tenant_id)
@@ -267,10 +271,13 @@ pub async fn resolve(
     tenant_id: &str,
     spec: AgentSpec,
 ) -> sqlx::Result<AgentSpec> {
-    if spec.tool_ids.is_empty() {
+    if spec.tool_ids.is_empty() && spec.graph_spec.is_none() {
         return Ok(spec);
     }
-    let ids: Vec<ToolId> = spec.tool_ids.iter().map(|r| r.tool_id).collect();
+    let mut ids: Vec<ToolId> = spec.tool_ids.iter().map(|r| r.tool_id).collect();
+    if let Some(graph) = &spec.graph_spec {
+        ids.extend(&graph.tools.mcp_servers);
+    }
     let resolved = find_many(executor, &ids, tenant_id).await?;
     Ok(spec.resolve_tools(&resolved))
 }

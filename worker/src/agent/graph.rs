@@ -553,8 +553,9 @@ impl<'s> Graph<'s> {
     }
 }
 
-/// An agent spec whose tools are the graph's: its functions and its MCP servers (the tenant's
-/// tool resources, as they are now; disabled or deleted ones are left out).
+/// An agent spec whose tools are the graph's: its functions and its MCP servers (as the run
+/// snapshot them at enqueue; for a run enqueued before snapshots were taken, the tenant's tool
+/// resources as they are now, disabled or deleted ones left out).
 async fn tool_holder(
     a: &Attempt<'_>,
     spec: &AgentSpec,
@@ -578,14 +579,26 @@ async fn tool_holder(
                 })
             }),
     );
-    let run = a.claimed.run();
-    let servers = tool_resources::find_many(a.db, &graph.tools.mcp_servers, &run.tenant_id).await?;
+    let servers = match &graph.tools.mcp_snapshot {
+        Some(snapshot) => snapshot
+            .iter()
+            .map(|server| (server.id, server.tool.clone()))
+            .collect(),
+        None => {
+            let run = a.claimed.run();
+            let stored =
+                tool_resources::find_many(a.db, &graph.tools.mcp_servers, &run.tenant_id).await?;
+            stored
+                .into_iter()
+                .filter(|(_, tool)| tool.enabled && tool.tool.as_mcp().is_some())
+                .map(|(id, tool)| (id, tool.tool))
+                .collect::<Vec<_>>()
+        }
+    };
     let mut prefixes = BTreeMap::new();
     for (id, tool) in servers {
-        if tool.enabled && tool.tool.as_mcp().is_some() {
-            prefixes.insert(id, tool.tool.name().to_owned());
-            holder.tools.push(tool.tool);
-        }
+        prefixes.insert(id, tool.name().to_owned());
+        holder.tools.push(tool);
     }
     Ok((holder, prefixes))
 }
