@@ -35,3 +35,23 @@ def test_a_client_tool_and_an_approval_are_answered_between_streams(client):
     messages = client.list_messages(thread)
     results = [p for p in messages[-1].parts if p.type == "tool_result"]
     assert [r.output for r in results][0] == "the notes"
+
+
+def test_a_graph_s_human_input_is_a_pause_answered_with_submit_input(client):
+    """Needs `SPOOL_GRAPH_AGENT_ID`: a graph agent whose entry is a `human_input` node `ask`
+    (output key `answer`) followed by an end node answering "You said: {{answer}}"."""
+    thread = client.create_thread(agent_id=env("SPOOL_GRAPH_AGENT_ID")).id
+    accepted = client.send_message(thread, "start")
+
+    first = client.follow(thread, stop_at_pause=True)
+    assert first.pause is not None and first.pause.type == "input_requested"
+    assert first.pause.data["node"] == "ask"
+    assert first.status is None, "the stream stopped at the pause, before the run's end"
+    assert client.get_workflow(accepted.workflow_id).status == "requires_action"
+    answered = client.submit_input(accepted.workflow_id, "blue")
+    assert answered.status == "queued"
+
+    last = client.follow(thread, last_event_id=first.pause.id)
+    assert last.status == "completed"
+    assert last.pause is None
+    assert last.text == "You said: blue"

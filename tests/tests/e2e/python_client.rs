@@ -81,7 +81,7 @@ async fn the_python_client_follows_a_reply_across_a_crash_and_a_dropped_connecti
 }
 
 #[tokio::test]
-async fn the_python_client_answers_a_client_tool_and_an_approval() {
+async fn the_python_client_answers_a_client_tool_an_approval_and_a_graph_s_human_input() {
     let fake = FakeLlm::start(|request, _| match tool_results_in(request) {
         0 => fake_llm::tool_calls(&[("c1", "read_file", r#"{"path": "/notes"}"#)]),
         1 => fake_llm::tool_calls(&[("c2", "get_weather", r#"{"city": "Paris"}"#)]),
@@ -102,12 +102,20 @@ async fn the_python_client_answers_a_client_tool_and_an_approval() {
         .create_agent(&json!({"name": "asker", "model": "gpt-4o-mini",
             "tools": [{"type": "client", "name": "read_file"}, weather]}))
         .await;
+    let graph = stack
+        .create_agent(&json!({"name": "asks-back", "kind": "graph", "graph_spec": {
+            "spec_version": "1", "entry": "ask",
+            "nodes": {
+                "ask": {"type": "human_input", "prompt_template": "Which colour?", "output_key": "answer"},
+                "end": {"type": "end", "output_template": "You said: {{answer}}"}},
+            "edges": [{"from": "ask", "to": "end"}]}}))
+        .await;
     let output = tokio::time::timeout(
         TIMEOUT * 2,
         pytest(
             &stack,
             &["tests/test_pauses.py"],
-            &[("SPOOL_AGENT_ID", agent)],
+            &[("SPOOL_AGENT_ID", agent), ("SPOOL_GRAPH_AGENT_ID", graph)],
         )
         .output(),
     )
@@ -115,6 +123,6 @@ async fn the_python_client_answers_a_client_tool_and_an_approval() {
     .expect("pytest to finish")
     .expect("pytest");
     passed(&output);
-    assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("2 passed"));
     assert_eq!(tools.calls().len(), 1, "the approved call ran once");
 }

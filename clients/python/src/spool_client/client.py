@@ -23,6 +23,10 @@ from .models import (
 
 JSON = Dict[str, Any]
 
+#: The events a run pauses on, waiting for an answer: a client tool's outputs
+#: (`submit_tool_outputs`), a person's approval (`approve`), a graph's human input (`submit_input`).
+PAUSES = ("requires_action", "approval_requested", "input_requested")
+
 
 class SpoolError(Exception):
     """An error answer of Spool's API: its HTTP `status`, its `code` (`thread_not_found`,
@@ -122,13 +126,13 @@ class Reply:
         elif kind == "attempt_restarted":
             self.restarts += 1
             self.tentative = ""
-        elif kind in ("requires_action", "approval_requested"):
+        elif kind in PAUSES:
             self.pause = event
         elif kind == "error":
             self.error = event.data
         elif kind == "done":
             self.status = event.data.get("status")
-        if kind not in ("requires_action", "approval_requested", "heartbeat", "done"):
+        if kind not in (*PAUSES, "heartbeat", "done"):
             # The run went on: the pause was answered.
             self.pause = None
 
@@ -274,6 +278,13 @@ class SpoolClient:
         path = f"/v1/workflows/{workflow_id}/approvals/{tool_call_id}"
         return Workflow.from_json(self.request("POST", path, json_body=body))
 
+    def submit_input(self, workflow_id: str, text: str) -> Workflow:
+        """Answers an `input_requested` pause (a graph agent's `human_input` node): `text` is the
+        node's output, and the run goes on."""
+        return Workflow.from_json(
+            self.request("POST", f"/v1/workflows/{workflow_id}/input", json_body={"text": text})
+        )
+
     def get_steps(self, workflow_id: str) -> JSON:
         """The run's durable timeline (`StepsResponse`, as JSON)."""
         return self.request("GET", f"/v1/workflows/{workflow_id}/steps")
@@ -324,8 +335,9 @@ class SpoolClient:
         `Last-Event-ID` (the last event's id), after `reconnect_delay` s, doubled up to 8 s;
         `StreamLost` after `max_reconnects` drops in a row without an event. Ends after the
         followed message's `done`, or a gateway event (`message_not_streaming`,
-        `stream_reset`), which is yielded first. `stop_at_pause`: end after a
-        `requires_action` or `approval_requested` too (answer it, then stream again from its id).
+        `stream_reset`), which is yielded first. `stop_at_pause`: end after a pause too
+        (`requires_action`, `approval_requested` or a graph's `input_requested`: answer it, then
+        stream again from its id).
         `attempt_restarted` is yielded as it is: `Reply` shows how to handle it.
         """
         cursor = last_event_id
@@ -351,7 +363,7 @@ class SpoolClient:
                             return
                         if parsed.depth == 0 and parsed.type == "done":
                             return
-                        if stop_at_pause and parsed.type in ("requires_action", "approval_requested"):
+                        if stop_at_pause and parsed.type in PAUSES:
                             return
             except httpx.TransportError:
                 pass  # The connection dropped: resume below.
