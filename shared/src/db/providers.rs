@@ -304,14 +304,7 @@ pub async fn find(
     id: ProviderId,
     tenant_id: &str,
 ) -> sqlx::Result<Option<StoredProvider>> {
-    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM providers WHERE id = $1 AND tenant_id = $2"
-    )))
-    .bind(id)
-    .bind(tenant_id)
-    .fetch_optional(executor)
-    .await?;
-    Ok(row.map(Into::into))
+    select(executor, id, tenant_id, "").await
 }
 
 /// The tenant's provider, its row locked until the transaction ends (`FOR UPDATE`).
@@ -320,8 +313,18 @@ pub async fn lock(
     id: ProviderId,
     tenant_id: &str,
 ) -> sqlx::Result<Option<StoredProvider>> {
+    select(executor, id, tenant_id, " FOR UPDATE").await
+}
+
+/// The tenant's provider by its primary key, read with `locking` (`""` or a locking clause).
+async fn select(
+    executor: impl PgExecutor<'_>,
+    id: ProviderId,
+    tenant_id: &str,
+    locking: &'static str,
+) -> sqlx::Result<Option<StoredProvider>> {
     let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM providers WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
+        "SELECT {COLUMNS} FROM providers WHERE id = $1 AND tenant_id = $2{locking}"
     )))
     .bind(id)
     .bind(tenant_id)
