@@ -1,6 +1,6 @@
 //! `GET /v1/usage` (`usage:read`, docs/operations.md): the tenant's tokens and runs in a
-//! window, by user, agent, provider or model, from Postgres: whole UTC days from the daily roll-up, the
-//! rest from per-run figures, which are kept `SPOOL_RETENTION_USAGE_DETAIL_DAYS`
+//! window, by user, agent, provider or model, from Postgres: whole UTC days from the daily
+//! roll-up, the rest from per-run figures, which are kept `SPOOL_RETENTION_USAGE_DETAIL_DAYS`
 //! (`spool_shared::db::usage`).
 
 use axum::Json;
@@ -81,9 +81,9 @@ pub struct UsageResponse {
     pub unpriced_models: Vec<String>,
 }
 
-/// The tenant's tokens, dollars and runs in a window, by user, agent, provider or model. Runs count
-/// when they end (their usage is final then). Models with no price are named, never counted
-/// as free.
+/// The tenant's tokens, dollars and runs in a window, by user, agent, provider or model. Runs
+/// count when they end (their usage is final then). Models with no price are named, never
+/// counted as free.
 #[utoipa::path(
     get,
     path = "/v1/usage",

@@ -112,7 +112,11 @@ async fn usage_sums_each_tenants_tokens_and_runs_by_user_agent_and_model() {
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     for (query, status, code) in [
         ("group_by=team", StatusCode::BAD_REQUEST, "invalid_group_by"),
-        ("group_by=providers", StatusCode::BAD_REQUEST, "invalid_group_by"),
+        (
+            "group_by=providers",
+            StatusCode::BAD_REQUEST,
+            "invalid_group_by",
+        ),
         (
             "from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z",
             StatusCode::BAD_REQUEST,
@@ -362,8 +366,11 @@ async fn usage_by_provider_counts_each_run_under_its_agents_provider_before_and_
         ids.push(created["id"].as_str().expect("id").to_owned());
     }
     let mut runs = Vec::new();
-    for (provider, model, times) in [("alpha", "m-a", 2), ("beta", "m-b", 1), ("shared", "m-o", 1)]
-    {
+    for (provider, model, times) in [
+        ("alpha", "m-a", 2),
+        ("beta", "m-b", 1),
+        ("shared", "m-o", 1),
+    ] {
         let agent = app
             .create_agent(
                 "acme",
@@ -385,7 +392,11 @@ async fn usage_by_provider_counts_each_run_under_its_agents_provider_before_and_
         ended.push(run);
     }
     assert_eq!(
-        (alpha.requests().len(), beta.requests().len(), shared.requests().len()),
+        (
+            alpha.requests().len(),
+            beta.requests().len(),
+            shared.requests().len()
+        ),
         (2, 1, 1),
         "each through its own provider"
     );
@@ -439,7 +450,11 @@ async fn usage_by_provider_counts_each_run_under_its_agents_provider_before_and_
         assert_eq!(body["group_by"], "provider");
         let alpha = row(&body, "tenant:alpha");
         assert_eq!(
-            (&alpha["runs"], &alpha["input_tokens"], &alpha["output_tokens"]),
+            (
+                &alpha["runs"],
+                &alpha["input_tokens"],
+                &alpha["output_tokens"]
+            ),
             (&json!(2), &json!(20), &json!(10)),
             "{body}"
         );
@@ -447,7 +462,10 @@ async fn usage_by_provider_counts_each_run_under_its_agents_provider_before_and_
         let cost = alpha["cost_usd"].as_f64().expect("priced");
         assert!((cost - 0.04).abs() < 1e-9, "{body}");
         let beta = row(&body, "tenant:beta");
-        assert_eq!((&beta["runs"], &beta["input_tokens"]), (&json!(1), &json!(10)));
+        assert_eq!(
+            (&beta["runs"], &beta["input_tokens"]),
+            (&json!(1), &json!(10))
+        );
         assert_eq!(beta["cost_usd"], Value::Null, "unpriced, not free");
         assert_eq!(beta["unpriced_models"], json!(["m-b"]));
         let operator = row(&body, "operator:shared");
@@ -459,7 +477,11 @@ async fn usage_by_provider_counts_each_run_under_its_agents_provider_before_and_
         assert!((cost - 0.002).abs() < 1e-9, "{body}");
         let unknown = row(&body, "unknown");
         assert_eq!(
-            (&unknown["runs"], &unknown["input_tokens"], &unknown["output_tokens"]),
+            (
+                &unknown["runs"],
+                &unknown["input_tokens"],
+                &unknown["output_tokens"]
+            ),
             (&json!(1), &json!(default_run.0), &json!(default_run.1)),
             "the default agent names no provider"
         );

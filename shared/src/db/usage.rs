@@ -105,11 +105,20 @@ macro_rules! unattributed {
 macro_rules! provider_of {
     ($run:literal) => {
         concat!(
-            "CASE WHEN ", $run, "agent_spec->>'provider_id' IS NOT NULL
-                  THEN 'tenant:' || coalesce(", $run, "agent_spec->>'provider', ",
-            $run, "agent_spec->>'provider_id')
-                  WHEN coalesce(", $run, "agent_spec->>'provider', '') <> ''
-                  THEN 'operator:' || (", $run, "agent_spec->>'provider')
+            "CASE WHEN ",
+            $run,
+            "agent_spec->>'provider_id' IS NOT NULL
+                  THEN 'tenant:' || coalesce(",
+            $run,
+            "agent_spec->>'provider', ",
+            $run,
+            "agent_spec->>'provider_id')
+                  WHEN coalesce(",
+            $run,
+            "agent_spec->>'provider', '') <> ''
+                  THEN 'operator:' || (",
+            $run,
+            "agent_spec->>'provider')
                   ELSE 'unknown' END"
         )
     };
@@ -167,8 +176,8 @@ macro_rules! pending_by_model {
     };
 }
 
-// By user, agent or provider: the unpriced models of each pending run's steps (no figures: the run's own
-// totals count those).
+// By user, agent or provider: the unpriced models of each pending run's steps (no figures: the
+// run's own totals count those).
 macro_rules! pending_unpriced {
     ($key:expr) => {
         concat!(

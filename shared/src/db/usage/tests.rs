@@ -651,7 +651,6 @@ const PREVIOUS_ROLL_UP: &str = "WITH batch AS (
                 cost_usd = d.cost_usd + EXCLUDED.cost_usd)
      SELECT count(*) FROM rolled";
 
-
 /// The migration that records providers.
 const USAGE_BY_PROVIDER: &str =
     include_str!("../../../../migrations/20261129040406_usage_by_provider.sql");
@@ -702,11 +701,12 @@ async fn rows_rolled_up_before_the_migration_count_as_unknown_and_exactly() {
         .await
         .expect("the migration");
 
-    let unattributed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM usage_detail WHERE provider IS DISTINCT FROM 'unknown'")
-            .fetch_one(&db.pool)
-            .await
-            .expect("count");
+    let unattributed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM usage_detail WHERE provider IS DISTINCT FROM 'unknown'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count");
     assert_eq!(unattributed, 0, "the rows it found read unknown");
     for (window, by_user) in windows().into_iter().zip(&by_user) {
         let by_provider = report(&db.pool, "acme", window, GroupBy::Provider)
@@ -746,7 +746,10 @@ async fn rows_rolled_up_before_the_migration_count_as_unknown_and_exactly() {
     let (unknown_in, _, unknown_runs) = totals(&by_user[0]);
     assert_eq!(
         groups,
-        [("tenant:byok", 1, 1_000), ("unknown", unknown_runs, unknown_in)]
+        [
+            ("tenant:byok", 1, 1_000),
+            ("unknown", unknown_runs, unknown_in)
+        ]
     );
 }
 
@@ -794,11 +797,19 @@ async fn runs_rolled_up_by_the_previous_release_count_once_and_are_adopted() {
     // The new roll-up adopts them in bounded batches, counting each once.
     let mut batches = Vec::new();
     while unattributed().await > 0 {
-        assert_eq!(roll_up(&db.pool, 4).await.expect("roll up"), 0, "no run left");
+        assert_eq!(
+            roll_up(&db.pool, 4).await.expect("roll up"),
+            0,
+            "no run left"
+        );
         batches.push(unattributed().await);
     }
     assert!(batches.len() > 1, "in batches: {batches:?}");
-    assert_eq!(reports(&db, &windows()).await, previous, "adopted, not moved");
+    assert_eq!(
+        reports(&db, &windows()).await,
+        previous,
+        "adopted, not moved"
+    );
     let purged = purge_detail(&db.pool, Duration::zero(), 1_000)
         .await
         .expect("purge");
