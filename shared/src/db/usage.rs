@@ -1,18 +1,17 @@
 //! Usage: the tokens and runs of a tenant's runs that ended in a window, grouped by user, agent,
 //! provider or model. By user, agent and provider it sums `runs.usage`; by model it sums each
-//! step's model call
-//! (`run_steps.data` and the run's `final_step`: `model_call.model`, `usage`, read through the
-//! `step_usage` view), so a run whose steps used several models counts under each; steps saved
-//! before model calls were recorded (or naming no model) count as `unknown` (never as '', which
-//! the roll-up keeps for the runs' own totals).
+//! step's model call (`run_steps.data` and the run's `final_step`: `model_call.model`, `usage`,
+//! read through the `step_usage` view), so a run whose steps used several models counts under
+//! each; steps saved before model calls were recorded (or naming no model) count as `unknown`
+//! (never as '', which the roll-up keeps for the runs' own totals).
 //!
 //! Provider: a run's, as its agent snapshot (`runs.agent_spec`, taken at enqueue) names it:
 //! `tenant:<name>` for one of the tenant's providers (`/v1/providers`; the name it had then, so
 //! the key outlives the provider's deletion), `operator:<name>` for one of the operator's
 //! (`SPOOL_PROVIDERS`), `unknown` for a run whose agent names none (the server's default agent,
 //! an agent served by whichever provider lists its model) and for runs rolled up before the
-//! provider was recorded. Every model call of a run, fallbacks and summaries included, goes to
-//! that one provider, so the run's own totals are the provider's.
+//! provider was recorded. Every model call of a run that names a provider (fallbacks, summaries
+//! and graph nodes included) goes to that one provider, so the run's own totals are its.
 //!
 //! Cost: each group's `cost_usd` sums the same figures' dollars (`usage.cost_usd`), and is
 //! unknown (`None`) once any of them is: tokens of a model with no price are never counted as
@@ -33,9 +32,9 @@
 //! up yet from `runs` (and their steps), all in one statement (one snapshot). By provider, whole
 //! days also read the detail rows that a binary of the previous release rolled up without a
 //! provider (`unknown`, until the roll-up adopts them into `usage_daily_providers`; see the
-//! migration `usage_by_provider`). `usage_detail`
-//! expires (`SPOOL_RETENTION_USAGE_DETAIL_DAYS`, [`purge_detail`]); a window whose edges are
-//! older than that cannot be answered to the second, and the API says so.
+//! migration `usage_by_provider`). `usage_detail` expires (`SPOOL_RETENTION_USAGE_DETAIL_DAYS`,
+//! [`purge_detail`]); a window whose edges are older than that cannot be answered to the
+//! second, and the API says so.
 
 use chrono::{DateTime, Duration, NaiveDate, NaiveTime, Utc};
 use sqlx::PgExecutor;
