@@ -18,8 +18,8 @@
 //!
 //! Retention's steady state at its default windows (DESIGN section 15), as a deployment that has
 //! run for months holds it: every run's usage is rolled up (`usage_rolled_up_at`, its rows in
-//! `usage_daily`, and in `usage_detail` for the runs that ended in the last 90 days,
-//! `SPOOL_RETENTION_USAGE_DETAIL_DAYS`); runs that ended more than 30 days ago
+//! `usage_daily` and `usage_daily_providers`, and in `usage_detail` for the runs that ended in
+//! the last 90 days, `SPOOL_RETENTION_USAGE_DETAIL_DAYS`); runs that ended more than 30 days ago
 //! (`SPOOL_RETENTION_STEPS_DAYS`) have lost their steps and final step (`steps_expired_at`). A fill without it would leave the workers' housekeeping
 //! months of backlog to roll up and delete while a benchmark measures.
 
@@ -173,11 +173,11 @@ const FILL: &[(&str, &str)] = &[
     ),
     (
         "usage_detail",
-        "INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,
+        "INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id, provider,
                                    finished_at, input_tokens, output_tokens)
          SELECT md5('run' || i || '.' || j)::uuid, u.model, pg_temp.growth_tenant(i, $2),
                 pg_temp.growth_owner(i, $2, $3),
-                coalesce(pg_temp.growth_agent(i, $2)::text, 'default'),
+                coalesce(pg_temp.growth_agent(i, $2)::text, 'default'), 'unknown',
                 pg_temp.growth_at(i, $1, j) + interval '6 seconds', u.input, u.output
            FROM generate_series(0::bigint, $1 - 1) i
           CROSS JOIN LATERAL generate_series(0::bigint, 1 + i % 2) j
@@ -197,6 +197,17 @@ const FILL: &[(&str, &str)] = &[
           CROSS JOIN LATERAL generate_series(0::bigint, 1 + i % 2) j
           CROSS JOIN LATERAL pg_temp.growth_usage(i, j) u
           GROUP BY 1, 2, 3, 4, 5",
+    ),
+    (
+        "usage_daily_providers",
+        // The same days by provider (every fill statement is given the same three parameters).
+        "INSERT INTO usage_daily_providers (tenant_id, day, provider, model, input_tokens,
+                                            output_tokens, runs)
+         SELECT tenant_id, day, 'unknown', model, sum(input_tokens), sum(output_tokens),
+                sum(runs)
+           FROM usage_daily
+          WHERE $1::bigint > 0 AND $2::bigint > 0 AND $3::bigint > 0
+          GROUP BY tenant_id, day, model",
     ),
 ];
 

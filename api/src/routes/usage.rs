@@ -1,6 +1,6 @@
 //! `GET /v1/usage` (`usage:read`, docs/operations.md): the tenant's tokens and runs in a
-//! window, by user, agent or model, from Postgres: whole UTC days from the daily roll-up, the
-//! rest from per-run figures, which are kept `SPOOL_RETENTION_USAGE_DETAIL_DAYS`
+//! window, by user, agent, provider or model, from Postgres: whole UTC days from the daily
+//! roll-up, the rest from per-run figures, which are kept `SPOOL_RETENTION_USAGE_DETAIL_DAYS`
 //! (`spool_shared::db::usage`).
 
 use axum::Json;
@@ -35,16 +35,21 @@ pub struct UsageQuery {
     /// End of the window (RFC 3339, exclusive; default: now).
     #[serde(default)]
     pub to: Option<DateTime<Utc>>,
-    /// `user`, `agent` or `model` (default `user`).
+    /// `user`, `agent`, `provider` or `model` (default `user`).
     #[serde(default)]
-    #[param(pattern = "^(user|agent|model)$")]
+    #[param(pattern = "^(user|agent|provider|model)$")]
     pub group_by: Option<String>,
 }
 
 /// One group's usage.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct UsageGroup {
-    /// The user id, the agent id (`default` for the server's default agent) or the model.
+    /// The user id, the agent id (`default` for the server's default agent), the provider or
+    /// the model. A provider is the run's, as its agent named it when the run was enqueued:
+    /// `tenant:<name>` (one of the tenant's `/v1/providers`, by the name it had then, also
+    /// after it is deleted), `operator:<name>` (one of the server's `SPOOL_PROVIDERS`), or
+    /// `unknown` (an agent naming no provider, the server's default agent, and runs counted
+    /// before providers were recorded).
     pub group: String,
     /// Prompt tokens.
     pub input_tokens: i64,
@@ -68,7 +73,7 @@ pub struct UsageResponse {
     /// End of the window.
     pub to: DateTime<Utc>,
     /// What `data` is grouped by.
-    #[schema(pattern = "^(user|agent|model)$")]
+    #[schema(pattern = "^(user|agent|provider|model)$")]
     pub group_by: String,
     /// One row per group, largest total first.
     pub data: Vec<UsageGroup>,
@@ -76,9 +81,9 @@ pub struct UsageResponse {
     pub unpriced_models: Vec<String>,
 }
 
-/// The tenant's tokens, dollars and runs in a window, by user, agent or model. Runs count
-/// when they end (their usage is final then). Models with no price are named, never counted
-/// as free.
+/// The tenant's tokens, dollars and runs in a window, by user, agent, provider or model. Runs
+/// count when they end (their usage is final then). Models with no price are named, never
+/// counted as free.
 #[utoipa::path(
     get,
     path = "/v1/usage",
@@ -115,11 +120,12 @@ async fn get_usage(
     let group_by = match query.group_by.as_deref().unwrap_or("user") {
         "user" => GroupBy::User,
         "agent" => GroupBy::Agent,
+        "provider" => GroupBy::Provider,
         "model" => GroupBy::Model,
         _ => {
             return Err(ApiError::bad_request(
                 "invalid_group_by",
-                "group_by must be `user`, `agent` or `model`",
+                "group_by must be `user`, `agent`, `provider` or `model`",
             ));
         }
     };

@@ -1,4 +1,4 @@
-//! `GET /v1/usage` (admin): tokens and runs by user, agent and model, from Postgres.
+//! `GET /v1/usage` (admin): tokens and runs by user, agent, provider and model, from Postgres.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -112,6 +112,11 @@ async fn usage_sums_each_tenants_tokens_and_runs_by_user_agent_and_model() {
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     for (query, status, code) in [
         ("group_by=team", StatusCode::BAD_REQUEST, "invalid_group_by"),
+        (
+            "group_by=providers",
+            StatusCode::BAD_REQUEST,
+            "invalid_group_by",
+        ),
         (
             "from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z",
             StatusCode::BAD_REQUEST,
@@ -293,5 +298,209 @@ async fn a_failing_roll_up_does_not_keep_expired_idempotency_keys() {
             .await
             .expect("run");
     assert_eq!(rolled, None, "the failed roll-up marked nothing");
+    app.stop().await;
+}
+
+/// Usage by provider (issue 41): each run under the provider its agent named when it was
+/// enqueued, one of the tenant's (`tenant:<name>`, still after the provider is deleted) or the
+/// operator's (`operator:<name>`), `unknown` for the default agent; tokens, runs and dollars the
+/// same from the runs themselves, and from the roll-up by whole day and by edge.
+#[tokio::test]
+async fn usage_by_provider_counts_each_run_under_its_agents_provider_before_and_after_the_roll_up()
+{
+    use chrono::{Duration, Utc};
+    use reqwest::Method;
+    use spool_shared::config::RetentionArgs;
+    use spool_tests::fake_llm::{self, FakeLlm};
+    use tokio_util::sync::CancellationToken;
+
+    // Each call of a fake provider: 10 prompt tokens, 5 generated.
+    let reply = |_: &Value, _: usize| fake_llm::text("fine", 2);
+    let (alpha, beta, shared) = (
+        FakeLlm::start(reply).await,
+        FakeLlm::start(reply).await,
+        FakeLlm::start(reply).await,
+    );
+    let operator = format!(
+        r#"[{{"name": "shared", "kind": "openai", "base_url": "{}", "models": ["m-o"],
+              "prices": {{"m-o": {{"input_per_mtok": 100, "output_per_mtok": 200}}}}}}]"#,
+        shared.base_url
+    );
+    let app = TestApp::start(
+        1,
+        crate::common::worker_args_with(
+            1,
+            0,
+            &[
+                "--secrets-key",
+                "8f1e2d3c4b5a69788796a5b4c3d2e1f000112233445566778899aabbccddeeff",
+                "--providers",
+                &operator,
+                "--tools-allow-networks",
+                "127.0.0.1/32",
+            ],
+        ),
+    )
+    .await;
+    let acme = admin("acme");
+    let mut ids = Vec::new();
+    for (name, fake, model, prices) in [
+        (
+            "alpha",
+            &alpha,
+            "m-a",
+            json!({"m-a": {"input_per_mtok": 1000, "output_per_mtok": 2000}}),
+        ),
+        // No price: its runs' dollars are not known.
+        ("beta", &beta, "m-b", json!({})),
+    ] {
+        let (status, created) = app
+            .post(
+                &acme,
+                "/v1/providers",
+                &json!({"name": name, "kind": "openai", "base_url": fake.base_url,
+                        "api_key": "sk-test", "models": [model], "prices": prices}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        ids.push(created["id"].as_str().expect("id").to_owned());
+    }
+    let mut runs = Vec::new();
+    for (provider, model, times) in [
+        ("alpha", "m-a", 2),
+        ("beta", "m-b", 1),
+        ("shared", "m-o", 1),
+    ] {
+        let agent = app
+            .create_agent(
+                "acme",
+                &json!({"name": provider, "provider": provider, "model": model}),
+            )
+            .await;
+        for _ in 0..times {
+            let (_, accepted) = crate::common::ask(&app, &agent, "hello").await;
+            runs.push(accepted);
+        }
+    }
+    let alice = token("alice", "acme");
+    let (_, accepted) = app.send_message(&alice, Uuid::new_v4(), "hello").await;
+    runs.push(accepted);
+    let mut ended = Vec::new();
+    for accepted in &runs {
+        let run = crate::common::finished(&app, accepted).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        ended.push(run);
+    }
+    assert_eq!(
+        (
+            alpha.requests().len(),
+            beta.requests().len(),
+            shared.requests().len()
+        ),
+        (2, 1, 1),
+        "each through its own provider"
+    );
+    let default_run = tokens(&ended[4]);
+
+    // The runs ended two days ago and are not rolled up yet (in case the worker's first
+    // housekeeping pass came after they ended, its count is undone).
+    sqlx::raw_sql(
+        "UPDATE runs SET finished_at = now() - interval '2 days', usage_rolled_up_at = NULL;
+         DELETE FROM usage_detail; DELETE FROM usage_daily; DELETE FROM usage_daily_providers;",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("backdate");
+    // A provider deleted since keeps its runs' key.
+    let (status, _) = app
+        .send(
+            Method::DELETE,
+            &acme,
+            &format!("/v1/providers/{}", ids[0]),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    let stamp = |t: chrono::DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let midnight = Utc::now()
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc();
+    let ended_at = Utc::now() - Duration::days(2);
+    // Whole days (the daily roll-up), and two hours around the runs' end (per-run figures).
+    let windows = [
+        (midnight - Duration::days(5), midnight),
+        (ended_at - Duration::hours(1), ended_at + Duration::hours(1)),
+    ];
+    let report = |(from, to): (chrono::DateTime<Utc>, chrono::DateTime<Utc>)| {
+        format!(
+            "/v1/usage?group_by=provider&from={}&to={}",
+            stamp(from),
+            stamp(to)
+        )
+    };
+    let document = app.openapi_document().await;
+    let mut before = Vec::new();
+    for window in windows {
+        let (status, body) = app.get(&acme, &report(window)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        crate::openapi::check(&document, "UsageResponse", &body);
+        assert_eq!(body["group_by"], "provider");
+        let alpha = row(&body, "tenant:alpha");
+        assert_eq!(
+            (
+                &alpha["runs"],
+                &alpha["input_tokens"],
+                &alpha["output_tokens"]
+            ),
+            (&json!(2), &json!(20), &json!(10)),
+            "{body}"
+        );
+        // 10 tokens at $1000 and 5 at $2000 a million, twice.
+        let cost = alpha["cost_usd"].as_f64().expect("priced");
+        assert!((cost - 0.04).abs() < 1e-9, "{body}");
+        let beta = row(&body, "tenant:beta");
+        assert_eq!(
+            (&beta["runs"], &beta["input_tokens"]),
+            (&json!(1), &json!(10))
+        );
+        assert_eq!(beta["cost_usd"], Value::Null, "unpriced, not free");
+        assert_eq!(beta["unpriced_models"], json!(["m-b"]));
+        let operator = row(&body, "operator:shared");
+        assert_eq!(
+            (&operator["runs"], &operator["output_tokens"]),
+            (&json!(1), &json!(5))
+        );
+        let cost = operator["cost_usd"].as_f64().expect("priced");
+        assert!((cost - 0.002).abs() < 1e-9, "{body}");
+        let unknown = row(&body, "unknown");
+        assert_eq!(
+            (
+                &unknown["runs"],
+                &unknown["input_tokens"],
+                &unknown["output_tokens"]
+            ),
+            (&json!(1), &json!(default_run.0), &json!(default_run.1)),
+            "the default agent names no provider"
+        );
+        assert_eq!(body["data"].as_array().map(Vec::len), Some(4), "{body}");
+        assert_eq!(body["unpriced_models"], json!(["m-b"]));
+        before.push(body["data"].clone());
+    }
+
+    let done = spool_worker::housekeeping::purge(
+        &app.db.pool,
+        &RetentionArgs::default(),
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("housekeeping");
+    assert_eq!(done.runs_rolled_up, 5, "{done:?}");
+    for (window, before) in windows.into_iter().zip(&before) {
+        let (_, after) = app.get(&acme, &report(window)).await;
+        assert_eq!(&after["data"], before, "the same totals from the roll-up");
+    }
     app.stop().await;
 }

@@ -1,9 +1,17 @@
-//! Usage: the tokens and runs of a tenant's runs that ended in a window, grouped by user, agent
-//! or model. By user and agent it sums `runs.usage`; by model it sums each step's model call
-//! (`run_steps.data` and the run's `final_step`: `model_call.model`, `usage`, read through the
-//! `step_usage` view), so a run whose steps used several models counts under each; steps saved
-//! before model calls were recorded (or naming no model) count as `unknown` (never as '', which
-//! the roll-up keeps for the runs' own totals).
+//! Usage: the tokens and runs of a tenant's runs that ended in a window, grouped by user, agent,
+//! provider or model. By user, agent and provider it sums `runs.usage`; by model it sums each
+//! step's model call (`run_steps.data` and the run's `final_step`: `model_call.model`, `usage`,
+//! read through the `step_usage` view), so a run whose steps used several models counts under
+//! each; steps saved before model calls were recorded (or naming no model) count as `unknown`
+//! (never as '', which the roll-up keeps for the runs' own totals).
+//!
+//! Provider: a run's, as its agent snapshot (`runs.agent_spec`, taken at enqueue) names it:
+//! `tenant:<name>` for one of the tenant's providers (`/v1/providers`; the name it had then, so
+//! the key outlives the provider's deletion), `operator:<name>` for one of the operator's
+//! (`SPOOL_PROVIDERS`), `unknown` for a run whose agent names none (the server's default agent,
+//! an agent served by whichever provider lists its model) and for runs rolled up before the
+//! provider was recorded. Every model call of a run that names a provider (fallbacks, summaries
+//! and graph nodes included) goes to that one provider, so the run's own totals are its.
 //!
 //! Cost: each group's `cost_usd` sums the same figures' dollars (`usage.cost_usd`), and is
 //! unknown (`None`) once any of them is: tokens of a model with no price are never counted as
@@ -11,8 +19,9 @@
 //!
 //! Why a roll-up: a report over a year must not read every run and every step's jsonb, and step
 //! payloads expire (`SPOOL_RETENTION_STEPS_DAYS`) while usage must not. Housekeeping rolls each
-//! ended run up ([`roll_up`]) into `usage_daily` (per tenant, UTC day, user, agent and model)
-//! and `usage_detail` (per run and model), in the one statement that marks the run
+//! ended run up ([`roll_up`]) into `usage_daily` (per tenant, UTC day, user, agent and model),
+//! `usage_daily_providers` (per tenant, UTC day, provider and model) and `usage_detail` (per
+//! run and model, with the run's provider), in the one statement that marks the run
 //! (`runs.usage_rolled_up_at`). So a run is counted either from itself (not rolled up yet) or
 //! from the roll-up, never both and never neither, whatever crashes: the mark and the sums
 //! commit together or not at all, and a run's detail row is unique, so even a second roll-up
@@ -20,9 +29,12 @@
 //!
 //! The report ([`report`]) reads whole UTC days of its window from `usage_daily`, the parts of
 //! the window that are not whole days (its edges) from `usage_detail`, and the runs not rolled
-//! up yet from `runs` (and their steps), all in one statement (one snapshot). `usage_detail`
-//! expires (`SPOOL_RETENTION_USAGE_DETAIL_DAYS`, [`purge_detail`]); a window whose edges are
-//! older than that cannot be answered to the second, and the API says so.
+//! up yet from `runs` (and their steps), all in one statement (one snapshot). By provider, whole
+//! days also read the detail rows that a binary of the previous release rolled up without a
+//! provider (`unknown`, until the roll-up adopts them into `usage_daily_providers`; see the
+//! migration `usage_by_provider`). `usage_detail` expires (`SPOOL_RETENTION_USAGE_DETAIL_DAYS`,
+//! [`purge_detail`]); a window whose edges are older than that cannot be answered to the
+//! second, and the API says so.
 
 use chrono::{DateTime, Duration, NaiveDate, NaiveTime, Utc};
 use sqlx::PgExecutor;
@@ -50,17 +62,63 @@ macro_rules! report_sql {
     };
 }
 
-// Whole days of the roll-up (`usage_daily`): `$cols` of its rows that pass `$filter`.
+// Whole days of the roll-up (`usage_daily`, or `$table`): `$cols` of its rows that pass
+// `$filter`.
 macro_rules! daily {
     ($key:literal, $cols:literal, $filter:literal) => {
+        daily!("usage_daily", $key, $cols, $filter)
+    };
+    ($table:literal, $key:literal, $cols:literal, $filter:literal) => {
         concat!(
             "SELECT ",
             $key,
             " AS g, ",
             $cols,
-            " FROM usage_daily
+            " FROM ",
+            $table,
+            "
               WHERE tenant_id = $1 AND day >= $6 AND day < $7 AND ",
             $filter
+        )
+    };
+}
+
+// By provider, the whole days' detail rows that no roll-up of this release has adopted yet
+// (written without a provider: `usage_detail_unattributed_idx`), as `unknown`.
+macro_rules! unattributed {
+    ($cols:literal, $filter:literal) => {
+        concat!(
+            "SELECT 'unknown', ",
+            $cols,
+            " FROM usage_detail
+              WHERE tenant_id = $1 AND provider IS NULL AND ",
+            $filter,
+            "
+                AND finished_at >= $3 AND finished_at < $4"
+        )
+    };
+}
+
+// A run's provider (see the module's docs), from the agent snapshot of `runs` (`$run`: the
+// table's alias and a dot, or nothing).
+macro_rules! provider_of {
+    ($run:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $run,
+            "agent_spec->>'provider_id' IS NOT NULL
+                  THEN 'tenant:' || coalesce(",
+            $run,
+            "agent_spec->>'provider', ",
+            $run,
+            "agent_spec->>'provider_id')
+                  WHEN coalesce(",
+            $run,
+            "agent_spec->>'provider', '') <> ''
+                  THEN 'operator:' || (",
+            $run,
+            "agent_spec->>'provider')
+                  ELSE 'unknown' END"
         )
     };
 }
@@ -85,7 +143,7 @@ macro_rules! detail {
 
 // Runs not rolled up yet, read from themselves (`runs_usage_pending_idx`).
 macro_rules! pending_runs {
-    ($key:literal) => {
+    ($key:expr) => {
         concat!(
             "SELECT ",
             $key,
@@ -117,10 +175,10 @@ macro_rules! pending_by_model {
     };
 }
 
-// By user or agent: the unpriced models of each pending run's steps (no figures: the run's own
-// totals count those).
+// By user, agent or provider: the unpriced models of each pending run's steps (no figures: the
+// run's own totals count those).
 macro_rules! pending_unpriced {
-    ($key:literal) => {
+    ($key:expr) => {
         concat!(
             "SELECT DISTINCT ",
             $key,
@@ -141,6 +199,8 @@ pub enum GroupBy {
     User,
     /// The run's agent (`default` for the server's default agent).
     Agent,
+    /// The run's provider: `tenant:<name>`, `operator:<name>` or `unknown`.
+    Provider,
     /// The model of each model call.
     Model,
 }
@@ -148,7 +208,7 @@ pub enum GroupBy {
 /// One group's usage.
 #[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct UsageRow {
-    /// The user id, agent id (or `default`), or model name.
+    /// The user id, agent id (or `default`), provider, or model name.
     pub group: String,
     /// Prompt tokens.
     pub input_tokens: i64,
@@ -294,6 +354,40 @@ fn report_sql(group_by: GroupBy) -> &'static str {
             ),
             pending_unpriced!("coalesce(r.agent_id::text, 'default')"),
         ),
+        GroupBy::Provider => report_sql!(
+            daily!(
+                "usage_daily_providers",
+                "provider",
+                "input_tokens, output_tokens, runs, cost_usd, NULL::text",
+                "model = ''"
+            ),
+            unattributed!(
+                "input_tokens, output_tokens, 1, cost_usd, NULL::text",
+                "model = ''"
+            ),
+            detail!(
+                "coalesce(provider, 'unknown')",
+                "input_tokens, output_tokens, 1, cost_usd, NULL::text",
+                "model = ''"
+            ),
+            pending_runs!(provider_of!("")),
+            daily!(
+                "usage_daily_providers",
+                "provider",
+                "0::bigint, 0::bigint, 0::bigint, 0::float8, model",
+                "model <> '' AND cost_usd IS NULL"
+            ),
+            unattributed!(
+                "0::bigint, 0::bigint, 0::bigint, 0::float8, model",
+                "model <> '' AND cost_usd IS NULL"
+            ),
+            detail!(
+                "coalesce(provider, 'unknown')",
+                "0::bigint, 0::bigint, 0::bigint, 0::float8, model",
+                "model <> '' AND cost_usd IS NULL"
+            ),
+            pending_unpriced!(provider_of!("r.")),
+        ),
         GroupBy::Model => report_sql!(
             daily!(
                 "model",
@@ -312,8 +406,11 @@ fn report_sql(group_by: GroupBy) -> &'static str {
     }
 }
 
-// The roll-up of a batch (`$1` runs): see [`roll_up`].
-const ROLL_UP: &str = "WITH batch AS (
+// The roll-up of a batch (`$1` runs): see [`roll_up`]. Also adopts up to `$1` detail rows that
+// a binary of the previous release rolled up without a provider: `unknown`, and counted in
+// `usage_daily_providers` in the same statement that marks them.
+const ROLL_UP: &str = concat!(
+    "WITH batch AS (
          SELECT id FROM runs
           WHERE finished_at IS NOT NULL AND usage_rolled_up_at IS NULL
           LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED),
@@ -322,26 +419,30 @@ const ROLL_UP: &str = "WITH batch AS (
            FROM batch WHERE r.id = batch.id
          RETURNING r.id, r.tenant_id, r.owner_id,
                    coalesce(r.agent_id::text, 'default') AS agent_id, r.finished_at,
+                   ",
+    provider_of!("r."),
+    " AS provider,
                    coalesce((r.usage->>'input_tokens')::bigint, 0) AS input_tokens,
                    coalesce((r.usage->>'output_tokens')::bigint, 0) AS output_tokens,
                    CASE WHEN coalesce((r.usage->>'input_tokens')::bigint, 0) = 0
                          AND coalesce((r.usage->>'output_tokens')::bigint, 0) = 0 THEN 0
                         ELSE (r.usage->>'cost_usd')::float8 END AS cost_usd),
      detail AS (
-         SELECT id AS workflow_id, '' AS model, tenant_id, owner_id, agent_id, finished_at,
-                input_tokens, output_tokens, cost_usd
+         SELECT id AS workflow_id, '' AS model, tenant_id, owner_id, agent_id, provider,
+                finished_at, input_tokens, output_tokens, cost_usd
            FROM rolled
          UNION ALL
          SELECT r.id, coalesce(nullif(u.model, ''), 'unknown'), r.tenant_id, r.owner_id,
-                r.agent_id, r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint,
+                r.agent_id, r.provider, r.finished_at, sum(u.input_tokens)::bigint,
+                sum(u.output_tokens)::bigint,
                 CASE WHEN bool_and(u.cost_usd IS NOT NULL) THEN sum(u.cost_usd) END
            FROM rolled r JOIN step_usage u ON u.workflow_id = r.id
           GROUP BY r.id, coalesce(nullif(u.model, ''), 'unknown'), r.tenant_id, r.owner_id,
-                   r.agent_id, r.finished_at),
+                   r.agent_id, r.provider, r.finished_at),
      kept AS (
-         INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,
+         INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id, provider,
                                    finished_at, input_tokens, output_tokens, cost_usd)
-         SELECT workflow_id, model, tenant_id, owner_id, agent_id, finished_at,
+         SELECT workflow_id, model, tenant_id, owner_id, agent_id, provider, finished_at,
                 input_tokens, output_tokens, cost_usd
            FROM detail),
      summed AS (
@@ -358,11 +459,39 @@ const ROLL_UP: &str = "WITH batch AS (
                 output_tokens = d.output_tokens + EXCLUDED.output_tokens,
                 runs = d.runs + EXCLUDED.runs,
                 -- Unknown once any part is.
+                cost_usd = d.cost_usd + EXCLUDED.cost_usd),
+     adopted AS (
+         UPDATE usage_detail d SET provider = 'unknown'
+           FROM (SELECT workflow_id, model FROM usage_detail WHERE provider IS NULL
+                  LIMIT $1 FOR UPDATE SKIP LOCKED) a
+          WHERE d.workflow_id = a.workflow_id AND d.model = a.model
+         RETURNING d.tenant_id, d.model, d.provider, d.finished_at, d.input_tokens,
+                   d.output_tokens, d.cost_usd),
+     by_provider AS (
+         INSERT INTO usage_daily_providers AS d (tenant_id, day, provider, model,
+                                                 input_tokens, output_tokens, runs, cost_usd)
+         SELECT tenant_id, (finished_at AT TIME ZONE 'UTC')::date, provider, model,
+                sum(input_tokens), sum(output_tokens), count(*),
+                CASE WHEN bool_and(cost_usd IS NOT NULL) THEN sum(cost_usd) END
+           FROM (SELECT tenant_id, model, provider, finished_at, input_tokens, output_tokens,
+                        cost_usd
+                   FROM detail
+                 UNION ALL
+                 SELECT * FROM adopted) x
+          GROUP BY 1, 2, 3, 4
+          ORDER BY 1, 2, 3, 4
+         ON CONFLICT (tenant_id, day, provider, model) DO UPDATE
+            SET input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                runs = d.runs + EXCLUDED.runs,
                 cost_usd = d.cost_usd + EXCLUDED.cost_usd)
-     SELECT count(*) FROM rolled";
+     SELECT count(*) FROM rolled"
+);
 
-/// Rolls up to `limit` ended runs that are not rolled up yet into `usage_daily` and
-/// `usage_detail`, marking them, in one statement; returns how many runs. Two workers rolling
+/// Rolls up to `limit` ended runs that are not rolled up yet into `usage_daily`,
+/// `usage_daily_providers` and `usage_detail`, marking them, in one statement; returns how many
+/// runs. The same statement adopts up to `limit` detail rows rolled up without a provider by a
+/// binary of the previous release (see [`ROLL_UP`]). Two workers rolling
 /// up at once take different runs (`SKIP LOCKED`).
 pub async fn roll_up(executor: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<u64> {
     let (rolled,): (i64,) = sqlx::query_as(ROLL_UP)
@@ -372,10 +501,11 @@ pub async fn roll_up(executor: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<
     Ok(rolled.unsigned_abs())
 }
 
-// The purge of a batch of per-run rows (`$1` the window, `$2` the batch).
+// The purge of a batch of per-run rows (`$1` the window, `$2` the batch). Rows not adopted yet
+// (no provider) stay until the roll-up has counted them by provider.
 const PURGE_DETAIL: &str = "DELETE FROM usage_detail WHERE (workflow_id, model) IN (
          SELECT workflow_id, model FROM usage_detail
-          WHERE finished_at < now() - $1::interval
+          WHERE finished_at < now() - $1::interval AND provider IS NOT NULL
           ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
 /// Deletes up to `limit` per-run usage rows of runs that ended more than `window` ago, oldest

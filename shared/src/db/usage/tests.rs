@@ -21,6 +21,8 @@ struct Ended<'a> {
     steps: &'a [(&'a str, i64, i64)],
     last: Option<(&'a str, i64, i64)>,
     status: &'a str,
+    /// The agent snapshot (`runs.agent_spec`): its `provider` and `provider_id`.
+    spec: Option<Value>,
 }
 
 impl Default for Ended<'_> {
@@ -33,6 +35,7 @@ impl Default for Ended<'_> {
             steps: &[],
             last: None,
             status: "completed",
+            spec: None,
         }
     }
 }
@@ -57,8 +60,9 @@ async fn ended(db: &TestDb, run: Ended<'_>) -> Uuid {
               m AS (INSERT INTO messages (id, thread_id, role, status)
                     VALUES ($2, $1, 'user', 'completed'), ($3, $1, 'assistant', 'completed'))
          INSERT INTO runs (id, thread_id, tenant_id, owner_id, agent_id, user_message_id,
-                           assistant_message_id, status, usage, finished_at, final_step)
-         VALUES ($4, $1, 'acme', $5, $6, $2, $3, $7, $8, $9, $10)",
+                           assistant_message_id, status, usage, finished_at, final_step,
+                           agent_spec)
+         VALUES ($4, $1, 'acme', $5, $6, $2, $3, $7, $8, $9, $10, $11)",
     )
     .bind(thread)
     .bind(user)
@@ -70,6 +74,7 @@ async fn ended(db: &TestDb, run: Ended<'_>) -> Uuid {
     .bind(json!({"input_tokens": run.usage.0, "output_tokens": run.usage.1}))
     .bind(finished)
     .bind(run.last.map(|(m, i, o)| saved(m, i, o)))
+    .bind(run.spec)
     .execute(&db.pool)
     .await
     .expect("run");
@@ -97,7 +102,12 @@ fn day(d: u32, h: u32) -> DateTime<Utc> {
 async fn reports(db: &TestDb, windows: &[Window]) -> Vec<Vec<UsageRow>> {
     let mut all = Vec::new();
     for window in windows {
-        for group_by in [GroupBy::User, GroupBy::Agent, GroupBy::Model] {
+        for group_by in [
+            GroupBy::User,
+            GroupBy::Agent,
+            GroupBy::Model,
+            GroupBy::Provider,
+        ] {
             all.push(
                 report(&db.pool, "acme", *window, group_by)
                     .await
@@ -108,9 +118,21 @@ async fn reports(db: &TestDb, windows: &[Window]) -> Vec<Vec<UsageRow>> {
     all
 }
 
-/// A month of runs on a few days: two users, an agent, two models, a run with a step on each.
+/// The agent snapshot of a run whose agent names `provider`, one of the tenant's (`Some` id)
+/// or the operator's.
+fn through(provider: &str, tenant_provider: Option<Uuid>) -> Value {
+    let mut spec = json!({"name": "a", "model": "m", "provider": provider});
+    if let Some(id) = tenant_provider {
+        spec["provider_id"] = json!(id);
+    }
+    spec
+}
+
+/// A month of runs on a few days: two users, an agent, two models, a run with a step on each,
+/// through a tenant's provider, an operator's and none.
 async fn month(db: &TestDb) -> Vec<Uuid> {
     let agent = Uuid::new_v4();
+    let byok = Uuid::new_v4();
     let mut runs = Vec::new();
     for (n, at) in [day(1, 10), day(1, 23), day(2, 0), day(15, 12), day(30, 6)]
         .into_iter()
@@ -128,6 +150,11 @@ async fn month(db: &TestDb) -> Vec<Uuid> {
                     usage: (100 + n, 10 + n),
                     steps: &[("gpt-a", 40, 4), ("gpt-b", 30, 3)],
                     last: Some(("gpt-a", 20 + n, 2)),
+                    spec: match n % 3 {
+                        0 => Some(through("byok", Some(byok))),
+                        1 => Some(through("shared", None)),
+                        _ => None,
+                    },
                     ..Ended::default()
                 },
             )
@@ -179,6 +206,20 @@ async fn totals_are_the_same_before_the_roll_up_after_it_and_after_the_detail_is
     let by_model = &before[2];
     let a = by_model.iter().find(|r| r.group == "gpt-a").expect("gpt-a");
     assert_eq!((a.runs, a.input_tokens), (5, 5 * 40 + 5 * 20 + 10));
+    // Runs 0 and 3 through the tenant's provider, 1 and 4 the operator's, 2 neither.
+    let by_provider: Vec<_> = before[3]
+        .iter()
+        .map(|r| (r.group.as_str(), r.runs, r.input_tokens, r.output_tokens))
+        .collect();
+    assert_eq!(
+        by_provider,
+        [
+            ("operator:shared", 2, 101 + 104, 11 + 14),
+            ("tenant:byok", 2, 100 + 103, 10 + 13),
+            ("unknown", 1, 102, 12),
+        ],
+        "each run's own total under its provider"
+    );
 
     // Rolled up in batches of 2: 5 runs (and the other tenant's) take 3 full ones and a last.
     let mut batches = Vec::new();
@@ -213,7 +254,7 @@ async fn totals_are_the_same_before_the_roll_up_after_it_and_after_the_detail_is
     let whole = [Window::new(day(1, 0), day(31, 0))];
     assert_eq!(
         reports(&db, &whole).await,
-        before[..3],
+        before[..4],
         "whole days without any detail"
     );
 }
@@ -434,6 +475,11 @@ async fn the_report_the_roll_up_and_the_purges_are_index_backed() {
             report_sql(GroupBy::Model),
             year,
         ),
+        (
+            "report (text, timestamptz, timestamptz, timestamptz, timestamptz, date, date)",
+            report_sql(GroupBy::Provider),
+            year,
+        ),
         ("report (bigint)", ROLL_UP, "100"),
         (
             "report (interval, bigint)",
@@ -457,7 +503,13 @@ async fn the_report_the_roll_up_and_the_purges_are_index_backed() {
         .fetch_one(&mut *conn)
         .await
         .expect("explain");
-        for table in ["runs", "run_steps", "usage_daily", "usage_detail"] {
+        for table in [
+            "runs",
+            "run_steps",
+            "usage_daily",
+            "usage_daily_providers",
+            "usage_detail",
+        ] {
             assert_eq!(
                 seq_scans(&plan[0]["Plan"], table),
                 0,
@@ -546,5 +598,226 @@ async fn a_step_naming_no_model_counts_as_unknown_before_and_after_the_roll_up()
             .await
             .expect("report"),
         before
+    );
+}
+
+/// The roll-up of the release before usage by provider (its statement as it shipped): it
+/// writes `usage_daily` and `usage_detail` and names no provider.
+const PREVIOUS_ROLL_UP: &str = "WITH batch AS (
+         SELECT id FROM runs
+          WHERE finished_at IS NOT NULL AND usage_rolled_up_at IS NULL
+          LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED),
+     rolled AS (
+         UPDATE runs r SET usage_rolled_up_at = now()
+           FROM batch WHERE r.id = batch.id
+         RETURNING r.id, r.tenant_id, r.owner_id,
+                   coalesce(r.agent_id::text, 'default') AS agent_id, r.finished_at,
+                   coalesce((r.usage->>'input_tokens')::bigint, 0) AS input_tokens,
+                   coalesce((r.usage->>'output_tokens')::bigint, 0) AS output_tokens,
+                   CASE WHEN coalesce((r.usage->>'input_tokens')::bigint, 0) = 0
+                         AND coalesce((r.usage->>'output_tokens')::bigint, 0) = 0 THEN 0
+                        ELSE (r.usage->>'cost_usd')::float8 END AS cost_usd),
+     detail AS (
+         SELECT id AS workflow_id, '' AS model, tenant_id, owner_id, agent_id, finished_at,
+                input_tokens, output_tokens, cost_usd
+           FROM rolled
+         UNION ALL
+         SELECT r.id, coalesce(nullif(u.model, ''), 'unknown'), r.tenant_id, r.owner_id,
+                r.agent_id, r.finished_at, sum(u.input_tokens)::bigint, sum(u.output_tokens)::bigint,
+                CASE WHEN bool_and(u.cost_usd IS NOT NULL) THEN sum(u.cost_usd) END
+           FROM rolled r JOIN step_usage u ON u.workflow_id = r.id
+          GROUP BY r.id, coalesce(nullif(u.model, ''), 'unknown'), r.tenant_id, r.owner_id,
+                   r.agent_id, r.finished_at),
+     kept AS (
+         INSERT INTO usage_detail (workflow_id, model, tenant_id, owner_id, agent_id,
+                                   finished_at, input_tokens, output_tokens, cost_usd)
+         SELECT workflow_id, model, tenant_id, owner_id, agent_id, finished_at,
+                input_tokens, output_tokens, cost_usd
+           FROM detail),
+     summed AS (
+         INSERT INTO usage_daily AS d (tenant_id, day, owner_id, agent_id, model,
+                                       input_tokens, output_tokens, runs, cost_usd)
+         SELECT tenant_id, (finished_at AT TIME ZONE 'UTC')::date, owner_id, agent_id,
+                model, sum(input_tokens), sum(output_tokens), count(*),
+                CASE WHEN bool_and(cost_usd IS NOT NULL) THEN sum(cost_usd) END
+           FROM detail
+          GROUP BY 1, 2, 3, 4, 5
+          ORDER BY 1, 2, 3, 4, 5
+         ON CONFLICT (tenant_id, day, owner_id, agent_id, model) DO UPDATE
+            SET input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                runs = d.runs + EXCLUDED.runs,
+                -- Unknown once any part is.
+                cost_usd = d.cost_usd + EXCLUDED.cost_usd)
+     SELECT count(*) FROM rolled";
+
+/// The migration that records providers.
+const USAGE_BY_PROVIDER: &str =
+    include_str!("../../../../migrations/20261129040406_usage_by_provider.sql");
+
+/// Totals over every group of a report: (input, output, runs).
+fn totals(rows: &[UsageRow]) -> (i64, i64, i64) {
+    rows.iter().fold((0, 0, 0), |(i, o, n), r| {
+        (i + r.input_tokens, o + r.output_tokens, n + r.runs)
+    })
+}
+
+/// Rows the migration found (rolled up before it) read `unknown`, whole days and edges alike,
+/// with every total exact; runs rolled up after it add to the same days under their own
+/// providers, and the report by user does not move.
+#[tokio::test]
+async fn rows_rolled_up_before_the_migration_count_as_unknown_and_exactly() {
+    let db = TestDb::new().await.expect("db");
+    // The schema as the release before had it, its roll-up done.
+    sqlx::raw_sql(
+        "DROP TABLE usage_daily_providers;
+         ALTER TABLE usage_detail DROP COLUMN provider",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("the previous schema");
+    month(&db).await;
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>(PREVIOUS_ROLL_UP)
+            .bind(100_i64)
+            .fetch_one(&db.pool)
+            .await
+            .expect("the previous roll-up"),
+        6
+    );
+    let by_user: Vec<_> = {
+        let mut all = Vec::new();
+        for window in windows() {
+            all.push(
+                report(&db.pool, "acme", window, GroupBy::User)
+                    .await
+                    .expect("by user"),
+            );
+        }
+        all
+    };
+    sqlx::raw_sql(USAGE_BY_PROVIDER)
+        .execute(&db.pool)
+        .await
+        .expect("the migration");
+
+    let unattributed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM usage_detail WHERE provider IS DISTINCT FROM 'unknown'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count");
+    assert_eq!(unattributed, 0, "the rows it found read unknown");
+    for (window, by_user) in windows().into_iter().zip(&by_user) {
+        let by_provider = report(&db.pool, "acme", window, GroupBy::Provider)
+            .await
+            .expect("by provider");
+        assert!(
+            by_provider.iter().all(|r| r.group == "unknown"),
+            "{by_provider:?}"
+        );
+        assert_eq!(totals(&by_provider), totals(by_user), "{window:?}");
+    }
+
+    // A run through the tenant's provider ends on a rolled-up day and is rolled up now.
+    ended(
+        &db,
+        Ended {
+            at: day(15, 13),
+            usage: (1_000, 100),
+            spec: Some(through("byok", Some(Uuid::new_v4()))),
+            ..Ended::default()
+        },
+    )
+    .await;
+    let whole = Window::new(day(1, 0), day(31, 0));
+    let pending = report(&db.pool, "acme", whole, GroupBy::Provider)
+        .await
+        .expect("report");
+    assert_eq!(roll_up(&db.pool, 100).await.expect("roll up"), 1);
+    let rolled = report(&db.pool, "acme", whole, GroupBy::Provider)
+        .await
+        .expect("report");
+    assert_eq!(rolled, pending, "the same before and after its roll-up");
+    let groups: Vec<_> = rolled
+        .iter()
+        .map(|r| (r.group.as_str(), r.runs, r.input_tokens))
+        .collect();
+    let (unknown_in, _, unknown_runs) = totals(&by_user[0]);
+    assert_eq!(
+        groups,
+        [
+            ("tenant:byok", 1, 1_000),
+            ("unknown", unknown_runs, unknown_in)
+        ]
+    );
+}
+
+/// During a rolling deploy a worker of the previous release rolls runs up without a provider:
+/// they count once, as `unknown`, before and after the new roll-up adopts them, and their
+/// detail is not purged before it has.
+#[tokio::test]
+async fn runs_rolled_up_by_the_previous_release_count_once_and_are_adopted() {
+    let db = TestDb::new().await.expect("db");
+    month(&db).await;
+    let before = reports(&db, &windows()).await;
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>(PREVIOUS_ROLL_UP)
+            .bind(100_i64)
+            .fetch_one(&db.pool)
+            .await
+            .expect("the previous roll-up"),
+        6
+    );
+    let unattributed = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM usage_detail WHERE provider IS NULL")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count")
+    };
+    assert!(unattributed().await > 0, "written without a provider");
+    let previous = reports(&db, &windows()).await;
+    for (n, (now, then)) in previous.iter().zip(&before).enumerate() {
+        if n % 4 == 3 {
+            // By provider: every run is there, as unknown.
+            assert!(now.iter().all(|r| r.group == "unknown"), "{now:?}");
+            assert_eq!(totals(now), totals(then));
+        } else {
+            assert_eq!(now, then, "by user, agent and model as before");
+        }
+    }
+    // Not purged while not adopted.
+    assert_eq!(
+        purge_detail(&db.pool, Duration::zero(), 1_000)
+            .await
+            .expect("purge"),
+        0
+    );
+
+    // The new roll-up adopts them in bounded batches, counting each once.
+    let mut batches = Vec::new();
+    while unattributed().await > 0 {
+        assert_eq!(
+            roll_up(&db.pool, 4).await.expect("roll up"),
+            0,
+            "no run left"
+        );
+        batches.push(unattributed().await);
+    }
+    assert!(batches.len() > 1, "in batches: {batches:?}");
+    assert_eq!(
+        reports(&db, &windows()).await,
+        previous,
+        "adopted, not moved"
+    );
+    let purged = purge_detail(&db.pool, Duration::zero(), 1_000)
+        .await
+        .expect("purge");
+    assert!(purged > 0);
+    let whole = [Window::new(day(1, 0), day(31, 0))];
+    assert_eq!(
+        reports(&db, &whole).await,
+        previous[..4],
+        "whole days without any detail"
     );
 }
