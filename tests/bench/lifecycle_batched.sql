@@ -8,24 +8,27 @@
 --     fenced per row (id, attempt, status = 'running'), locked in id order first (the lock
 --     order every multi-run writer is to share), each run's assistant message written;
 --   * then CLAIM: today's fair claim (runs::claim, shared/src/db/runs/claim.rs) for up to
---     k runs, which marks each assistant message streaming, and returns each claimed
+--     room runs, which marks each assistant message streaming, and returns each claimed
 --     run's history and summary in the same statement (a LATERAL join shaped like
 --     messages::history, shared/src/db/messages.rs): no separate history read.
--- The claim's room is k, the whole batch this statement finishes: a run's slot is freed
--- when its finish is durable, which is this statement's commit, so the finishes and the next
--- claim share the statement (Oban Pro's "acks flushed with the next fetch").
+-- A run's slot is freed when its finish is durable, which is this statement's commit, so the
+-- finishes and the next claim share the statement (Oban Pro's "acks flushed with the next
+-- fetch"), and the claim's room counts the slots the batch frees.
 --
 -- The enqueue is unchanged by phases 1-2 (one statement and one commit per run). Run this
 -- script beside tests/bench/enqueue.sql, weighted k to 1, so that each client enqueues k runs
--- per cycle on average. k is the variable batch; held_ids and held_attempts (the batch a client
--- holds) start empty:
+-- per cycle on average: k is the batch, the runs a cycle finishes on average. The claim's room
+-- (the variable room) is 2k: the slots the batch frees plus those a short claim left free (16
+-- clients claiming at once skip each other's locked rows and come back short; with a room of
+-- exactly k the queue grew without end). held_ids and held_attempts, the batch a client holds,
+-- start empty:
 --
---   pgbench -n -M prepared -c 16 -j 2 -T 10 -D batch=4 -D held_ids={} -D held_attempts={} \
+--   pgbench -n -M prepared -c 16 -j 2 -T 10 -D room=8 -D held_ids={} -D held_attempts={} \
 --     -f tests/bench/enqueue.sql@4 -f tests/bench/lifecycle_batched.sql@1 <migrated database>
 --
 -- spool-bench (P5) runs exactly that on a database of its own and counts the runs completed
 -- per second (completed rows over pgbench's measured time), beside lifecycle.sql in the same
--- round. Each of the 16 clients stands for a worker whose batches are k runs.
+-- round. Each of the 16 clients stands for a worker whose batches are k runs on average.
 --
 -- Why k = 4 (spool-bench's choice): the review's conservative end. Today's claims already
 -- take 2-3 runs on average under P5's load (894 and 1,712 claims for 3,000 runs), and a
@@ -77,7 +80,7 @@ WITH RECURSIVE
        FROM finished f
       WHERE m.id = f.assistant_message_id
   RETURNING f.id),
- -- CLAIM (runs::claim: $1 'pgbench', $2 30 s, $3 room = k, $4 '' (from the first
+ -- CLAIM (runs::claim: $1 'pgbench', $2 30 s, $3 room, $4 '' (from the first
  -- tenant), $5 the window = greatest(room, 64)).
  after_cursor (tenant_id, n) AS (
      (SELECT tenant_id, 1 FROM runs WHERE status = 'queued' AND tenant_id > ''
@@ -111,23 +114,23 @@ WITH RECURSIVE
                             WHERE x.tenant_id = t.tenant_id AND x.status = 'running') c
        CROSS JOIN LATERAL (SELECT q.id, q.queued_at FROM runs q
                             WHERE q.status = 'queued' AND q.tenant_id = t.tenant_id
-                            ORDER BY q.queued_at LIMIT :batch::int + 16) h
+                            ORDER BY q.queued_at LIMIT :room::int + 16) h
       WHERE t.tenant_id IS NOT NULL
       ORDER BY turn, h.queued_at
-      LIMIT 2 * :batch::int + 32),
+      LIMIT 2 * :room::int + 32),
  rescue AS (
      SELECT id, queued_at FROM (
          (SELECT id, queued_at, lease_expires_at AS deadline FROM runs
            WHERE status = 'running'
-           ORDER BY lease_expires_at LIMIT :batch::int + 8)
+           ORDER BY lease_expires_at LIMIT :room::int + 8)
          UNION ALL
          (SELECT id, queued_at, pause_expires_at FROM runs
            WHERE status IN ('awaiting_approval', 'requires_action')
-           ORDER BY pause_expires_at LIMIT :batch::int + 8)
+           ORDER BY pause_expires_at LIMIT :room::int + 8)
          UNION ALL
          (SELECT id, queued_at, pause_expires_at FROM runs
            WHERE status = 'waiting' AND pause_expires_at IS NOT NULL
-           ORDER BY pause_expires_at LIMIT :batch::int + 8)) earliest
+           ORDER BY pause_expires_at LIMIT :room::int + 8)) earliest
       WHERE deadline < now()),
  picks AS (
      SELECT id, 0 AS tier, 0::bigint AS turn, queued_at FROM rescue
@@ -145,7 +148,7 @@ WITH RECURSIVE
                 ELSE false
             END
       ORDER BY p.tier, p.turn, p.queued_at
-      LIMIT :batch::int
+      LIMIT :room::int
         FOR UPDATE OF r SKIP LOCKED),
  claimed AS (
      UPDATE runs r

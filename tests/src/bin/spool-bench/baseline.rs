@@ -98,15 +98,12 @@ pub(crate) async fn pgbench_batched_lifecycle(
     clients: usize,
     duration: Duration,
 ) -> anyhow::Result<Pgbench> {
-    let batch = BATCH.to_string();
+    // The claim's room: the slots the batch frees and those a short claim left free.
+    let room = (2 * BATCH).to_string();
     pgbench_scripts(
         db_url,
         &[(ENQUEUE_SQL, BATCH), (LIFECYCLE_BATCHED_SQL, 1)],
-        &[
-            ("batch", &batch),
-            ("held_ids", "{}"),
-            ("held_attempts", "{}"),
-        ],
+        &[("room", &room), ("held_ids", "{}"), ("held_attempts", "{}")],
         clients,
         duration,
     )

@@ -155,11 +155,11 @@ impl Counters {
             .filter(|(_, delta)| *delta > 0.0)
             .collect();
         calls.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let redis_calls = calls.iter().map(|(_, d)| d).sum::<f64>() / n;
+        // Folded from 0.0: an empty f64 sum is -0.0, printed "-0.00".
+        let redis_calls = calls.iter().fold(0.0, |sum, (_, d)| sum + d) / n;
         let redis_scripts = (calls.iter())
             .filter(|(name, _)| SCRIPT_COMMANDS.contains(&name.as_str()))
-            .map(|(_, d)| d)
-            .sum::<f64>()
+            .fold(0.0, |sum, (_, d)| sum + d)
             / n;
         PerRun {
             commits: (self.commits - before.commits - own_commits as f64).max(0.0) / n,
@@ -175,6 +175,15 @@ impl Counters {
 }
 
 impl PerRun {
+    /// The Postgres part of [`PerRun::describe`] (a pgbench twin makes no Redis calls).
+    pub(crate) fn describe_postgres(&self) -> String {
+        format!(
+            "Postgres commits {:.2} (its database); WAL (server-wide) {:.1} records, {:.0} \
+             bytes, {:.2} writes, {:.2} flushes",
+            self.commits, self.wal_records, self.wal_bytes, self.wal_write, self.wal_sync,
+        )
+    }
+
     /// One line for a scenario's note.
     pub(crate) fn describe(&self) -> String {
         let top = self

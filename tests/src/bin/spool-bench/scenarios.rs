@@ -791,7 +791,7 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
                         twin.queued,
                         twin.rate,
                         twin.machine_ms,
-                        twin.cost.describe()
+                        twin.cost.describe_postgres()
                     ),
                 );
             }
