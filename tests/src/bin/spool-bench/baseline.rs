@@ -71,6 +71,15 @@ fn scratch_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// The redesigned worker's cycle (issue 44): a batch of finishes and the next claim, with each
+/// claimed run's history, in one statement (see the file's header). Run beside [`ENQUEUE_SQL`]
+/// by [`pgbench_batched_lifecycle`].
+pub(crate) const LIFECYCLE_BATCHED_SQL: &str = include_str!("../../../bench/lifecycle_batched.sql");
+
+/// The runs per batch of [`LIFECYCLE_BATCHED_SQL`] (its k): the review's conservative end (its
+/// estimates use 4 and 8; today's claims already take 2-3 runs under P5's load).
+pub(crate) const BATCH: u32 = 4;
+
 /// Runs `script` with `clients` connections for `duration` (whole seconds, at least 1).
 pub(crate) async fn pgbench(
     db_url: &str,
@@ -78,9 +87,45 @@ pub(crate) async fn pgbench(
     clients: usize,
     duration: Duration,
 ) -> anyhow::Result<Pgbench> {
+    pgbench_scripts(db_url, &[(script, 1)], &[], clients, duration).await
+}
+
+/// [`LIFECYCLE_BATCHED_SQL`] beside [`ENQUEUE_SQL`], weighted [`BATCH`] to 1 (each client
+/// enqueues a batch's worth of runs per cycle, on average), on a database of its own. Its
+/// transactions are enqueues and cycles alike: the runs it completed come from the database.
+pub(crate) async fn pgbench_batched_lifecycle(
+    db_url: &str,
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<Pgbench> {
+    // The claim's room: the slots the batch frees and those a short claim left free.
+    let room = (2 * BATCH).to_string();
+    pgbench_scripts(
+        db_url,
+        &[(ENQUEUE_SQL, BATCH), (LIFECYCLE_BATCHED_SQL, 1)],
+        &[("room", &room), ("held_ids", "{}"), ("held_attempts", "{}")],
+        clients,
+        duration,
+    )
+    .await
+}
+
+/// Runs `scripts` (each with its weight: pgbench picks one per transaction) with `defines` set
+/// (`-D`), `clients` connections, for `duration` (whole seconds, at least 1).
+async fn pgbench_scripts(
+    db_url: &str,
+    scripts: &[(&str, u32)],
+    defines: &[(&str, &str)],
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<Pgbench> {
     let dir = scratch_dir()?;
-    let file = dir.join("script.sql");
-    std::fs::write(&file, script)?;
+    let mut files = Vec::new();
+    for (i, (script, weight)) in scripts.iter().enumerate() {
+        let file = dir.join(format!("script{i}.sql"));
+        std::fs::write(&file, script)?;
+        files.push(format!("{}@{weight}", file.display()));
+    }
     let prefix = dir.join("txn");
     let seconds = duration.as_secs().max(1).to_string();
     let clients = clients.to_string();
@@ -90,8 +135,12 @@ pub(crate) async fn pgbench(
             "-n", "-M", "prepared", "-c", &clients, "-j", &threads, "-T", &seconds, "-l",
         ])
         .arg(format!("--log-prefix={}", prefix.display()))
-        .arg("-f")
-        .arg(&file)
+        .args(
+            defines
+                .iter()
+                .map(|(name, value)| format!("--define={name}={value}")),
+        )
+        .args(files.iter().flat_map(|file| ["-f", file]))
         .arg(db_url)
         .current_dir(&dir)
         .output()

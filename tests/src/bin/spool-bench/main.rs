@@ -21,6 +21,7 @@ mod count;
 mod cpu;
 mod growth;
 mod load;
+mod meter;
 mod report;
 mod scenarios;
 mod stack;
@@ -143,6 +144,11 @@ async fn main() -> anyhow::Result<()> {
         }),
         p5_runs: if smoke { 200 } else { 3000 },
         lease_secs: if smoke { 1.0 } else { 5.0 },
+        settle: if smoke {
+            std::time::Duration::ZERO
+        } else {
+            meter::SETTLE
+        },
         perf: cli.perf.then(|| cli.out.join("perf")),
         growth: growth::GrowthSizes {
             fill: match (smoke, cli.growth_threads) {

@@ -10,15 +10,17 @@ use anyhow::{Context as _, bail};
 use hdrhistogram::Histogram;
 use spool_tests::TestDb;
 use spool_tests::sse::{Frame, SseReader};
+use sqlx::Connection as _;
 use tokio::task::JoinSet;
 
 use crate::baseline::{
-    ENQUEUE_SQL, LIFECYCLE_SQL, QUOTA_SETTINGS, enqueue_sql_with_notify, enqueue_sql_with_quotas,
-    hop_chain, pgbench, xadd_per_second,
+    ENQUEUE_SQL, QUOTA_SETTINGS, enqueue_sql_with_notify, enqueue_sql_with_quotas, hop_chain,
+    pgbench, xadd_per_second,
 };
 use crate::count::{Counter, End};
 use crate::cpu::{Groups, Perf, Snapshot, machine_busy_secs, pids_named, rss_kib};
 use crate::load::{Until, enqueue};
+use crate::meter::{Lifecycle, Meter, completed_runs, cost_figures, database_of, lifecycle_twin};
 use crate::report::{Figure, Report, histogram, ms};
 use crate::stack::{Stack, wait_for};
 
@@ -40,6 +42,10 @@ pub(crate) struct Sizes {
     pub(crate) p5_runs: u64,
     /// The lease of P6, seconds.
     pub(crate) lease_secs: f64,
+    /// How long P1 and P5 wait after their measured phase before reading the servers'
+    /// counters (Postgres reports an idle backend's statistics late: [`crate::meter::SETTLE`];
+    /// none with `--smoke`, whose counts are then short).
+    pub(crate) settle: Duration,
     /// Where `perf record` profiles of the first round go, if anywhere.
     pub(crate) perf: Option<std::path::PathBuf>,
     /// How big P7 is.
@@ -85,7 +91,11 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
     let (mut q_rate, mut q_p99, mut qb_rate) = (vec![], vec![], vec![]);
     let (mut n_rate, mut n_p50, mut n_p99) = (vec![], vec![], vec![]);
     let (mut i_rate, mut iq_rate) = (vec![], vec![]);
+    let mut meter = Meter::connect(&stack.db.url, &stack.redis_url).await?;
+    let database = database_of(&stack.db.url)?;
+    let mut costs = vec![];
     for i in 0..sizes.rounds {
+        let counted = meter.read(&database).await?;
         let busy = machine_busy_secs();
         let before = Snapshot::take(&groups(&stack));
         let perf = Perf::start(
@@ -99,6 +109,21 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         if let Some(perf) = perf {
             perf.finish().await;
         }
+        // Not a wait for a condition: Postgres gives no sign that an idle backend's statistics
+        // are still to come; this is the bound of their delay.
+        tokio::time::sleep(sizes.settle).await;
+        let cost = meter.read(&database).await?.since(&counted, load.count, 0);
+        if i == 0 {
+            report.note(
+                S,
+                format!(
+                    "per request (deltas around the Spool round, {} s after it): {}",
+                    sizes.settle.as_secs(),
+                    cost.describe()
+                ),
+            );
+        }
+        costs.push(cost);
         rate.push(load.rate);
         p50.push(ms(&load.latency, 0.5));
         p99.push(ms(&load.latency, 0.99));
@@ -236,6 +261,9 @@ pub(crate) async fn p1(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         )
         .against("P1 ratio without quotas, same run", p1_ratio, None),
     );
+    for figure in cost_figures(S, "request", &costs) {
+        report.add(figure);
+    }
     Ok(())
 }
 
@@ -678,8 +706,17 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
     for _ in 0..2 {
         stack.worker(&[("SPOOL_DEMO_TOKENS", "3")]).await?;
     }
-    // The baseline runs on a database of its own, so the workers never claim its runs.
+    // The baseline runs on a database of its own, so the workers never claim its runs; the
+    // redesign's twin on another, so each twin's commits are its own.
     let scratch = TestDb::new().await?;
+    let scratch_batched = TestDb::new().await?;
+    let mut meter = Meter::connect(&stack.db.url, &stack.redis_url).await?;
+    let database = database_of(&stack.db.url)?;
+    // The completion poll's own connection: its queries are commits in the measured database,
+    // counted out of the figure (it is warmed up, so its statement is prepared already).
+    let mut poll = sqlx::PgConnection::connect(&stack.db.url).await?;
+    completed_runs(&mut poll).await?;
+    let (mut costs, mut today, mut batched) = (vec![], vec![], vec![]);
     let c = sizes.concurrency;
     let (mut rate, mut b_rate) = (vec![], vec![]);
     let (mut arq, mut procrastinate) = (vec![], vec![]);
@@ -692,6 +729,8 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
     }
     let mut completed = 0;
     for i in 0..sizes.rounds {
+        let counted = meter.read(&database).await?;
+        let mut polls = 0;
         let before = Snapshot::take(&groups(&stack));
         let perf = Perf::start(
             sizes.perf.as_deref().filter(|_| i == 0),
@@ -703,7 +742,8 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
         enqueue(&stack, c, Until::Posted(sizes.p5_runs)).await?;
         completed += sizes.p5_runs as i64;
         wait_for("every run to complete", WAIT, async || {
-            let done = stack.runs_with_status("completed").await.ok()?;
+            polls += 1;
+            let done = completed_runs(&mut poll).await.ok()?;
             (done >= completed).then_some(())
         })
         .await?;
@@ -714,11 +754,48 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
             perf.finish().await;
         }
         rate.push(sizes.p5_runs as f64 / elapsed);
+        // Not a wait for a condition: the bound of Postgres's delay in reporting statistics.
+        tokio::time::sleep(sizes.settle).await;
+        let cost = meter
+            .read(&database)
+            .await?
+            .since(&counted, sizes.p5_runs, polls);
         let secs = (elapsed.round() as u64).max(1);
-        let busy = machine_busy_secs();
-        let base = pgbench(&scratch.url, LIFECYCLE_SQL, c, Duration::from_secs(secs)).await?;
-        let base_busy = machine_busy_secs() - busy;
-        b_rate.push(base.tps);
+        // Today's twin (the baseline), then the redesign's, measured alike (runs completed,
+        // commits in their own databases) for the redesign's ceiling against today's.
+        let length = Duration::from_secs(secs);
+        let now = lifecycle_twin(&mut meter, &scratch, Lifecycle::Today, c, length).await?;
+        b_rate.push(now.tps);
+        let next =
+            lifecycle_twin(&mut meter, &scratch_batched, Lifecycle::Batched, c, length).await?;
+        if i == 0 {
+            report.note(
+                S,
+                format!(
+                    "per run (deltas around the Spool round, read {} s after it; the completion \
+                     poll's own queries left out): {}",
+                    sizes.settle.as_secs(),
+                    cost.describe()
+                ),
+            );
+            for (name, twin) in [
+                ("today's lifecycle.sql", &now),
+                ("the redesign's lifecycle_batched.sql (k = 4)", &next),
+            ] {
+                report.note(
+                    S,
+                    format!(
+                        "pgbench twin, {name}: {} runs completed ({} left queued), {:.0} \
+                         runs/s, machine CPU per run {:.3} ms; per run: {}",
+                        twin.runs,
+                        twin.queued,
+                        twin.rate,
+                        twin.machine_ms,
+                        twin.cost.describe_postgres()
+                    ),
+                );
+            }
+        }
         if let Ok(python) = &peers {
             let jobs = sizes.p5_runs;
             arq.push(peer(python, "arq", jobs, c, &stack.redis_url, &scratch.url).await?);
@@ -735,11 +812,14 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
                     sizes.p5_runs,
                     split.describe(sizes.p5_runs),
                     spool_busy * 1000.0 / sizes.p5_runs as f64,
-                    base_busy * 1000.0 / base.transactions.max(1) as f64,
-                    base.transactions
+                    now.busy * 1000.0 / now.transactions.max(1) as f64,
+                    now.transactions
                 ),
             );
         }
+        costs.push(cost);
+        today.push(now);
+        batched.push(next);
     }
     report.add(
         Figure::new(S, "runs completed/s", "runs/s", rate.clone()).against(
@@ -747,6 +827,50 @@ pub(crate) async fn p5(sizes: &Sizes, report: &mut Report) -> anyhow::Result<()>
             b_rate.clone(),
             Some(0.7),
         ),
+    );
+    for figure in cost_figures(S, "run", &costs) {
+        report.add(figure);
+    }
+    // Issue 44: the redesign's SQL ceiling against today's, measured alike in the same rounds.
+    let each = |twins: &[crate::meter::Twin], f: fn(&crate::meter::Twin) -> f64| {
+        twins.iter().map(f).collect::<Vec<_>>()
+    };
+    let named = "pgbench, today's lifecycle.sql";
+    report.add(
+        Figure::new(
+            S,
+            "pgbench runs completed/s, redesigned lifecycle (lifecycle_batched.sql, k = 4)",
+            "runs/s",
+            each(&batched, |t| t.rate),
+        )
+        .against(named, each(&today, |t| t.rate), None),
+    );
+    report.add(
+        Figure::new(
+            S,
+            "pgbench machine CPU per run, redesigned lifecycle",
+            "ms",
+            each(&batched, |t| t.machine_ms),
+        )
+        .against(named, each(&today, |t| t.machine_ms), None),
+    );
+    report.add(
+        Figure::new(
+            S,
+            "pgbench commits per run, redesigned lifecycle",
+            "/run",
+            each(&batched, |t| t.cost.commits),
+        )
+        .against(named, each(&today, |t| t.cost.commits), None),
+    );
+    report.add(
+        Figure::new(
+            S,
+            "pgbench WAL flushes per run (server-wide), redesigned lifecycle",
+            "/run",
+            each(&batched, |t| t.cost.wal_sync),
+        )
+        .against(named, each(&today, |t| t.cost.wal_sync), None),
     );
     if peers.is_ok() {
         // The ceiling of the ratios below: Spool's own SQL for a run, without Spool, on the
