@@ -354,6 +354,12 @@ pub struct WebhookArgs {
     #[arg(long, env = "SPOOL_WEBHOOKS_CONCURRENCY", default_value_t = 32)]
     pub webhooks_concurrency: usize,
 
+    /// Webhook tries one tenant may have in flight at once, across all workers (1 to 1024;
+    /// default half of `SPOOL_WEBHOOKS_CONCURRENCY`, at least 1): a tenant whose endpoints
+    /// never answer holds at most this many slots, so another tenant's delivery finds one free.
+    #[arg(long, env = "SPOOL_WEBHOOKS_MAX_IN_FLIGHT_PER_TENANT")]
+    pub webhooks_max_in_flight_per_tenant: Option<usize>,
+
     /// Webhook endpoints one tenant may have (1 to 1000); one more is 429 `too_many_webhooks`.
     #[arg(long, env = "SPOOL_WEBHOOKS_MAX_PER_TENANT", default_value_t = 20)]
     pub webhooks_max_per_tenant: u32,
@@ -372,6 +378,12 @@ impl WebhookArgs {
             "SPOOL_WEBHOOKS_CONCURRENCY must be from 1 to 1024, not {}",
             self.webhooks_concurrency
         );
+        if let Some(cap) = self.webhooks_max_in_flight_per_tenant {
+            anyhow::ensure!(
+                (1..=1024).contains(&cap),
+                "SPOOL_WEBHOOKS_MAX_IN_FLIGHT_PER_TENANT must be from 1 to 1024, not {cap}"
+            );
+        }
         anyhow::ensure!(
             (1..=1000).contains(&self.webhooks_max_per_tenant),
             "SPOOL_WEBHOOKS_MAX_PER_TENANT must be from 1 to 1000, not {}",
@@ -383,6 +395,13 @@ impl WebhookArgs {
             self.retention_webhooks_days
         );
         Ok(())
+    }
+
+    /// The tries one tenant may have in flight: the setting, or half the concurrency.
+    pub fn in_flight_per_tenant(&self) -> usize {
+        self.webhooks_max_in_flight_per_tenant
+            .unwrap_or(self.webhooks_concurrency / 2)
+            .max(1)
     }
 
     /// How long finished deliveries are kept.

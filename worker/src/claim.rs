@@ -192,6 +192,7 @@ fn background(
             Arc::clone(&worker.egress),
             crate::webhooks::Pace {
                 concurrency: worker.args.webhooks.webhooks_concurrency,
+                per_tenant: worker.args.webhooks.in_flight_per_tenant(),
                 lease: worker.args.lease.lease(),
                 idle_poll: worker.args.poll_interval(),
             },

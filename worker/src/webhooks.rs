@@ -10,7 +10,8 @@
 //!   outbox is drained and it looks again after the poll interval (the outbox has no NOTIFY:
 //!   one on every run's end would serialize their commits).
 //! - Back-pressure: a receiver that is slow or never answers holds a slot for at most one try's
-//!   timeout, and the claim's turns give the next free slot to another tenant's delivery; an
+//!   timeout, a tenant holds at most `SPOOL_WEBHOOKS_MAX_IN_FLIGHT_PER_TENANT` slots (across
+//!   workers), and the claim's turns give the next free slot to another tenant's delivery; an
 //!   endpoint that keeps failing opens its circuit ([`webhooks::BREAKER_THRESHOLD`]) and
 //!   holds no slot at all while it is open.
 //! - Each try POSTs the payload, signed per Standard Webhooks ([`sign`]): `webhook-id` (the
@@ -18,10 +19,13 @@
 //!   `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, with the key the
 //!   base64 after `whsec_` in the endpoint's secret; after a rotation, a second signature with
 //!   the previous secret, space-separated, while its grace window lasts.
-//! - A claim is made only for slots in hand, and each claimed delivery's POST starts at once:
-//!   the claim's own read (the delivery still exists, so its thread was not erased nor its
-//!   endpoint deleted, and it is not delivered) is the check right before the POST; no claimed
-//!   payload waits in memory.
+//! - A claim is made only for slots in hand, and each claimed delivery's POST starts at once.
+//!   An erasure of its thread (or a deletion of its endpoint) may still commit while the try
+//!   connects, so the body is handed to the connection only under a hold on the delivery's row
+//!   ([`webhooks::hold_for_send`], [`gated`]): the hold finds the row gone and the body is
+//!   never sent (the connection is dropped after the headers, which carry no payload), or the
+//!   deletion waits the moment the hold lasts. Either the body went before the erasure
+//!   committed, or it never goes.
 //! - Tries' outcomes are recorded together ([`webhooks::record_all`], one statement for every
 //!   outcome that ended while the previous statement ran); a try's slot frees once its outcome
 //!   is recorded, so a worker never holds more than its concurrency in leases.
@@ -66,6 +70,8 @@ pub const GAUGE_EVERY: Duration = Duration::from_secs(5);
 pub struct Pace {
     /// Tries in flight at most.
     pub concurrency: usize,
+    /// Tries of one tenant in flight at most, across all workers.
+    pub per_tenant: usize,
     /// How long a claim holds a delivery (a try takes at most half of it, 10 s at most).
     pub lease: Duration,
     /// How long to wait before looking again once the outbox has nothing due.
@@ -99,6 +105,19 @@ impl Clients {
             (&self.policy, &self.https)
         }
     }
+}
+
+/// One try of `due`, just claimed by [`webhooks::claim_due`], as [`run`] makes it with a try
+/// timeout of `timeout`: its outcome (for [`webhooks::record_all`]), or `None` when the body was
+/// not sent because the delivery is no longer this try's (see [`gated`]).
+pub async fn try_once(
+    db: &PgPool,
+    policy: Arc<NetworkPolicy>,
+    timeout: Duration,
+    due: &Due,
+) -> anyhow::Result<Option<Outcome>> {
+    let clients = Clients::new(policy, timeout)?;
+    Ok(attempt(db, &clients, due).await)
 }
 
 /// Delivers due webhooks until `shutdown` fires; tries in flight then end with the process
@@ -136,14 +155,21 @@ pub async fn run(db: PgPool, policy: Arc<NetworkPolicy>, pace: Pace, shutdown: C
             permits.push(permit);
         }
         let room = permits.len();
-        let claimed = match webhooks::claim_due(&db, i64::try_from(room).unwrap_or(1), pace.lease)
-            .await
+        let claimed = match webhooks::claim_due(
+            &db,
+            i64::try_from(room).unwrap_or(1),
+            pace.lease,
+            i64::try_from(pace.per_tenant).unwrap_or(i64::MAX),
+        )
+        .await
         {
             Ok(claimed) => {
                 let count = claimed.len();
                 for (delivery, permit) in claimed.into_iter().zip(permits.drain(..)) {
-                    let (clients, tried) = (Arc::clone(&clients), tried.clone());
-                    tries.spawn(async move { deliver(&clients, delivery, permit, tried).await });
+                    let (db, clients, tried) = (db.clone(), Arc::clone(&clients), tried.clone());
+                    tries.spawn(
+                        async move { deliver(&db, &clients, delivery, permit, tried).await },
+                    );
                 }
                 count
             }
@@ -216,16 +242,24 @@ async fn measure(db: PgPool, shutdown: CancellationToken) {
     }
 }
 
-/// One try of one delivery; its outcome and slot go to the recorder.
+/// One try of one delivery; its outcome and slot go to the recorder (a try whose body was not
+/// sent has nothing to record: its slot frees at once).
 async fn deliver(
+    db: &PgPool,
     clients: &Clients,
     due: Due,
     slot: OwnedSemaphorePermit,
     tried: mpsc::UnboundedSender<Tried>,
 ) {
+    let Some(outcome) = attempt(db, clients, &due).await else {
+        tracing::debug!(webhook.delivery = %due.id, attempt = due.attempts,
+            "webhook delivery not sent: erased, deleted or no longer this try's");
+        metrics::counter!("spool_webhook_deliveries_total", "outcome" => "not_sent").increment(1);
+        return;
+    };
     let outcome = Outcome {
         retry_in: retry_in(due.attempts),
-        ..attempt(clients, &due).await
+        ..outcome
     };
     match &outcome.error {
         Some(error) => tracing::info!(webhook.delivery = %due.id, attempt = due.attempts,
@@ -245,8 +279,53 @@ async fn deliver(
     });
 }
 
-/// The POST itself.
-async fn attempt(clients: &Clients, due: &Due) -> Outcome {
+/// Why a try's body was not handed to the connection: [`webhooks::hold_for_send`] found the
+/// delivery no longer this try's to send.
+#[derive(Debug)]
+struct NotSent;
+
+impl std::fmt::Display for NotSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the delivery is no longer this try's to send")
+    }
+}
+
+impl std::error::Error for NotSent {}
+
+/// The body of try `attempt` of delivery `id`, handed to the connection only under a hold on
+/// the delivery's row ([`webhooks::hold_for_send`]): the connection polls it once it is
+/// established and the headers are on their way; the hold is taken then, and ends when the
+/// connection has taken the bytes (it drops the body once the `Content-Length` is written, or
+/// polls it for more). If the hold finds the delivery gone, the body fails with [`NotSent`]
+/// and the request is abandoned without a byte of the payload.
+fn gated(db: PgPool, id: uuid::Uuid, attempt: i32, body: String) -> reqwest::Body {
+    enum Gate {
+        Shut(PgPool, String),
+        Open(webhooks::Held),
+        Done,
+    }
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    let chunks = futures::stream::unfold(Gate::Shut(db, body), move |gate| async move {
+        match gate {
+            Gate::Shut(db, body) => match webhooks::hold_for_send(&db, id, attempt).await {
+                Ok(Some(held)) => Some((Ok(bytes::Bytes::from(body)), Gate::Open(held))),
+                Ok(None) => Some((Err(BoxError::from(NotSent)), Gate::Done)),
+                Err(err) => Some((Err(BoxError::from(err)), Gate::Done)),
+            },
+            Gate::Open(held) => {
+                if let Err(err) = held.release().await {
+                    tracing::debug!(error = %err, "ending a webhook delivery's hold failed");
+                }
+                None
+            }
+            Gate::Done => None,
+        }
+    });
+    reqwest::Body::wrap_stream(chunks)
+}
+
+/// The POST itself; `None` if its body was not sent ([`gated`]).
+async fn attempt(db: &PgPool, clients: &Clients, due: &Due) -> Option<Outcome> {
     let failed = |status_code: Option<u16>, error: String| Outcome {
         status_code,
         error: Some(error),
@@ -254,18 +333,21 @@ async fn attempt(clients: &Clients, due: &Due) -> Outcome {
         retry_in: Duration::ZERO,
     };
     let Ok(url) = reqwest::Url::parse(&due.url) else {
-        return failed(None, "the URL does not parse".into());
+        return Some(failed(None, "the URL does not parse".into()));
     };
     // An IP-literal host is judged here (the resolver never sees it); names at connect time.
     let (policy, client) = clients.for_url(&url);
     if let Err(reason) = policy.check_url(&url) {
-        return failed(None, Refused::new(reason).to_string());
+        return Some(failed(None, Refused::new(reason).to_string()));
     }
     let body = due.payload.0.to_string();
     let id = due.id.to_string();
     let timestamp = Utc::now().timestamp();
     let Some(mut signature) = sign(&due.secret, &id, timestamp, &body) else {
-        return failed(None, "the endpoint's secret is not a whsec_ secret".into());
+        return Some(failed(
+            None,
+            "the endpoint's secret is not a whsec_ secret".into(),
+        ));
     };
     // Standard Webhooks: several signatures, space-separated; a receiver accepts any it can
     // verify, so one still holding the previous secret keeps verifying during the grace.
@@ -280,10 +362,11 @@ async fn attempt(clients: &Clients, due: &Due) -> Outcome {
         .header("webhook-id", &id)
         .header("webhook-timestamp", timestamp.to_string())
         .header("webhook-signature", signature)
-        .body(body)
+        .header("content-length", body.len())
+        .body(gated(db.clone(), due.id, due.attempts, body))
         .send()
         .await;
-    match response {
+    Some(match response {
         Ok(response) if response.status().is_success() => Outcome {
             status_code: Some(response.status().as_u16()),
             error: None,
@@ -302,16 +385,21 @@ async fn attempt(clients: &Clients, due: &Due) -> Outcome {
                 std::iter::successors(Some(&err as &(dyn std::error::Error + 'static)), |e| {
                     e.source()
                 });
-            let refused = chain
-                .filter_map(|e| e.downcast_ref::<Refused>())
-                .map(ToString::to_string)
-                .next();
+            let mut refused = None;
+            for cause in chain {
+                if cause.is::<NotSent>() {
+                    return None;
+                }
+                if let Some(reason) = cause.downcast_ref::<Refused>() {
+                    refused.get_or_insert_with(|| reason.to_string());
+                }
+            }
             failed(
                 None,
                 refused.unwrap_or_else(|| err.without_url().to_string()),
             )
         }
-    }
+    })
 }
 
 /// The delay before try `attempts + 1`: 5 s, doubling, at most an hour.

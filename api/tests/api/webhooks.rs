@@ -340,10 +340,14 @@ async fn a_redirect_is_a_failed_try_never_followed_into_a_delivery() {
 
 #[tokio::test]
 async fn deliveries_go_at_the_pace_the_receiver_answers_with_a_bounded_number_in_flight() {
-    // 100 ms per answer and 8 tries in flight: 120 deliveries take about 1.5 s. A fixed pace (16
-    // claimed a second) takes 7.5 s, with 16 in flight at once.
+    // 100 ms per answer and 8 tries in flight (the one tenant may hold all 8): 120 deliveries
+    // take about 1.5 s. A fixed pace (16 claimed a second) takes 7.5 s, with 16 in flight.
     let (receiver, url) = Receiver::slow(Duration::from_millis(100)).await;
-    let app = TestApp::start(1, loopback_workers_with(8, &[])).await;
+    let app = TestApp::start(
+        1,
+        loopback_workers_with(8, &["--webhooks-max-in-flight-per-tenant", "8"]),
+    )
+    .await;
     endpoints(&app, "acme", &url, 20).await;
     complete_runs(&app, "alice", "acme", 6).await;
     let ended = Instant::now();
@@ -367,13 +371,18 @@ async fn deliveries_go_at_the_pace_the_receiver_answers_with_a_bounded_number_in
 
 #[tokio::test]
 async fn a_tenant_whose_endpoints_never_answer_delays_another_tenants_delivery_by_one_timeout() {
-    // A 5 s lease: a try times out after 2.5 s. Four slots, all taken by "dark", whose ten
-    // endpoints accept connections and never answer, with 40 deliveries due. In one FIFO, acme's
-    // delivery would wait for ten rounds of timeouts (25 s); taking turns, for the next slot.
+    // A 5 s lease: a try times out after 2.5 s. Four slots, all taken by "dark" (its cap is
+    // raised to all four), whose ten endpoints accept connections and never answer, with 40
+    // deliveries due. In one FIFO, acme's delivery would wait for ten rounds of timeouts
+    // (25 s); taking turns, for the next slot.
     const TIMEOUT: Duration = Duration::from_millis(2500);
     let hole = blackhole().await;
     let (receiver, url) = Receiver::start(&[]).await;
-    let app = TestApp::start(1, loopback_workers_with(4, &[])).await;
+    let app = TestApp::start(
+        1,
+        loopback_workers_with(4, &["--webhooks-max-in-flight-per-tenant", "4"]),
+    )
+    .await;
     endpoints(&app, "dark", &hole, 10).await;
     endpoints(&app, "acme", &url, 1).await;
     complete_runs(&app, "eve", "dark", 4).await;
@@ -402,6 +411,51 @@ async fn a_tenant_whose_endpoints_never_answer_delays_another_tenants_delivery_b
         waited < TIMEOUT + Duration::from_millis(1500),
         "acme's delivery waited {waited:?} behind dark's endpoints (one try times out in {TIMEOUT:?})"
     );
+    app.stop().await;
+}
+
+/// How many of `tenant`'s deliveries are in flight (leased).
+async fn in_flight(app: &TestApp, tenant: &str) -> i64 {
+    let (held,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM webhook_deliveries WHERE tenant_id = $1 AND lease_expires_at > now()",
+    )
+    .bind(tenant)
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("count");
+    held
+}
+
+#[tokio::test]
+async fn a_tenant_whose_endpoints_never_answer_holds_only_its_cap_and_another_tenants_delivery_goes_at_once()
+ {
+    // As above, but with the default cap: half the four slots. "dark" holds two tries that
+    // will time out after 2.5 s, with 38 more due; acme's delivery takes a free slot at the
+    // next claim (100 ms polls), not the one that frees when a try times out.
+    const TIMEOUT: Duration = Duration::from_millis(2500);
+    let hole = blackhole().await;
+    let (receiver, url) = Receiver::start(&[]).await;
+    let app = TestApp::start(1, loopback_workers_with(4, &[])).await;
+    endpoints(&app, "dark", &hole, 10).await;
+    endpoints(&app, "acme", &url, 1).await;
+    complete_runs(&app, "eve", "dark", 4).await;
+    poll_until("dark's cap held", Duration::from_secs(10), || async {
+        (in_flight(&app, "dark").await >= 2).then_some(())
+    })
+    .await;
+    complete_runs(&app, "alice", "acme", 1).await;
+    let ended = Instant::now();
+    poll_until("acme's delivery", Duration::from_secs(20), || async {
+        (receiver.count() >= 1).then_some(())
+    })
+    .await;
+    let waited = ended.elapsed();
+    assert!(
+        waited < TIMEOUT / 2,
+        "acme's delivery waited {waited:?} behind dark's endpoints (a try times out in {TIMEOUT:?})"
+    );
+    let held = in_flight(&app, "dark").await;
+    assert!(held <= 2, "dark holds {held} tries; its cap is 2");
     app.stop().await;
 }
 

@@ -266,29 +266,36 @@ pub const BREAKER_OPEN: Duration = Duration::from_secs(30);
 pub const BREAKER_MAX_OPEN: Duration = Duration::from_secs(3600);
 
 /// Claims up to `limit` due deliveries for `lease` (database clock), counting a try each,
-/// taking turns between tenants and, within a tenant, between its endpoints: see [`CLAIM`].
+/// taking turns between tenants and, within a tenant, between its endpoints, and leaving any
+/// tenant at most `per_tenant` tries in flight (across all workers): see [`CLAIM`].
 pub async fn claim_due(
     executor: impl PgExecutor<'_>,
     limit: i64,
     lease: Duration,
+    per_tenant: i64,
 ) -> sqlx::Result<Vec<Due>> {
     sqlx::query_as(CLAIM)
         .bind(limit)
         .bind(interval(lease))
         .bind(BREAKER_THRESHOLD)
+        .bind(per_tenant.max(1))
         .fetch_all(executor)
         .await
 }
 
-/// The claim's statement (`$1` limit, `$2` lease, `$3` [`BREAKER_THRESHOLD`]).
+/// The claim's statement (`$1` limit, `$2` lease, `$3` [`BREAKER_THRESHOLD`], `$4` the
+/// tries one tenant may have in flight).
 ///
 /// Fair as the run claim is (`shared/src/db/runs/claim.rs`): every endpoint with a pending
 /// delivery is found by a loose index scan (one probe each; a tenant has at most
 /// `SPOOL_WEBHOOKS_MAX_PER_TENANT` endpoints), each due one gets a turn from its in-flight
 /// tries and its own order, and each tenant's deliveries a turn from the tenant's in-flight
 /// tries and those endpoint turns. So a tenant with a backlog, or with endpoints that never
-/// answer, takes one slot after another only while no other tenant has a delivery due: another
-/// tenant's delivery is claimed by the next slot that frees, within one try's timeout.
+/// answer, takes one slot after another only while no other tenant has a delivery due, and
+/// never more than `$4` in all (`SPOOL_WEBHOOKS_MAX_IN_FLIGHT_PER_TENANT`): another tenant's
+/// delivery finds a free slot at once while one tenant's dead endpoints hold their cap (and
+/// otherwise is claimed by the next slot that frees, within one try's timeout). A tenant at
+/// its cap is left out before the turns are counted.
 /// An open circuit hides its endpoint; a half-open one (threshold reached, open time past)
 /// offers one delivery, and none while that one is in flight.
 ///
@@ -320,13 +327,16 @@ pub const CLAIM: &str = "WITH RECURSIVE
      -- turn is its load + 1, so no tenant past the first $1 could win a slot (a few more for
      -- rows other workers hold).
      tenants AS MATERIALIZED (
-         SELECT t.tenant_id,
-                (SELECT count(*) FROM webhook_deliveries x
-                  WHERE x.tenant_id = t.tenant_id
-                    AND x.delivered_at IS NULL AND x.abandoned_at IS NULL
-                    AND x.lease_expires_at > now()) AS busy
-           FROM (SELECT tenant_id, min(first_at) AS oldest FROM ready GROUP BY tenant_id) t
-          ORDER BY busy, t.oldest
+         SELECT l.tenant_id, l.busy
+           FROM (SELECT t.tenant_id, t.oldest,
+                        (SELECT count(*) FROM webhook_deliveries x
+                          WHERE x.tenant_id = t.tenant_id
+                            AND x.delivered_at IS NULL AND x.abandoned_at IS NULL
+                            AND x.lease_expires_at > now()) AS busy
+                   FROM (SELECT tenant_id, min(first_at) AS oldest FROM ready GROUP BY tenant_id) t
+                ) l
+          WHERE l.busy < $4
+          ORDER BY l.busy, l.oldest
           LIMIT $1 + 8),
      ranked AS (
          SELECT h.id, r.tenant_id, h.next_attempt_at,
@@ -339,14 +349,17 @@ pub const CLAIM: &str = "WITH RECURSIVE
                                   AND q.delivered_at IS NULL AND q.abandoned_at IS NULL
                                   AND q.next_attempt_at <= now()
                                 ORDER BY q.next_attempt_at
-                                LIMIT CASE WHEN NOT r.probing THEN $1 + 8
+                                LIMIT CASE WHEN NOT r.probing THEN least($1 + 8, $4 - c.busy)
                                            WHEN r.busy = 0 THEN 1 ELSE 0 END) h),
      fair AS (
-         SELECT k.id, k.next_attempt_at,
-                t.busy + row_number() OVER (PARTITION BY k.tenant_id
-                                            ORDER BY k.endpoint_turn, k.next_attempt_at) AS turn
-           FROM ranked k JOIN tenants t ON t.tenant_id = k.tenant_id
-          ORDER BY turn, k.next_attempt_at
+         SELECT f.id, f.next_attempt_at, f.turn
+           FROM (SELECT k.id, k.next_attempt_at,
+                        t.busy + row_number() OVER (PARTITION BY k.tenant_id
+                                                    ORDER BY k.endpoint_turn, k.next_attempt_at)
+                            AS turn
+                   FROM ranked k JOIN tenants t ON t.tenant_id = k.tenant_id) f
+          WHERE f.turn <= $4
+          ORDER BY f.turn, f.next_attempt_at
           LIMIT 2 * $1 + 32),
      candidate AS (
          SELECT d.id FROM webhook_deliveries d JOIN fair f ON f.id = d.id
@@ -363,6 +376,49 @@ pub const CLAIM: &str = "WITH RECURSIVE
      RETURNING d.id, d.attempts, d.payload, w.url, w.secret,
                CASE WHEN w.previous_secret_expires_at > now() THEN w.previous_secret END
                    AS previous_secret";
+
+/// A claimed delivery's row, share-locked while its body is handed to the connection
+/// ([`hold_for_send`]); dropping it (or [`Held::release`]) ends the hold.
+#[derive(Debug)]
+pub struct Held(sqlx::Transaction<'static, sqlx::Postgres>);
+
+impl Held {
+    /// Ends the hold now (dropping it does too, with the connection's next use).
+    pub async fn release(self) -> sqlx::Result<()> {
+        self.0.commit().await
+    }
+}
+
+/// Holds claimed delivery `id`, try `attempt`, for the moment its body is handed to the
+/// receiver's connection: `Some` if it is still pending and still this try's, with its row
+/// share-locked (`FOR KEY SHARE`, in a transaction of its own) until the [`Held`] is released
+/// or dropped; `None` if it is not to be sent: its thread was erased or its endpoint deleted
+/// (the row is gone), another worker took it over after the lease expired, it was delivered,
+/// or a deletion of it is under way (a row locked by one is skipped, never waited for).
+///
+/// This is what makes erasure final for deliveries already claimed: the `DELETE` of the
+/// thread's deliveries ([`crate::db::threads::erase`]) or of the endpoint waits for a hold
+/// (one round trip and a write into a socket buffer), and a hold taken after the deletion
+/// finds nothing. So a delivery's body is sent either before the deletion commits or never.
+/// The lock is on that one row: only a deletion of the same tenant's thread or endpoint
+/// ever waits on it.
+pub async fn hold_for_send(
+    pool: &sqlx::PgPool,
+    id: Uuid,
+    attempt: i32,
+) -> sqlx::Result<Option<Held>> {
+    let mut tx = pool.begin().await?;
+    let found: Option<(Uuid,)> = sqlx::query_as(
+        "SELECT id FROM webhook_deliveries
+          WHERE id = $1 AND attempts = $2 AND delivered_at IS NULL AND abandoned_at IS NULL
+            FOR KEY SHARE SKIP LOCKED",
+    )
+    .bind(id)
+    .bind(attempt)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(found.map(|_| Held(tx)))
+}
 
 /// How a try ended.
 #[derive(Clone, Debug)]
@@ -399,6 +455,11 @@ pub async fn record(
 /// [`BREAKER_MAX_OPEN`]). So of an endpoint's tries in one call, the failures after its last
 /// 2xx count, from 0 if there was a 2xx and from its stored count if not. The endpoint's row is
 /// written only when that changes something.
+///
+/// A try of a delivery that is gone (its thread erased or its endpoint deleted while the try
+/// was in flight), or whose row a deletion (or another worker's claim after the lease expired)
+/// holds locked, is left out, without waiting: the others are recorded all the same (a try
+/// row for a deleted delivery would break its foreign key and lose the whole batch).
 pub async fn record_all(
     executor: impl PgExecutor<'_>,
     tries: &[(Uuid, i32, Outcome)],
@@ -423,8 +484,11 @@ pub async fn record_all(
                                          $5::bool[], $6::int8[])
                              WITH ORDINALITY AS o(id, attempt, status_code, error, delivered,
                                                   retry_us, n)),
+              live AS (SELECT id FROM webhook_deliveries WHERE id = ANY($1)
+                          FOR KEY SHARE SKIP LOCKED),
               t AS (INSERT INTO webhook_attempts (delivery_id, attempt, status_code, error)
-                    SELECT id, attempt, status_code, error FROM o ON CONFLICT DO NOTHING),
+                    SELECT o.id, o.attempt, o.status_code, o.error FROM o JOIN live USING (id)
+                    ON CONFLICT DO NOTHING),
               d AS (UPDATE webhook_deliveries d
                        SET lease_expires_at = NULL,
                            delivered_at = CASE WHEN o.delivered THEN now() END,
@@ -434,7 +498,7 @@ pub async fn record_all(
                                         <= now() + o.retry_us * interval '1 microsecond'
                                THEN now() END,
                            next_attempt_at = now() + o.retry_us * interval '1 microsecond'
-                      FROM o
+                      FROM o JOIN live USING (id)
                      WHERE d.id = o.id AND d.attempts = o.attempt AND d.delivered_at IS NULL
                  RETURNING d.webhook_id, o.delivered, o.n),
               k AS (SELECT webhook_id, max(n) FILTER (WHERE delivered) AS last_ok

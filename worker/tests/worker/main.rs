@@ -1,6 +1,7 @@
 //! Worker tests: the agent loop driven one run at a time (`run_next`) against a fake upstream
 //! and real local tool and hook servers, the provider client against recorded OpenAI
-//! transcripts, tools against real local servers (HTTP, MCP), the network policy.
+//! transcripts, tools against real local servers (HTTP, MCP), the network policy, a webhook
+//! try against a real receiver.
 
 mod agent_loop;
 mod agents;
@@ -19,3 +20,4 @@ mod providers;
 mod quotas;
 mod ssrf;
 mod structured;
+mod webhooks;

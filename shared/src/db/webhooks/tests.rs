@@ -1,8 +1,10 @@
-use spool_tests::TestDb;
+use spool_tests::{TestDb, poll_until};
 
 use super::*;
 
 const LEASE: Duration = Duration::from_secs(30);
+/// A per-tenant cap no test reaches.
+const UNCAPPED: i64 = 1_000;
 
 /// An endpoint of `acme` and one delivery to it of an event `age` old.
 async fn delivery(db: &TestDb, age: Duration) -> (WebhookId, Uuid) {
@@ -142,7 +144,9 @@ async fn five_failures_in_a_row_open_the_circuit_then_one_try_at_a_time_until_a_
     for _ in 0..8 {
         delivery_to(&db, hook, "acme", zero, zero, "pending").await;
     }
-    let due = claim_due(&db.pool, 5, LEASE).await.expect("claim");
+    let due = claim_due(&db.pool, 5, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert_eq!(due.len(), 5);
     for (n, d) in due.iter().enumerate() {
         let hook_row = find(&db.pool, hook, "acme")
@@ -168,7 +172,7 @@ async fn five_failures_in_a_row_open_the_circuit_then_one_try_at_a_time_until_a_
     assert!((25..=30).contains(&secs), "open for 30 s: {secs}");
     // Eight due (the five failed ones again at once, retry_in 0), none claimed.
     assert!(
-        claim_due(&db.pool, 10, LEASE)
+        claim_due(&db.pool, 10, LEASE, UNCAPPED)
             .await
             .expect("claim")
             .is_empty()
@@ -178,10 +182,12 @@ async fn five_failures_in_a_row_open_the_circuit_then_one_try_at_a_time_until_a_
         .execute(&db.pool)
         .await
         .expect("time passes");
-    let probe = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+    let probe = claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert_eq!(probe.len(), 1, "one probe");
     assert!(
-        claim_due(&db.pool, 10, LEASE)
+        claim_due(&db.pool, 10, LEASE, UNCAPPED)
             .await
             .expect("claim")
             .is_empty()
@@ -202,7 +208,9 @@ async fn five_failures_in_a_row_open_the_circuit_then_one_try_at_a_time_until_a_
         .execute(&db.pool)
         .await
         .expect("time passes");
-    let probe = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+    let probe = claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert_eq!(probe.len(), 1);
     record(&db.pool, probe[0].id, probe[0].attempts, &ok())
         .await
@@ -216,7 +224,10 @@ async fn five_failures_in_a_row_open_the_circuit_then_one_try_at_a_time_until_a_
         (0, None)
     );
     assert_eq!(
-        claim_due(&db.pool, 10, LEASE).await.expect("claim").len(),
+        claim_due(&db.pool, 10, LEASE, UNCAPPED)
+            .await
+            .expect("claim")
+            .len(),
         7,
         "closed"
     );
@@ -230,7 +241,9 @@ async fn tries_recorded_in_one_batch_move_each_delivery_and_count_for_the_circui
     for _ in 0..8 {
         delivery_to(&db, hook, "acme", zero, zero, "pending").await;
     }
-    let due = claim_due(&db.pool, 8, LEASE).await.expect("claim");
+    let due = claim_due(&db.pool, 8, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert_eq!(due.len(), 8);
     let tries = |from: usize, outcomes: &[Outcome]| -> Vec<(Uuid, i32, Outcome)> {
         due[from..]
@@ -295,7 +308,9 @@ async fn the_oldest_due_age_counts_waiting_deliveries_not_those_in_flight_or_hel
         .expect("dead");
     let age = oldest_due_seconds(&db.pool).await.expect("age");
     assert!((59.0..70.0).contains(&age), "{age}");
-    let due = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+    let due = claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert_eq!(due.len(), 2, "acme's, and the dead endpoint's probe");
     assert_eq!(
         oldest_due_seconds(&db.pool).await.expect("age"),
@@ -330,9 +345,13 @@ async fn a_failed_try_is_retried_later_within_the_window_and_abandoned_after_it(
     let db = TestDb::new().await.expect("db");
     let (_, fresh) = delivery(&db, Duration::ZERO).await;
     let (_, old) = delivery(&db, RETRY_WINDOW - Duration::from_secs(60)).await;
-    let due = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+    let due = claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert_eq!(due.len(), 2);
-    let again = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+    let again = claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert!(again.is_empty(), "leased");
     for d in &due {
         assert_eq!(d.attempts, 1);
@@ -355,7 +374,9 @@ async fn a_failed_try_is_retried_later_within_the_window_and_abandoned_after_it(
         (false, true, true),
         "the next try would fall past 24 h: abandoned"
     );
-    let later = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+    let later = claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert!(later.is_empty(), "not due yet, or abandoned");
 }
 
@@ -363,11 +384,13 @@ async fn a_failed_try_is_retried_later_within_the_window_and_abandoned_after_it(
 async fn an_expired_lease_is_claimed_again_and_a_late_failure_cannot_undo_a_delivery() {
     let db = TestDb::new().await.expect("db");
     let (hook, id) = delivery(&db, Duration::ZERO).await;
-    let first = claim_due(&db.pool, 10, Duration::ZERO)
+    let first = claim_due(&db.pool, 10, Duration::ZERO, UNCAPPED)
         .await
         .expect("claim");
     // The first worker's lease ran out (it died, say): another claims the delivery.
-    let second = claim_due(&db.pool, 10, LEASE).await.expect("claim");
+    let second = claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
     assert_eq!((first.len(), second.len()), (1, 1));
     assert_eq!(second[0].attempts, 2);
     let delivered = Outcome {
@@ -383,4 +406,146 @@ async fn an_expired_lease_is_claimed_again_and_a_late_failure_cannot_undo_a_deli
     assert!(state(&db, id).await.0, "still delivered");
     let page = deliveries(&db.pool, hook, None, 10).await.expect("page");
     assert_eq!(page.rows[0].tries.0.len(), 2, "both tries are listed");
+}
+
+/// The thread of delivery `id`.
+async fn thread_of(db: &TestDb, id: Uuid) -> crate::ThreadId {
+    let (thread,): (Uuid,) =
+        sqlx::query_as("SELECT thread_id FROM webhook_deliveries WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .expect("thread");
+    crate::ThreadId(thread)
+}
+
+/// Erases `thread` as `DELETE /v1/threads/{id}` does (its rows, in one transaction).
+async fn erase_thread(pool: sqlx::PgPool, thread: crate::ThreadId) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
+    crate::db::threads::erase(&mut tx, thread).await?;
+    tx.commit().await
+}
+
+#[tokio::test]
+async fn an_erasure_waits_for_a_held_send_and_a_hold_after_it_finds_nothing_to_send() {
+    let db = TestDb::new().await.expect("db");
+    let (_, id) = delivery(&db, Duration::ZERO).await;
+    let claimed = claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1);
+    assert!(
+        hold_for_send(&db.pool, id, 2)
+            .await
+            .expect("hold")
+            .is_none(),
+        "not this try's: try 1 was claimed"
+    );
+    let held = hold_for_send(&db.pool, id, 1)
+        .await
+        .expect("hold")
+        .expect("the claimed try holds it");
+    // The erasure starts while the body is being handed over: it waits for the hold.
+    let erasing = tokio::spawn(erase_thread(db.pool.clone(), thread_of(&db, id).await));
+    poll_until(
+        "the erasure waits on the hold",
+        Duration::from_secs(10),
+        || async {
+            let (waiting,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND query LIKE 'DELETE FROM webhook_deliveries%'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .ok()?;
+            (waiting == 1).then_some(())
+        },
+    )
+    .await;
+    assert!(!erasing.is_finished(), "the erasure waits");
+    held.release().await.expect("release");
+    erasing.await.expect("task").expect("the erasure commits");
+    assert_eq!(db.count("webhook_deliveries").await, 0);
+    assert!(
+        hold_for_send(&db.pool, id, 1)
+            .await
+            .expect("hold")
+            .is_none(),
+        "erased: nothing to send"
+    );
+}
+
+#[tokio::test]
+async fn a_hold_never_waits_for_a_deletion_under_way_and_finds_nothing_to_send() {
+    let db = TestDb::new().await.expect("db");
+    let (_, id) = delivery(&db, Duration::ZERO).await;
+    claim_due(&db.pool, 10, LEASE, UNCAPPED)
+        .await
+        .expect("claim");
+    let mut deleting = db.pool.begin().await.expect("tx");
+    crate::db::threads::erase(&mut deleting, thread_of(&db, id).await)
+        .await
+        .expect("erase");
+    let hold = tokio::time::timeout(Duration::from_secs(5), hold_for_send(&db.pool, id, 1))
+        .await
+        .expect("the hold does not wait for the deletion")
+        .expect("hold");
+    assert!(hold.is_none(), "a deletion under way: not sent");
+    // Rolled back (an erasure that timed out, say): the delivery is there to send again.
+    deleting.rollback().await.expect("rollback");
+    assert!(
+        hold_for_send(&db.pool, id, 1)
+            .await
+            .expect("hold")
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_try_of_a_delivery_erased_in_flight_is_left_out_and_the_batch_is_recorded() {
+    let db = TestDb::new().await.expect("db");
+    let (_, gone) = delivery(&db, Duration::ZERO).await;
+    let (_, kept) = delivery(&db, Duration::ZERO).await;
+    assert_eq!(
+        claim_due(&db.pool, 10, LEASE, UNCAPPED)
+            .await
+            .expect("claim")
+            .len(),
+        2
+    );
+    erase_thread(db.pool.clone(), thread_of(&db, gone).await)
+        .await
+        .expect("erase");
+    record_all(&db.pool, &[(gone, 1, ok()), (kept, 1, ok())])
+        .await
+        .expect("the batch is recorded");
+    assert!(state(&db, kept).await.0, "the other try is recorded");
+    assert_eq!(db.count("webhook_attempts").await, 1);
+}
+
+#[tokio::test]
+async fn a_tenant_at_its_in_flight_cap_is_left_out_of_the_claim_and_others_are_not() {
+    let db = TestDb::new().await.expect("db");
+    let dark = [endpoint(&db, "dark").await, endpoint(&db, "dark").await];
+    let acme = endpoint(&db, "acme").await;
+    let zero = Duration::ZERO;
+    for n in 0..10 {
+        delivery_to(&db, dark[n % 2], "dark", zero, zero, "pending").await;
+    }
+    let first = claim_due(&db.pool, 10, LEASE, 3).await.expect("claim");
+    assert_eq!(first.len(), 3, "dark's cap, nothing else due");
+    let theirs = delivery_to(&db, acme, "acme", zero, zero, "pending").await;
+    let second = claim_due(&db.pool, 10, LEASE, 3).await.expect("claim");
+    assert_eq!(
+        second.iter().map(|d| d.id).collect::<Vec<_>>(),
+        [theirs],
+        "dark holds its cap: only acme's is claimed"
+    );
+    // One of dark's tries ends: one more of its deliveries may go.
+    record(&db.pool, first[0].id, 1, &failed(Duration::from_secs(60)))
+        .await
+        .expect("record");
+    let third = claim_due(&db.pool, 10, LEASE, 3).await.expect("claim");
+    assert_eq!(third.len(), 1, "room for one: {third:?}");
 }
