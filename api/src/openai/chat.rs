@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use spool_shared::db::runs::Run;
-use spool_shared::db::{agents, idempotency, messages};
+use spool_shared::db::{agents, messages};
 use spool_shared::event::transcript::Shown;
 use spool_shared::status::RunStatus;
 use spool_shared::{ThreadId, WorkflowId};
@@ -40,13 +40,13 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
 use crate::openai::citations;
+use crate::openai::create::{self, Create};
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::format;
 use crate::openai::functions::{self, Api, Functions, Segments};
-use crate::openai::responses::{content_text, follow_up_key, turns};
+use crate::openai::responses::{content_text, turns};
 use crate::openai::{DEFAULT_MODEL, chat_usage, find_run, model_of, resolve_model, wait_for_run};
 use crate::openai::{history, params, sampling};
-use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 use spool_shared::event::transcript::Pause;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -122,23 +122,19 @@ pub(crate) async fn create_completion(
         .stream_options
         .as_ref()
         .is_some_and(|o| o.include_usage);
+    let create = Create {
+        state: &state,
+        caller: &caller,
+        headers: &headers,
+        raw: &raw,
+        route: b"chat.completions",
+        stream: request.stream == Some(true),
+    };
     if let Some(outputs) = tool_answers(&request.messages)? {
         // The `tool` messages answer the calls a completion ended with: the same run goes on.
-        let slot = (request.stream == Some(true))
-            .then(|| gateway::stream_slot(&state, &caller))
-            .transpose()?;
-        let key = follow_up_key(&headers, &caller, b"chat.completions", &raw)?;
-        let (run, segment) = functions::follow_up(
-            &state,
-            &caller,
-            None,
-            outputs,
-            &functions,
-            &sampling,
-            "messages",
-            key.as_ref(),
-        )
-        .await?;
+        let (slot, run, segment) = create
+            .follow_up(None, outputs, &functions, &sampling, "messages")
+            .await?;
         return reply(&state, &caller, slot, run, segment, include_usage).await;
     }
     let turns = turns(&without_tool_turns(&request.messages), "messages")?;
@@ -150,19 +146,7 @@ pub(crate) async fn create_completion(
         let names = crate::openai::responses::agent_tool_names(&state, &caller, agent_id).await?;
         functions.check_names(&names)?;
     }
-    let thread = request
-        .metadata
-        .as_ref()
-        .and_then(|metadata| metadata.get("thread_id"))
-        .map(|id| {
-            id.as_str()
-                .and_then(|id| id.parse::<ThreadId>().ok())
-                .ok_or_else(|| {
-                    ApiError::bad_request("invalid_thread_id", "metadata.thread_id must be a UUID")
-                        .with("param", "metadata")
-                })
-        })
-        .transpose()?;
+    let thread = metadata_thread(request.metadata.as_ref())?;
     // A thread of its own keeps the conversation; so does the thread of an earlier request
     // whose conversation this one resends; else a new one is seeded with it.
     let continued = match thread {
@@ -173,44 +157,33 @@ pub(crate) async fn create_completion(
         Some(thread) => (thread, Vec::new()),
         None => (ThreadId::new(), turns.history),
     };
-    let response_format = format::from_chat(raw.get("response_format"))?;
-    let message = UserMessageRequest {
-        input_text: turns.input_text,
+    let message = create::message(
+        turns.input_text,
         agent_id,
-        metadata: request.metadata.clone(),
-        tool_choice: None,
-        active_tools: None,
-        max_steps: None,
-        client: None,
-        instructions: turns.instructions,
-        functions: sampling::add_to(functions.overrides(), &sampling),
-        response_format,
-        // An OpenAI request's instructions are its system prompt.
-        replaces_instructions: true,
-        ..UserMessageRequest::default()
-    };
-    let key = idempotency_key(&headers)?;
-    // A stream's slot before anything is enqueued: a refused stream creates nothing.
-    let slot = (request.stream == Some(true))
-        .then(|| gateway::stream_slot(&state, &caller))
-        .transpose()?;
-    let hash = idempotency::request_hash(&[
-        caller.owner.user_id.as_bytes(),
-        b"chat.completions",
-        &serde_json::to_vec(&raw).map_err(anyhow::Error::from)?,
-    ]);
-    let enqueued =
-        enqueue_message(&state, &caller, thread_id, &message, key, &hash, &history).await?;
+        request.metadata.clone(),
+        turns.instructions,
+        &functions,
+        &sampling,
+        format::from_chat(raw.get("response_format"))?,
+    );
+    let (slot, id) = create.enqueue(thread_id, &message, &history).await?;
     history::remember(&state, &caller, &request.messages, thread_id).await?;
-    reply(
-        &state,
-        &caller,
-        slot,
-        enqueued.workflow_id,
-        0,
-        include_usage,
-    )
-    .await
+    reply(&state, &caller, slot, id, 0, include_usage).await
+}
+
+/// The thread `metadata.thread_id` names, if it names one; 400 if it is not a UUID.
+fn metadata_thread(metadata: Option<&Map<String, Value>>) -> Result<Option<ThreadId>, ApiError> {
+    metadata
+        .and_then(|metadata| metadata.get("thread_id"))
+        .map(|id| {
+            id.as_str()
+                .and_then(|id| id.parse::<ThreadId>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("invalid_thread_id", "metadata.thread_id must be a UUID")
+                        .with("param", "metadata")
+                })
+        })
+        .transpose()
 }
 
 /// Segment `segment` of the run (see [`functions`]) as chunks (with a `slot`), or as a
