@@ -277,61 +277,14 @@ async fn completion(state: &AppState, run: &Run, segment: u32) -> Result<Respons
     let segments = Segments::load(state, run).await?;
     let index = segment as usize;
     if segments.pauses.len() > index {
-        // Ended at function calls, while the run waits.
-        let usage = segments.pauses[index].usage;
-        let items = segments.output(index);
-        let text = functions::text_of(&items);
-        let calls: Vec<Value> = segments
-            .waiting_calls(index)
-            .iter()
-            .map(|call| {
-                json!({"id": call["call_id"], "type": "function", "function": {
-                    "name": call["name"], "arguments": call["arguments"]}})
-            })
-            .collect();
-        return Ok(Json(json!({
-            "id": completion_id(run.id, segment),
-            "object": "chat.completion",
-            "created": run.created_at.timestamp(),
-            "model": model_of(run),
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant",
-                    "content": if text.is_empty() { Value::Null } else { json!(text) },
-                    "refusal": null, "tool_calls": calls},
-                "finish_reason": "tool_calls",
-                "logprobs": null,
-            }],
-            "usage": chat_usage(&usage),
-        }))
-        .into_response());
+        return Ok(Json(paused_completion(run, &segments, segment)).into_response());
     }
     if index > segments.pauses.len() {
         return Err(crate::openai::response_not_found());
     }
     match run.status {
         RunStatus::Completed | RunStatus::Cancelled => {}
-        RunStatus::Failed => {
-            let (code, message) = run.error.as_ref().map_or_else(
-                || ("run_failed".to_owned(), "the run failed".to_owned()),
-                |e| {
-                    (
-                        json!(e.0.code).as_str().unwrap_or("run_failed").to_owned(),
-                        e.0.message.clone(),
-                    )
-                },
-            );
-            // An answer that never validated against `response_format` is the request's
-            // fault as OpenAI sees it: 422 `invalid_output`.
-            let (status, kind) = if code == "invalid_output" {
-                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error")
-            } else {
-                (StatusCode::BAD_GATEWAY, "server_error")
-            };
-            let body = json!({"error": {"message": message, "type": kind,
-                "code": code, "param": null, "workflow_id": run.id}});
-            return Ok((status, Json(body)).into_response());
-        }
+        RunStatus::Failed => return Ok(failed_completion(run)),
         _ => {
             return Err(ApiError::conflict(
                 "run_not_finished",
@@ -375,6 +328,61 @@ async fn completion(state: &AppState, run: &Run, segment: u32) -> Result<Respons
         "usage": chat_usage(&usage),
     }))
     .into_response())
+}
+
+/// The completion of a segment that ended at function calls, while the run waits for their
+/// outputs: its text and the calls, `finish_reason: "tool_calls"`.
+fn paused_completion(run: &Run, segments: &Segments, segment: u32) -> Value {
+    let index = segment as usize;
+    let usage = segments.pauses[index].usage;
+    let items = segments.output(index);
+    let text = functions::text_of(&items);
+    let calls: Vec<Value> = segments
+        .waiting_calls(index)
+        .iter()
+        .map(|call| {
+            json!({"id": call["call_id"], "type": "function", "function": {
+                "name": call["name"], "arguments": call["arguments"]}})
+        })
+        .collect();
+    json!({
+        "id": completion_id(run.id, segment),
+        "object": "chat.completion",
+        "created": run.created_at.timestamp(),
+        "model": model_of(run),
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant",
+                "content": if text.is_empty() { Value::Null } else { json!(text) },
+                "refusal": null, "tool_calls": calls},
+            "finish_reason": "tool_calls",
+            "logprobs": null,
+        }],
+        "usage": chat_usage(&usage),
+    })
+}
+
+/// A failed run's error, with its failure code and `workflow_id`: 422 `invalid_output` for an
+/// answer that never validated against `response_format` (the request's fault as OpenAI sees
+/// it), else 502.
+fn failed_completion(run: &Run) -> Response {
+    let (code, message) = run.error.as_ref().map_or_else(
+        || ("run_failed".to_owned(), "the run failed".to_owned()),
+        |e| {
+            (
+                json!(e.0.code).as_str().unwrap_or("run_failed").to_owned(),
+                e.0.message.clone(),
+            )
+        },
+    );
+    let (status, kind) = if code == "invalid_output" {
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error")
+    } else {
+        (StatusCode::BAD_GATEWAY, "server_error")
+    };
+    let body = json!({"error": {"message": message, "type": kind,
+        "code": code, "param": null, "workflow_id": run.id}});
+    (status, Json(body)).into_response()
 }
 
 /// A run's transcript as chat-completion chunks.
