@@ -14,10 +14,10 @@
 //! `safety_identifier` and `stream_options` are accepted and change nothing (every run is
 //! stored); parameters Spool cannot honour are refused ([`params`]).
 //!
-//! Over 800 lines on purpose: the three routes share the request's translation and the
-//! response object's assembly from the run, and the stream replays that same object event by
-//! event; split apart, each half would restate the other's shape. Its pieces that stand alone
-//! already live beside it (`functions`, `sampling`, `params`, `format`, `translate`).
+//! The three routes stay together: they share the request's translation and the response
+//! object's assembly from the run, and the stream replays that same object event by event.
+//! Its pieces that stand alone live beside it (`create`, `functions`, `sampling`, `params`,
+//! `format`, `translate`).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
