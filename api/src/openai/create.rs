@@ -9,12 +9,11 @@
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use spool_shared::WorkflowId;
-use spool_shared::ThreadId;
 use spool_shared::agent::{ResponseFormat, Sampling};
 use spool_shared::db::idempotency;
 use spool_shared::ids::AgentId;
 use spool_shared::status::Role;
+use spool_shared::{ThreadId, WorkflowId};
 
 use crate::app::AppState;
 use crate::auth::Caller;

@@ -31,8 +31,8 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use spool_shared::db::runs::Run;
 use spool_shared::db::runs;
+use spool_shared::db::runs::Run;
 use spool_shared::status::Role;
 use spool_shared::{ThreadId, WorkflowId};
 
@@ -282,7 +282,9 @@ fn input_turns(input: Option<&Input>) -> Result<Turns, ApiError> {
             ..Turns::default()
         }),
         Some(Input::Items(items)) => turns(&without_calls(items), "input"),
-        None => Err(ApiError::bad_request("invalid_input", "input is required").with("param", "input")),
+        None => {
+            Err(ApiError::bad_request("invalid_input", "input is required").with("param", "input"))
+        }
     }
 }
 

@@ -257,8 +257,8 @@ async fn initialize(
     }
     match server.transport {
         McpTransport::StreamableHttp => {
-            let config =
-                StreamableHttpClientTransportConfig::with_uri(server.url).custom_headers(configured);
+            let config = StreamableHttpClientTransportConfig::with_uri(server.url)
+                .custom_headers(configured);
             let transport = StreamableHttpClientTransport::with_client(keyed, config);
             client
                 .serve(transport)
