@@ -436,10 +436,73 @@ fn verifier(secret: &SecretString, auth: &AuthArgs) -> anyhow::Result<JwtKeys> {
     Ok(jwt.with_external(crate::auth::ExternalAuth::new(external)?))
 }
 
+/// The settings the handlers read, from the command line (and what `serve` checked of it).
+fn api_config(
+    args: &ServeArgs,
+    write_timeout: Option<Duration>,
+    secrets: Option<spool_shared::secrets_key::SecretsKeys>,
+    identity_jwks: spool_shared::identity::Jwks,
+) -> anyhow::Result<ApiConfig> {
+    Ok(ApiConfig {
+        max_input_bytes: args.max_input_bytes,
+        max_body_bytes: args.max_body_bytes,
+        max_streams_per_user: args.sse_max_streams_per_user,
+        max_streams: args.sse_max_streams,
+        write_timeout,
+        min_drain_bytes_per_sec: args.min_drain_bytes_per_sec,
+        cors_origins: args.cors_origins.clone(),
+        trusted_proxies: args.trusted_proxies.clone(),
+        stream_retention: args.stream.retention(),
+        quotas: args.quota.quotas(),
+        providers: args.worker.providers.providers(),
+        secrets: secrets.map(Arc::new),
+        network_policy: Arc::new(args.worker.egress.policy()?),
+        builtin_tools: args.worker.builtin_tools.clone(),
+        retention: args.worker.retention.clone(),
+        max_webhooks_per_tenant: args.worker.webhooks.webhooks_max_per_tenant,
+        metrics_token: metrics_token(args.metrics_token.clone())?,
+        identity_jwks,
+    })
+}
+
+/// The `--embedded-worker` workers, started: one pool of their own, as a worker process would
+/// have, so runs do not take the API's connections from its requests (review M10), and a
+/// Redis connection each.
+async fn embedded_workers(
+    args: &ServeArgs,
+    keys: &StreamKeys,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinSet<anyhow::Result<()>>> {
+    let mut workers = tokio::task::JoinSet::new();
+    if args.embedded_worker == 0 {
+        return Ok(workers);
+    }
+    let worker_db = DbArgs {
+        skip_migrations: true,
+        ..args.db.clone()
+    };
+    let worker_db = spool_shared::db::connect(&worker_db, "spool-worker").await?;
+    for _ in 0..args.embedded_worker {
+        let streams = spool_worker::Streams::connect(
+            &args.redis.redis_url,
+            keys.clone(),
+            args.stream.retention(),
+        )
+        .context("REDIS_URL")?;
+        let worker = spool_worker::Worker::new(
+            worker_db.clone(),
+            args.db.database_url.clone(),
+            args.db.timeouts()?,
+            args.worker.clone(),
+            streams,
+        )?;
+        workers.spawn(spool_worker::run(worker, shutdown.clone()));
+    }
+    Ok(workers)
+}
+
 /// `spool-api serve`: telemetry, the database, Redis and the hub, the state, the embedded
-/// workers, the listener, then serving until a signal. A little over 80 lines of setup, each
-/// step one statement, kept in order in one place rather than split across helpers that would
-/// each take most of the others' results.
+/// workers, the listener, then serving until a signal, each step in its order here.
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Kept to the end of `serve`: dropping it flushes the spans not exported yet.
     let _telemetry = telemetry::init(args.log_format, "spool-api");
@@ -471,62 +534,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )
     .context("REDIS_URL")?;
     let admission = spool_shared::quota::admission::Admission::new(streams.conn(), &keys);
+    let config = api_config(&args, write_timeout, secrets, identity_keys.jwks())?;
     let state = AppState {
         db: db.clone(),
         streams,
         shutdown: shutdown.clone(),
         jwt: Arc::new(jwt),
-        config: Arc::new(ApiConfig {
-            max_input_bytes: args.max_input_bytes,
-            max_body_bytes: args.max_body_bytes,
-            max_streams_per_user: args.sse_max_streams_per_user,
-            max_streams: args.sse_max_streams,
-            write_timeout,
-            min_drain_bytes_per_sec: args.min_drain_bytes_per_sec,
-            cors_origins: args.cors_origins.clone(),
-            trusted_proxies: args.trusted_proxies.clone(),
-            stream_retention: args.stream.retention(),
-            quotas: args.quota.quotas(),
-            providers: args.worker.providers.providers(),
-            secrets: secrets.map(Arc::new),
-            network_policy: Arc::new(args.worker.egress.policy()?),
-            builtin_tools: args.worker.builtin_tools.clone(),
-            retention: args.worker.retention.clone(),
-            max_webhooks_per_tenant: args.worker.webhooks.webhooks_max_per_tenant,
-            metrics_token: metrics_token(args.metrics_token)?,
-            identity_jwks: identity_keys.jwks(),
-        }),
+        config: Arc::new(config),
         runs: crate::watch::RunWatch::start(db.clone(), shutdown.clone()),
         wake: crate::wake::Wake::start(db.clone(), shutdown.clone()),
         admission,
     };
-
-    let mut workers = tokio::task::JoinSet::new();
-    if args.embedded_worker > 0 {
-        // The embedded workers' own pool, as a worker process would have: runs do not take
-        // the API's connections from its requests (review M10).
-        let worker_db = DbArgs {
-            skip_migrations: true,
-            ..args.db.clone()
-        };
-        let worker_db = spool_shared::db::connect(&worker_db, "spool-worker").await?;
-        for _ in 0..args.embedded_worker {
-            let streams = spool_worker::Streams::connect(
-                &args.redis.redis_url,
-                keys.clone(),
-                args.stream.retention(),
-            )
-            .context("REDIS_URL")?;
-            let worker = spool_worker::Worker::new(
-                worker_db.clone(),
-                args.db.database_url.clone(),
-                args.db.timeouts()?,
-                args.worker.clone(),
-                streams,
-            )?;
-            workers.spawn(spool_worker::run(worker, shutdown.clone()));
-        }
-    }
+    let mut workers = embedded_workers(&args, &keys, &shutdown).await?;
 
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await

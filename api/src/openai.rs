@@ -15,6 +15,7 @@
 pub mod chat;
 pub mod citations;
 pub mod conversations;
+pub mod create;
 pub mod echo;
 pub mod feed;
 pub mod format;

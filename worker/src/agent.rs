@@ -199,23 +199,7 @@ impl<'a> Loop<'a> {
                 return Err(LoopEnd::Failed(Box::new(failure), checkpoint.answer).into());
             }
         };
-        let mut spec = spec.clone();
-        // The agent's max_steps within its ceiling, unless the message raised or lowered it.
-        let steps = run
-            .overrides
-            .as_ref()
-            .map_or_else(|| spec.default_steps(), |o| o.0.run_steps(&spec));
-        let parallel_tool_calls = run.overrides.as_ref().and_then(|o| o.0.parallel_tool_calls);
-        let sampling = run
-            .overrides
-            .as_ref()
-            .and_then(|o| o.0.sampling.clone())
-            .unwrap_or_default();
-        if let Some(overrides) = &run.overrides {
-            // Checked and pinned to their steps by the API.
-            overrides.0.clone().apply(&mut spec);
-        }
-        spec.max_steps = steps;
+        let (spec, parallel_tool_calls, sampling) = overridden(run, spec);
         let prompt::Prompt {
             mut conversation,
             input,
@@ -394,4 +378,26 @@ impl<'a> Loop<'a> {
         let failure = RunFailure::new(code, message);
         LoopEnd::Failed(Box::new(failure), std::mem::take(&mut self.answer)).into()
     }
+}
+
+/// The agent's spec as the run's message changes it (its overrides, checked and pinned to
+/// their steps by the API, and its `max_steps`: the agent's within its ceiling, unless the
+/// message raised or lowered it), with the message's `parallel_tool_calls` and sampling.
+fn overridden(run: &Run, spec: &AgentSpec) -> (AgentSpec, Option<bool>, Sampling) {
+    let mut spec = spec.clone();
+    let steps = run
+        .overrides
+        .as_ref()
+        .map_or_else(|| spec.default_steps(), |o| o.0.run_steps(&spec));
+    let parallel_tool_calls = run.overrides.as_ref().and_then(|o| o.0.parallel_tool_calls);
+    let sampling = run
+        .overrides
+        .as_ref()
+        .and_then(|o| o.0.sampling.clone())
+        .unwrap_or_default();
+    if let Some(overrides) = &run.overrides {
+        overrides.0.clone().apply(&mut spec);
+    }
+    spec.max_steps = steps;
+    (spec, parallel_tool_calls, sampling)
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use spool_shared::agent::AgentSpec;
-use spool_shared::db::runs::{Claimed, Fence, Outcome};
+use spool_shared::db::runs::{Claimed, Fence, Outcome, Run};
 use spool_shared::event::{
     AttemptRestarted, Citations, MessageEnd, MessageStart, Origin, end_of_message,
 };
@@ -33,7 +33,7 @@ use crate::agent::context::Attempt;
 use crate::agent::{self, Hooks};
 use crate::lease::Lease;
 use crate::publish::Publisher;
-use crate::stop::Stop;
+use crate::stop::{Stop, TimeLimit};
 use crate::worker::Worker;
 
 /// Why an attempt ended.
@@ -87,9 +87,8 @@ pub(crate) async fn execute(
 }
 
 /// The attempt inside its span: its context and stop signal, the agent's spec, the loop, and
-/// how it ended (counted, timed, logged). One function, a little over 80 lines, so that the
-/// order of an attempt's end (the fenced write, then the stream's end, then the publisher's
-/// flush) reads top to bottom in one place.
+/// how it ended (counted, timed, logged). The order of an attempt's end (the fenced write,
+/// then the stream's end, then the publisher's flush) reads top to bottom here.
 async fn execute_in_span(
     worker: &Worker,
     claimed: &Claimed,
@@ -123,18 +122,7 @@ async fn execute_in_span(
     if let Ok(Some(spec)) = &spec {
         agent_span(&a, spec).await;
     }
-    // The run's time limit, counted from enqueue by the database clock: `heartbeat_at` is the
-    // database's now() at this claim.
-    let _time_limit = spec
-        .as_ref()
-        .ok()
-        .and_then(Option::as_ref)
-        .and_then(|spec| spec.time_limit_secs())
-        .map(|secs| {
-            let now = run.heartbeat_at.unwrap_or(run.created_at);
-            let end = run.created_at + chrono::Duration::seconds(i64::from(secs));
-            stop.time_out_after((end - now).to_std().unwrap_or_default())
-        });
+    let _time_limit = time_limit(&stop, run, spec.as_ref().ok().and_then(Option::as_ref));
     let result = match &spec {
         Ok(spec) => {
             AssertUnwindSafe(attempt(&a, worker.args.max_reclaims, spec.as_ref()))
@@ -145,7 +133,36 @@ async fn execute_in_span(
     };
     record_attempt(claimed, &result, started.elapsed());
     let spec = spec.ok().flatten();
-    let ended = match result {
+    let ended = ended(&a, spec.as_ref(), result).await;
+    // A run taken back from its wait for agent runs ended without them (its time limit):
+    // its tree is cancelled, before its own end is streamed.
+    if claimed.previous_status() == RunStatus::Waiting && matches!(ended, Some(Ended::Finished(_)))
+    {
+        crate::agent::cancel_children(worker, run).await;
+    }
+    wind_up(ended.as_ref(), lease, events).await;
+    ended
+}
+
+/// The run's time limit, counted from enqueue by the database clock (`heartbeat_at` is the
+/// database's now() at this claim): the timer that fires it, while it is kept.
+fn time_limit(stop: &Stop, run: &Run, spec: Option<&AgentSpec>) -> Option<TimeLimit> {
+    spec.and_then(AgentSpec::time_limit_secs).map(|secs| {
+        let now = run.heartbeat_at.unwrap_or(run.created_at);
+        let end = run.created_at + chrono::Duration::seconds(i64::from(secs));
+        stop.time_out_after((end - now).to_std().unwrap_or_default())
+    })
+}
+
+/// How the attempt ended, from its result: the loop's end; a failed run (a fenced write) if
+/// Postgres refused its data or it panicked; none if it failed otherwise (logged, and the
+/// lease will expire).
+async fn ended(
+    a: &Attempt<'_>,
+    spec: Option<&AgentSpec>,
+    result: Result<anyhow::Result<Ended>, Box<dyn std::any::Any + Send>>,
+) -> Option<Ended> {
+    match result {
         Ok(Ok(ended)) => Some(ended),
         // Postgres refused the data itself: another attempt would fail the same way.
         Ok(Err(err)) if is_data_error(&err) => {
@@ -154,7 +171,7 @@ async fn execute_in_span(
                 "attempt failed on data; failing the run"
             );
             let message = "the run produced data that could not be stored";
-            fail(&a, spec.as_ref(), message).await
+            fail(a, spec, message).await
         }
         Ok(Err(err)) => {
             tracing::error!(
@@ -168,17 +185,9 @@ async fn execute_in_span(
         }
         Err(_) => {
             tracing::error!("attempt panicked; failing the run");
-            fail(&a, spec.as_ref(), "the worker panicked").await
+            fail(a, spec, "the worker panicked").await
         }
-    };
-    // A run taken back from its wait for agent runs ended without them (its time limit):
-    // its tree is cancelled, before its own end is streamed.
-    if claimed.previous_status() == RunStatus::Waiting && matches!(ended, Some(Ended::Finished(_)))
-    {
-        crate::agent::cancel_children(worker, run).await;
     }
-    wind_up(ended.as_ref(), lease, events).await;
-    ended
 }
 
 /// Names the attempt's span for its agent and records the agent's model and provider.

@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use spool_shared::db::runs::Run;
-use spool_shared::db::{agents, idempotency, messages};
+use spool_shared::db::{agents, messages};
 use spool_shared::event::transcript::Shown;
 use spool_shared::status::RunStatus;
 use spool_shared::{ThreadId, WorkflowId};
@@ -40,13 +40,13 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath};
 use crate::gateway;
 use crate::openai::citations;
+use crate::openai::create::{self, Create};
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::format;
 use crate::openai::functions::{self, Api, Functions, Segments};
-use crate::openai::responses::{content_text, follow_up_key, turns};
+use crate::openai::responses::{content_text, turns};
 use crate::openai::{DEFAULT_MODEL, chat_usage, find_run, model_of, resolve_model, wait_for_run};
 use crate::openai::{history, params, sampling};
-use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 use spool_shared::event::transcript::Pause;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -122,23 +122,19 @@ pub(crate) async fn create_completion(
         .stream_options
         .as_ref()
         .is_some_and(|o| o.include_usage);
+    let create = Create {
+        state: &state,
+        caller: &caller,
+        headers: &headers,
+        raw: &raw,
+        route: b"chat.completions",
+        stream: request.stream == Some(true),
+    };
     if let Some(outputs) = tool_answers(&request.messages)? {
         // The `tool` messages answer the calls a completion ended with: the same run goes on.
-        let slot = (request.stream == Some(true))
-            .then(|| gateway::stream_slot(&state, &caller))
-            .transpose()?;
-        let key = follow_up_key(&headers, &caller, b"chat.completions", &raw)?;
-        let (run, segment) = functions::follow_up(
-            &state,
-            &caller,
-            None,
-            outputs,
-            &functions,
-            &sampling,
-            "messages",
-            key.as_ref(),
-        )
-        .await?;
+        let (slot, run, segment) = create
+            .follow_up(None, outputs, &functions, &sampling, "messages")
+            .await?;
         return reply(&state, &caller, slot, run, segment, include_usage).await;
     }
     let turns = turns(&without_tool_turns(&request.messages), "messages")?;
@@ -150,19 +146,7 @@ pub(crate) async fn create_completion(
         let names = crate::openai::responses::agent_tool_names(&state, &caller, agent_id).await?;
         functions.check_names(&names)?;
     }
-    let thread = request
-        .metadata
-        .as_ref()
-        .and_then(|metadata| metadata.get("thread_id"))
-        .map(|id| {
-            id.as_str()
-                .and_then(|id| id.parse::<ThreadId>().ok())
-                .ok_or_else(|| {
-                    ApiError::bad_request("invalid_thread_id", "metadata.thread_id must be a UUID")
-                        .with("param", "metadata")
-                })
-        })
-        .transpose()?;
+    let thread = metadata_thread(request.metadata.as_ref())?;
     // A thread of its own keeps the conversation; so does the thread of an earlier request
     // whose conversation this one resends; else a new one is seeded with it.
     let continued = match thread {
@@ -173,44 +157,33 @@ pub(crate) async fn create_completion(
         Some(thread) => (thread, Vec::new()),
         None => (ThreadId::new(), turns.history),
     };
-    let response_format = format::from_chat(raw.get("response_format"))?;
-    let message = UserMessageRequest {
-        input_text: turns.input_text,
+    let message = create::message(
+        turns.input_text,
         agent_id,
-        metadata: request.metadata.clone(),
-        tool_choice: None,
-        active_tools: None,
-        max_steps: None,
-        client: None,
-        instructions: turns.instructions,
-        functions: sampling::add_to(functions.overrides(), &sampling),
-        response_format,
-        // An OpenAI request's instructions are its system prompt.
-        replaces_instructions: true,
-        ..UserMessageRequest::default()
-    };
-    let key = idempotency_key(&headers)?;
-    // A stream's slot before anything is enqueued: a refused stream creates nothing.
-    let slot = (request.stream == Some(true))
-        .then(|| gateway::stream_slot(&state, &caller))
-        .transpose()?;
-    let hash = idempotency::request_hash(&[
-        caller.owner.user_id.as_bytes(),
-        b"chat.completions",
-        &serde_json::to_vec(&raw).map_err(anyhow::Error::from)?,
-    ]);
-    let enqueued =
-        enqueue_message(&state, &caller, thread_id, &message, key, &hash, &history).await?;
+        request.metadata.clone(),
+        turns.instructions,
+        &functions,
+        &sampling,
+        format::from_chat(raw.get("response_format"))?,
+    );
+    let (slot, id) = create.enqueue(thread_id, &message, &history).await?;
     history::remember(&state, &caller, &request.messages, thread_id).await?;
-    reply(
-        &state,
-        &caller,
-        slot,
-        enqueued.workflow_id,
-        0,
-        include_usage,
-    )
-    .await
+    reply(&state, &caller, slot, id, 0, include_usage).await
+}
+
+/// The thread `metadata.thread_id` names, if it names one; 400 if it is not a UUID.
+fn metadata_thread(metadata: Option<&Map<String, Value>>) -> Result<Option<ThreadId>, ApiError> {
+    metadata
+        .and_then(|metadata| metadata.get("thread_id"))
+        .map(|id| {
+            id.as_str()
+                .and_then(|id| id.parse::<ThreadId>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("invalid_thread_id", "metadata.thread_id must be a UUID")
+                        .with("param", "metadata")
+                })
+        })
+        .transpose()
 }
 
 /// Segment `segment` of the run (see [`functions`]) as chunks (with a `slot`), or as a
@@ -304,61 +277,14 @@ async fn completion(state: &AppState, run: &Run, segment: u32) -> Result<Respons
     let segments = Segments::load(state, run).await?;
     let index = segment as usize;
     if segments.pauses.len() > index {
-        // Ended at function calls, while the run waits.
-        let usage = segments.pauses[index].usage;
-        let items = segments.output(index);
-        let text = functions::text_of(&items);
-        let calls: Vec<Value> = segments
-            .waiting_calls(index)
-            .iter()
-            .map(|call| {
-                json!({"id": call["call_id"], "type": "function", "function": {
-                    "name": call["name"], "arguments": call["arguments"]}})
-            })
-            .collect();
-        return Ok(Json(json!({
-            "id": completion_id(run.id, segment),
-            "object": "chat.completion",
-            "created": run.created_at.timestamp(),
-            "model": model_of(run),
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant",
-                    "content": if text.is_empty() { Value::Null } else { json!(text) },
-                    "refusal": null, "tool_calls": calls},
-                "finish_reason": "tool_calls",
-                "logprobs": null,
-            }],
-            "usage": chat_usage(&usage),
-        }))
-        .into_response());
+        return Ok(Json(paused_completion(run, &segments, segment)).into_response());
     }
     if index > segments.pauses.len() {
         return Err(crate::openai::response_not_found());
     }
     match run.status {
         RunStatus::Completed | RunStatus::Cancelled => {}
-        RunStatus::Failed => {
-            let (code, message) = run.error.as_ref().map_or_else(
-                || ("run_failed".to_owned(), "the run failed".to_owned()),
-                |e| {
-                    (
-                        json!(e.0.code).as_str().unwrap_or("run_failed").to_owned(),
-                        e.0.message.clone(),
-                    )
-                },
-            );
-            // An answer that never validated against `response_format` is the request's
-            // fault as OpenAI sees it: 422 `invalid_output`.
-            let (status, kind) = if code == "invalid_output" {
-                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error")
-            } else {
-                (StatusCode::BAD_GATEWAY, "server_error")
-            };
-            let body = json!({"error": {"message": message, "type": kind,
-                "code": code, "param": null, "workflow_id": run.id}});
-            return Ok((status, Json(body)).into_response());
-        }
+        RunStatus::Failed => return Ok(failed_completion(run)),
         _ => {
             return Err(ApiError::conflict(
                 "run_not_finished",
@@ -402,6 +328,61 @@ async fn completion(state: &AppState, run: &Run, segment: u32) -> Result<Respons
         "usage": chat_usage(&usage),
     }))
     .into_response())
+}
+
+/// The completion of a segment that ended at function calls, while the run waits for their
+/// outputs: its text and the calls, `finish_reason: "tool_calls"`.
+fn paused_completion(run: &Run, segments: &Segments, segment: u32) -> Value {
+    let index = segment as usize;
+    let usage = segments.pauses[index].usage;
+    let items = segments.output(index);
+    let text = functions::text_of(&items);
+    let calls: Vec<Value> = segments
+        .waiting_calls(index)
+        .iter()
+        .map(|call| {
+            json!({"id": call["call_id"], "type": "function", "function": {
+                "name": call["name"], "arguments": call["arguments"]}})
+        })
+        .collect();
+    json!({
+        "id": completion_id(run.id, segment),
+        "object": "chat.completion",
+        "created": run.created_at.timestamp(),
+        "model": model_of(run),
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant",
+                "content": if text.is_empty() { Value::Null } else { json!(text) },
+                "refusal": null, "tool_calls": calls},
+            "finish_reason": "tool_calls",
+            "logprobs": null,
+        }],
+        "usage": chat_usage(&usage),
+    })
+}
+
+/// A failed run's error, with its failure code and `workflow_id`: 422 `invalid_output` for an
+/// answer that never validated against `response_format` (the request's fault as OpenAI sees
+/// it), else 502.
+fn failed_completion(run: &Run) -> Response {
+    let (code, message) = run.error.as_ref().map_or_else(
+        || ("run_failed".to_owned(), "the run failed".to_owned()),
+        |e| {
+            (
+                json!(e.0.code).as_str().unwrap_or("run_failed").to_owned(),
+                e.0.message.clone(),
+            )
+        },
+    );
+    let (status, kind) = if code == "invalid_output" {
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error")
+    } else {
+        (StatusCode::BAD_GATEWAY, "server_error")
+    };
+    let body = json!({"error": {"message": message, "type": kind,
+        "code": code, "param": null, "workflow_id": run.id}});
+    (status, Json(body)).into_response()
 }
 
 /// A run's transcript as chat-completion chunks.

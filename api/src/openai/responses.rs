@@ -14,10 +14,10 @@
 //! `safety_identifier` and `stream_options` are accepted and change nothing (every run is
 //! stored); parameters Spool cannot honour are refused ([`params`]).
 //!
-//! Over 800 lines on purpose: the three routes share the request's translation and the
-//! response object's assembly from the run, and the stream replays that same object event by
-//! event; split apart, each half would restate the other's shape. Its pieces that stand alone
-//! already live beside it (`functions`, `sampling`, `params`, `format`, `translate`).
+//! The three routes stay together: they share the request's translation and the response
+//! object's assembly from the run, and the stream replays that same object event by event.
+//! Its pieces that stand alone live beside it (`create`, `functions`, `sampling`, `params`,
+//! `format`, `translate`).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -31,8 +31,8 @@ use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use spool_shared::db::runs;
 use spool_shared::db::runs::Run;
-use spool_shared::db::{idempotency, runs};
 use spool_shared::status::Role;
 use spool_shared::{ThreadId, WorkflowId};
 
@@ -42,6 +42,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::gateway;
 use crate::openai::conversations::parse_conversation;
+use crate::openai::create::{self, Create};
 use crate::openai::echo;
 use crate::openai::feed::{Feed, Followed};
 use crate::openai::format;
@@ -51,7 +52,6 @@ use crate::openai::sampling;
 use crate::openai::translate::ResponseEvents;
 use crate::openai::{find_run as find, resolve_model, response_not_found, wait_for_run};
 use crate::runs::cancel::cancel;
-use crate::runs::enqueue::{UserMessageRequest, enqueue_message, idempotency_key};
 use spool_shared::event::transcript::{Pause, Shown};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -221,39 +221,25 @@ pub(crate) async fn create_response(
     let functions = Functions::parse(&raw, Api::Responses)?;
     let sampling = sampling::parse(&raw, Api::Responses)?;
     let agent_id = resolve_model(&state, &caller, &request.model).await?;
+    let create = Create {
+        state: &state,
+        caller: &caller,
+        headers: &headers,
+        raw: &raw,
+        route: b"responses",
+        stream: request.stream == Some(true),
+    };
     if let Some(Input::Items(items)) = &request.input
         && let Some(outputs) = answers(items)?
     {
         // The outputs of the calls a response ended with: the same run goes on.
-        let slot = (request.stream == Some(true))
-            .then(|| gateway::stream_slot(&state, &caller))
-            .transpose()?;
-        let key = follow_up_key(&headers, &caller, b"responses", &raw)?;
-        let (run, segment) = functions::follow_up(
-            &state,
-            &caller,
-            request.previous_response_id.as_deref(),
-            outputs,
-            &functions,
-            &sampling,
-            "input",
-            key.as_ref(),
-        )
-        .await?;
+        let previous = request.previous_response_id.as_deref();
+        let (slot, run, segment) = create
+            .follow_up(previous, outputs, &functions, &sampling, "input")
+            .await?;
         return respond(&state, &caller, slot, run, segment, request.background).await;
     }
-    let turns = match &request.input {
-        Some(Input::Text(text)) => Turns {
-            input_text: text.clone(),
-            ..Turns::default()
-        },
-        Some(Input::Items(items)) => turns(&without_calls(items), "input")?,
-        None => {
-            return Err(
-                ApiError::bad_request("invalid_input", "input is required").with("param", "input")
-            );
-        }
-    };
+    let turns = input_turns(request.input.as_ref())?;
     if request.instructions.is_some() {
         params::check_instructions(&caller, "instructions")?;
     }
@@ -268,45 +254,16 @@ pub(crate) async fn create_response(
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
         (a, b) => a.or(b),
     };
-    let response_format = format::from_text(raw.get("text"))?;
-    let message = UserMessageRequest {
-        input_text: turns.input_text,
+    let message = create::message(
+        turns.input_text,
         agent_id,
-        metadata: request.metadata.clone(),
-        tool_choice: None,
-        active_tools: None,
-        max_steps: None,
-        client: None,
+        request.metadata.clone(),
         instructions,
-        functions: sampling::add_to(functions.overrides(), &sampling),
-        response_format,
-        // An OpenAI request's instructions are its system prompt.
-        replaces_instructions: true,
-        ..UserMessageRequest::default()
-    };
-    // With an `Idempotency-Key`, a retry gets the first response, not a second run. The thread
-    // is not part of the request's identity (a new conversation gets a new id on each try).
-    let key = idempotency_key(&headers)?;
-    // A stream's slot before anything is enqueued: a refused stream creates nothing.
-    let slot = (request.stream == Some(true))
-        .then(|| gateway::stream_slot(&state, &caller))
-        .transpose()?;
-    let hash = idempotency::request_hash(&[
-        caller.owner.user_id.as_bytes(),
-        b"responses",
-        &serde_json::to_vec(&raw).map_err(anyhow::Error::from)?,
-    ]);
-    let enqueued = enqueue_message(
-        &state,
-        &caller,
-        thread_id,
-        &message,
-        key,
-        &hash,
-        &turns.history,
-    )
-    .await?;
-    let id = enqueued.workflow_id;
+        &functions,
+        &sampling,
+        format::from_text(raw.get("text"))?,
+    );
+    let (slot, id) = create.enqueue(thread_id, &message, &turns.history).await?;
     let agent = agent_spec(&state, &caller, agent_id).await?;
     let mut echoed = echo::of_request(&raw);
     for (field, value) in sampling::echoed(&sampling, agent.as_ref()) {
@@ -316,23 +273,19 @@ pub(crate) async fn create_response(
     respond(&state, &caller, slot, id, 0, request.background).await
 }
 
-/// A follow-up's `Idempotency-Key`, if it has one, with the hash of the request (its caller,
-/// `route` and body).
-pub(crate) fn follow_up_key<'a>(
-    headers: &'a HeaderMap,
-    caller: &Caller,
-    route: &[u8],
-    raw: &Value,
-) -> Result<Option<functions::FollowUpKey<'a>>, ApiError> {
-    let Some(key) = idempotency_key(headers)? else {
-        return Ok(None);
-    };
-    let hash = idempotency::request_hash(&[
-        caller.owner.user_id.as_bytes(),
-        route,
-        &serde_json::to_vec(raw).map_err(anyhow::Error::from)?,
-    ]);
-    Ok(Some(functions::FollowUpKey { key, hash }))
+/// The turns of a request's `input`: its text, or its items (without the function calls of
+/// earlier turns); 400 without one.
+fn input_turns(input: Option<&Input>) -> Result<Turns, ApiError> {
+    match input {
+        Some(Input::Text(text)) => Ok(Turns {
+            input_text: text.clone(),
+            ..Turns::default()
+        }),
+        Some(Input::Items(items)) => turns(&without_calls(items), "input"),
+        None => {
+            Err(ApiError::bad_request("invalid_input", "input is required").with("param", "input"))
+        }
+    }
 }
 
 /// The answer of a create: segment `segment` of the run streamed (with a `slot`), as it is

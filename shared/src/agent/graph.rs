@@ -549,27 +549,39 @@ impl GraphSpec {
             .collect()
     }
 
+    /// Every problem of the node `id`: its id, its type's fields, its output key, the keys its
+    /// templates name, and its place in the graph (a node of an unknown type: only that).
     fn validate_node(&self, id: &str, node: &GraphNode, add: &mut impl FnMut(String, String)) {
-        let at = |field: &str| format!("graph_spec.nodes.{id}.{field}");
         if !valid_tool_name(id) {
             add(
                 format!("graph_spec.nodes.{id}"),
                 "a node id is 1 to 64 characters of a-z, A-Z, 0-9, _ or -".into(),
             );
         }
+        if let GraphNode::Unknown = node {
+            add(
+                node_field(id, "type"),
+                "unknown node type: one of llm, tool, human_input, end".into(),
+            );
+            return;
+        }
+        self.validate_fields(id, node, add);
+        validate_output_key(id, node, add);
+        self.validate_template_keys(id, node, add);
+        self.validate_place(id, node, add);
+    }
+
+    /// The fields of the node's type: required templates, ranges, and the tools it names.
+    fn validate_fields(&self, id: &str, node: &GraphNode, add: &mut impl FnMut(String, String)) {
+        let at = |field: &str| node_field(id, field);
         let required = |value: &str, field: &str, add: &mut dyn FnMut(String, String)| {
             if value.trim().is_empty() {
                 add(at(field), "required".into());
             }
         };
         match node {
-            GraphNode::Unknown => {
-                add(
-                    at("type"),
-                    "unknown node type: one of llm, tool, human_input, end".into(),
-                );
-                return;
-            }
+            // Reported by `validate_node`, which checks nothing more of it.
+            GraphNode::Unknown => {}
             GraphNode::Llm(n) => {
                 required(&n.input_template, "input_template", add);
                 if n.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
@@ -616,32 +628,32 @@ impl GraphSpec {
                 }
             }
         }
-        if let Some(key) = node.output_key() {
-            if key.trim().is_empty() {
-                add(at("output_key"), "required".into());
-            } else if !valid_tool_name(key) || key.contains('.') {
-                add(
-                    at("output_key"),
-                    "1 to 64 characters of a-z, A-Z, 0-9, _ or -".into(),
-                );
-            } else if key == INPUT_KEY {
-                add(
-                    at("output_key"),
-                    "`input` is the user's message; choose another key".into(),
-                );
-            }
-        }
+    }
+
+    /// Each `{{key}}` of the node's templates names `input` or the output key of a node that
+    /// can run before it.
+    fn validate_template_keys(
+        &self,
+        id: &str,
+        node: &GraphNode,
+        add: &mut impl FnMut(String, String),
+    ) {
         let earlier = self.earlier_keys(id);
         for (field, template) in node.templates() {
             for key in template_keys(template) {
                 if key != INPUT_KEY && !earlier.contains(key) {
                     add(
-                        at(&field),
+                        node_field(id, &field),
                         format!("`{{{{{key}}}}}` names an output_key that no earlier node sets"),
                     );
                 }
             }
         }
+    }
+
+    /// The node's place: an edge out of it (unless it is an `end` node), and a path to it
+    /// from the entry.
+    fn validate_place(&self, id: &str, node: &GraphNode, add: &mut impl FnMut(String, String)) {
         if !matches!(node, GraphNode::End(_)) && !self.edges.iter().any(|e| e.from == id) {
             add(
                 format!("graph_spec.nodes.{id}"),
@@ -723,6 +735,31 @@ impl GraphSpec {
                 ),
             );
         }
+    }
+}
+
+/// The path of a node's field in an agent's spec.
+fn node_field(id: &str, field: &str) -> String {
+    format!("graph_spec.nodes.{id}.{field}")
+}
+
+/// The node's output key, if its type has one: set, a valid name, and not `input`.
+fn validate_output_key(id: &str, node: &GraphNode, add: &mut impl FnMut(String, String)) {
+    let Some(key) = node.output_key() else {
+        return;
+    };
+    if key.trim().is_empty() {
+        add(node_field(id, "output_key"), "required".into());
+    } else if !valid_tool_name(key) || key.contains('.') {
+        add(
+            node_field(id, "output_key"),
+            "1 to 64 characters of a-z, A-Z, 0-9, _ or -".into(),
+        );
+    } else if key == INPUT_KEY {
+        add(
+            node_field(id, "output_key"),
+            "`input` is the user's message; choose another key".into(),
+        );
     }
 }
 

@@ -553,50 +553,8 @@ impl RunOverrides {
     /// `next_step`, by field path in the request that posts them; empty if they are valid.
     pub fn validate(&self, agent: &AgentSpec, next_step: u32) -> Vec<FieldError> {
         let mut problems = Problems::default();
-        let defaults = self.defaults.clone().unwrap_or_default();
-        let choices = [
-            ("tool_choice", self.tool_choice.as_ref()),
-            ("defaults.tool_choice", defaults.tool_choice.as_ref()),
-        ];
-        for (field, choice) in choices {
-            if let Some(ToolChoice::Tool(name)) = choice {
-                problems.unknown_tool(agent, field, name);
-            }
-        }
-        let actives = [
-            ("active_tools", self.active_tools.as_ref()),
-            ("defaults.active_tools", defaults.active_tools.as_ref()),
-        ];
-        for (field, names) in actives {
-            for (j, name) in names.into_iter().flatten().enumerate() {
-                problems.unknown_tool(agent, format!("{field}[{j}]"), name);
-            }
-        }
-        problems.choice_outside(
-            "defaults.tool_choice",
-            defaults.tool_choice.as_ref(),
-            defaults.active_tools.as_ref(),
-        );
-        let ceiling = agent.step_ceiling();
-        if let Some(max_steps) = self.max_steps
-            && !(MAX_STEPS_RANGE.contains(&max_steps) && max_steps <= ceiling)
-        {
-            let low = MAX_STEPS_RANGE.start();
-            problems.add(
-                "max_steps",
-                format!(
-                    "must be between {low} and the agent's ceiling, {ceiling} (its \
-                     `limits.max_steps`, else its `max_steps`)"
-                ),
-            );
-        }
-        let depth = agent.limits.call_depth();
-        if self.max_call_depth.is_some_and(|d| d > depth) {
-            problems.add(
-                "max_call_depth",
-                format!("must be between 0 and the agent's `limits.max_call_depth`, {depth}"),
-            );
-        }
+        self.validate_tool_names(agent, &mut problems);
+        self.validate_bounds(agent, &mut problems);
         for (i, condition) in self.stop_conditions.iter().flatten().enumerate() {
             let StopCondition::HasToolCall { tool_name } = condition;
             problems.unknown_tool(agent, format!("stop_conditions[{i}].tool_name"), tool_name);
@@ -638,6 +596,59 @@ impl RunOverrides {
             }
         }
         problems.0
+    }
+
+    /// The tools `tool_choice`, `active_tools` and their `defaults` name: the agent's, and the
+    /// default choice among the default active tools.
+    fn validate_tool_names(&self, agent: &AgentSpec, problems: &mut Problems) {
+        let defaults = self.defaults.clone().unwrap_or_default();
+        let choices = [
+            ("tool_choice", self.tool_choice.as_ref()),
+            ("defaults.tool_choice", defaults.tool_choice.as_ref()),
+        ];
+        for (field, choice) in choices {
+            if let Some(ToolChoice::Tool(name)) = choice {
+                problems.unknown_tool(agent, field, name);
+            }
+        }
+        let actives = [
+            ("active_tools", self.active_tools.as_ref()),
+            ("defaults.active_tools", defaults.active_tools.as_ref()),
+        ];
+        for (field, names) in actives {
+            for (j, name) in names.into_iter().flatten().enumerate() {
+                problems.unknown_tool(agent, format!("{field}[{j}]"), name);
+            }
+        }
+        problems.choice_outside(
+            "defaults.tool_choice",
+            defaults.tool_choice.as_ref(),
+            defaults.active_tools.as_ref(),
+        );
+    }
+
+    /// `max_steps` within the agent's ceiling and `max_call_depth` within its limit.
+    fn validate_bounds(&self, agent: &AgentSpec, problems: &mut Problems) {
+        let ceiling = agent.step_ceiling();
+        if let Some(max_steps) = self.max_steps
+            && !(MAX_STEPS_RANGE.contains(&max_steps) && max_steps <= ceiling)
+        {
+            let low = MAX_STEPS_RANGE.start();
+            problems.add(
+                "max_steps",
+                format!(
+                    "must be between {low} and the agent's ceiling, {ceiling} (its \
+                     `limits.max_steps`, else its `max_steps`)"
+                ),
+            );
+        }
+        let depth = agent.limits.call_depth();
+        if self.max_call_depth.is_some_and(|d| d > depth) {
+            problems.add(
+                "max_call_depth",
+                format!("must be between 0 and the agent's `limits.max_call_depth`, {depth}"),
+            );
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use spool_shared::agent::graph::{GraphNode, GraphSpec, GraphToolRef, LlmNode, render};
+use spool_shared::agent::graph::{GraphNode, GraphSpec, GraphToolRef, LlmNode, ToolNode, render};
 use spool_shared::agent::{AgentSpec, DEFAULT_MAX_TOOL_CALLS};
 use spool_shared::db::runs::Pause;
 use spool_shared::db::steps::{self, AssistantTurn, CallResult, CallState, NodeStep, SavedStep};
@@ -238,31 +238,13 @@ impl<'s> Graph<'s> {
             let (saved, output) = match node {
                 GraphNode::Llm(llm) => self.llm(a, step, llm).await?,
                 GraphNode::Tool(tool) => {
-                    let reference = tool.tool_ref.as_ref();
-                    let arguments: serde_json::Map<String, Value> = tool
-                        .args_template
-                        .iter()
-                        .map(|(k, v)| {
-                            let text = v.as_str().unwrap_or_default();
-                            (k.clone(), Value::String(render(text, &self.values)))
-                        })
-                        .collect();
-                    self.tool(a, step, (&id, n), reference, Value::Object(arguments))
+                    let arguments = self.arguments(tool);
+                    self.tool(a, step, (&id, n), tool.tool_ref.as_ref(), arguments)
                         .await?
                 }
                 GraphNode::HumanInput(human) => {
                     let prompt = render(&human.prompt_template, &self.values);
-                    let waiting = SavedStep {
-                        node: Some(NodeStep {
-                            node: id.clone(),
-                            n,
-                            output: None,
-                            human_input: true,
-                        }),
-                        ..SavedStep::default()
-                    };
-                    a.save_step(step, &waiting).await?;
-                    return Ok(self.pause(a, &id, prompt).await);
+                    return self.ask(a, step, (&id, n), prompt).await;
                 }
                 GraphNode::End(end) => {
                     let text = render(&end.output_template, &self.values);
@@ -273,41 +255,89 @@ impl<'s> Graph<'s> {
                     return Err(self.failed(FailureCode::InternalError, message));
                 }
             };
-            let mut saved = saved;
-            saved.node = Some(NodeStep {
-                node: id.clone(),
-                n,
-                output: Some(output.clone()),
-                human_input: false,
-            });
-            let shown: Vec<_> = saved
-                .results
-                .iter_mut()
-                .map(|r| {
-                    r.published = true;
-                    result_event(step, r)
-                })
-                .collect();
-            a.save_step(step, &saved).await?;
-            for result in shown {
-                a.events.send(result);
-            }
-            a.events.send(StepEnd {
-                step,
-                usage: saved.usage,
-                finish_reason: saved
-                    .model_call
-                    .as_ref()
-                    .map_or_else(|| "stop".to_owned(), |c| c.finish_reason.clone()),
-            });
-            self.visits.insert(id.clone(), n);
-            self.step = step.saturating_add(1);
-            self.replay(&id, step, &saved, output);
+            self.settle(a, step, (&id, n), saved, output).await?;
             if self.next.is_none() && !matches!(node, GraphNode::End(_)) {
                 let message = format!("no edge from the node `{id}` holds");
                 return Err(self.failed(FailureCode::MaxStepsExceeded, message));
             }
         }
+    }
+
+    /// A `tool` node's arguments: its `args_template`, each value rendered.
+    fn arguments(&self, tool: &ToolNode) -> Value {
+        let arguments: serde_json::Map<String, Value> = tool
+            .args_template
+            .iter()
+            .map(|(k, v)| {
+                let text = v.as_str().unwrap_or_default();
+                (k.clone(), Value::String(render(text, &self.values)))
+            })
+            .collect();
+        Value::Object(arguments)
+    }
+
+    /// A `human_input` node (its `n`th execution): its step saved waiting, then the pause for
+    /// the answer to `prompt`.
+    async fn ask(
+        &mut self,
+        a: &Attempt<'_>,
+        step: u32,
+        (id, n): (&str, u32),
+        prompt: String,
+    ) -> Result<LoopEnd, Exit> {
+        let waiting = SavedStep {
+            node: Some(NodeStep {
+                node: id.to_owned(),
+                n,
+                output: None,
+                human_input: true,
+            }),
+            ..SavedStep::default()
+        };
+        a.save_step(step, &waiting).await?;
+        Ok(self.pause(a, id, prompt).await)
+    }
+
+    /// A done node's step (its `n`th execution): saved with its output (fenced), its results
+    /// and its end shown, then the node after it chosen.
+    async fn settle(
+        &mut self,
+        a: &Attempt<'_>,
+        step: u32,
+        (id, n): (&str, u32),
+        mut saved: SavedStep,
+        output: Value,
+    ) -> Result<(), Exit> {
+        saved.node = Some(NodeStep {
+            node: id.to_owned(),
+            n,
+            output: Some(output.clone()),
+            human_input: false,
+        });
+        let shown: Vec<_> = saved
+            .results
+            .iter_mut()
+            .map(|r| {
+                r.published = true;
+                result_event(step, r)
+            })
+            .collect();
+        a.save_step(step, &saved).await?;
+        for result in shown {
+            a.events.send(result);
+        }
+        a.events.send(StepEnd {
+            step,
+            usage: saved.usage,
+            finish_reason: saved
+                .model_call
+                .as_ref()
+                .map_or_else(|| "stop".to_owned(), |c| c.finish_reason.clone()),
+        });
+        self.visits.insert(id.to_owned(), n);
+        self.step = step.saturating_add(1);
+        self.replay(id, step, &saved, output);
+        Ok(())
     }
 
     /// An `llm` node: the model call (and the calls of the node's tools it asks for, answered

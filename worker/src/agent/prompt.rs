@@ -27,7 +27,9 @@ use super::Loop;
 use super::answer::{Exit, LoopEnd};
 use super::context::Attempt;
 use super::engine::Candidate;
-use super::llm::{ChatChunk, ChatMessage, ChatRequest, Choice, FinishReason, LlmError, ToolCall};
+use super::llm::{
+    ChatChunk, ChatMessage, ChatRequest, ChatResponse, Choice, FinishReason, LlmError, ToolCall,
+};
 
 /// What replaces a tool result pruned to fit the context window.
 pub(crate) const PRUNED: &str = "[earlier tool result omitted to fit the context window]";
@@ -349,47 +351,9 @@ async fn summarise_once(model: &Candidate, transcript: String) -> (Result<String
         }
         Err(LlmError::Incomplete)
     };
-    // A model call like the loop's, in a `chat {model}` span of its own (no content: the
-    // transcript is the thread's older history, which the loop's spans carry when opted in).
-    let span = tracing::info_span!("chat",
-        otel.name = %format!("chat {}", model.name),
-        otel.kind = "client",
-        otel.status_code = tracing::field::Empty,
-        gen_ai.operation.name = "chat",
-        gen_ai.provider.name = model.model.system(),
-        gen_ai.request.model = %model.name,
-        gen_ai.request.max_tokens = i64::from(SUMMARY_OUTPUT_TOKENS),
-        gen_ai.response.model = tracing::field::Empty,
-        gen_ai.usage.input_tokens = tracing::field::Empty,
-        gen_ai.usage.output_tokens = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-        spool.purpose = "summary");
+    let span = summary_span(model);
     let response = tracing::Instrument::instrument(response, span.clone()).await;
-    match &response {
-        Ok(response) => {
-            if let Some(answering) = &response.model {
-                span.record("gen_ai.response.model", answering.as_str());
-            }
-            let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-            span.record(
-                "gen_ai.usage.input_tokens",
-                tokens(response.usage.input_tokens),
-            );
-            span.record(
-                "gen_ai.usage.output_tokens",
-                tokens(response.usage.output_tokens),
-            );
-            spool_shared::telemetry::set_string_array(
-                &span,
-                "gen_ai.response.finish_reasons",
-                vec![super::genai::finish_reason(&response.finish_reason).to_owned()],
-            );
-        }
-        Err(err) => {
-            span.record("otel.status_code", "error");
-            span.record("error.type", err.kind());
-        }
-    }
+    record_summary(&span, &response);
     match response {
         Err(err) => (
             Err(format!("the summary model failed: {err}")),
@@ -407,6 +371,54 @@ async fn summarise_once(model: &Candidate, transcript: String) -> (Result<String
             model.priced(response.usage),
         ),
         Ok(response) => (Ok(response.text), model.priced(response.usage)),
+    }
+}
+
+/// A summary call's span: a model call like the loop's, `chat {model}` (no content: the
+/// transcript is the thread's older history, which the loop's spans carry when opted in).
+fn summary_span(model: &Candidate) -> tracing::Span {
+    tracing::info_span!("chat",
+        otel.name = %format!("chat {}", model.name),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = model.model.system(),
+        gen_ai.request.model = %model.name,
+        gen_ai.request.max_tokens = i64::from(SUMMARY_OUTPUT_TOKENS),
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        spool.purpose = "summary")
+}
+
+/// Records how a summary call ended on its span: the answering model, usage and finish
+/// reason, or the error's kind.
+fn record_summary(span: &tracing::Span, response: &Result<ChatResponse, LlmError>) {
+    match response {
+        Ok(response) => {
+            if let Some(answering) = &response.model {
+                span.record("gen_ai.response.model", answering.as_str());
+            }
+            let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            span.record(
+                "gen_ai.usage.input_tokens",
+                tokens(response.usage.input_tokens),
+            );
+            span.record(
+                "gen_ai.usage.output_tokens",
+                tokens(response.usage.output_tokens),
+            );
+            spool_shared::telemetry::set_string_array(
+                span,
+                "gen_ai.response.finish_reasons",
+                vec![super::genai::finish_reason(&response.finish_reason).to_owned()],
+            );
+        }
+        Err(err) => {
+            span.record("otel.status_code", "error");
+            span.record("error.type", err.kind());
+        }
     }
 }
 

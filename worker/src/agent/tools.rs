@@ -133,6 +133,58 @@ pub(crate) struct Server {
     session: tokio::sync::OnceCell<McpSession>,
 }
 
+impl Tool {
+    /// One of the agent's own tools; none for an MCP server, whose tools it names itself
+    /// ([`ToolSet::push_server`]).
+    fn of_spec(tool: &ToolSpec) -> Option<Self> {
+        let tool = match tool {
+            ToolSpec::Mcp(_) => return None,
+            ToolSpec::Http(http) => Tool {
+                def: ToolDef {
+                    name: http.name.clone(),
+                    description: http.description.clone(),
+                    parameters: http.parameters.clone(),
+                },
+                read_only: http.read_only,
+                requires_approval: http.requires_approval,
+                kind: Kind::Http(http.clone()),
+            },
+            ToolSpec::Client(client) => Tool {
+                def: ToolDef {
+                    name: client.name.clone(),
+                    description: client.description.clone(),
+                    parameters: client.parameters.clone(),
+                },
+                read_only: false,
+                requires_approval: client.requires_approval,
+                kind: Kind::Client,
+            },
+            ToolSpec::Agent(agent) => Tool {
+                def: ToolDef {
+                    name: agent.name.clone(),
+                    description: agent.description.clone(),
+                    parameters: spool_shared::agent::AgentToolSpec::parameters(),
+                },
+                read_only: false,
+                requires_approval: agent.requires_approval,
+                kind: Kind::Agent(agent.clone()),
+            },
+            // Both only read: a step's calls of them run together.
+            ToolSpec::Builtin(builtin) => Tool {
+                def: ToolDef {
+                    name: builtin.name.as_str().to_owned(),
+                    description: builtin.name.description().to_owned(),
+                    parameters: builtin.name.parameters(),
+                },
+                read_only: true,
+                requires_approval: builtin.requires_approval,
+                kind: Kind::Builtin(builtin.name),
+            },
+        };
+        Some(tool)
+    }
+}
+
 impl Server {
     /// The server's session, connected now if none is open (an error says why it cannot be).
     async fn session(&self, engine: &Engine, identity: &Identity) -> anyhow::Result<&McpSession> {
@@ -202,96 +254,65 @@ impl ToolSet {
             identity,
         };
         for tool in &spec.tools {
-            let tool = match tool {
-                ToolSpec::Http(http) => Tool {
-                    def: ToolDef {
-                        name: http.name.clone(),
-                        description: http.description.clone(),
-                        parameters: http.parameters.clone(),
-                    },
-                    read_only: http.read_only,
-                    requires_approval: http.requires_approval,
-                    kind: Kind::Http(http.clone()),
-                },
-                ToolSpec::Mcp(mcp) => {
-                    let session = sessions
-                        .iter()
-                        .position(|(name, _)| *name == mcp.name)
-                        .map(|i| sessions.swap_remove(i).1);
-                    let server = Arc::new(Server {
-                        spec: mcp.clone(),
-                        session: tokio::sync::OnceCell::new_with(session),
-                    });
-                    let discovered = found.0.remove(&mcp.name).unwrap_or_default();
-                    // `allowed_tools`: the others are never offered, so never called.
-                    for found in discovered
-                        .into_iter()
-                        .filter(|t| mcp.allows(&t.remote_name))
-                    {
-                        let taken = own.contains(found.name.as_str())
-                            || set.index.contains_key(&found.name);
-                        if !valid_tool_name(&found.name) || taken {
-                            let why = if taken {
-                                "taken"
-                            } else {
-                                "not a valid tool name"
-                            };
-                            let name: String = found.name.chars().take(100).collect();
-                            tracing::warn!(mcp.server = %mcp.name, tool.name = %name, why,
-                                "an MCP server's tool is dropped: its name is {why}");
-                            continue;
-                        }
-                        set.push(Tool {
-                            def: ToolDef {
-                                name: found.name,
-                                description: found.description,
-                                parameters: found.parameters,
-                            },
-                            read_only: found.read_only,
-                            requires_approval: mcp.requires_approval,
-                            kind: Kind::Mcp {
-                                server: server.clone(),
-                                remote: found.remote_name,
-                            },
-                        });
-                    }
-                    continue;
-                }
-                ToolSpec::Client(client) => Tool {
-                    def: ToolDef {
-                        name: client.name.clone(),
-                        description: client.description.clone(),
-                        parameters: client.parameters.clone(),
-                    },
-                    read_only: false,
-                    requires_approval: client.requires_approval,
-                    kind: Kind::Client,
-                },
-                ToolSpec::Agent(agent) => Tool {
-                    def: ToolDef {
-                        name: agent.name.clone(),
-                        description: agent.description.clone(),
-                        parameters: spool_shared::agent::AgentToolSpec::parameters(),
-                    },
-                    read_only: false,
-                    requires_approval: agent.requires_approval,
-                    kind: Kind::Agent(agent.clone()),
-                },
-                // Both only read: a step's calls of them run together.
-                ToolSpec::Builtin(builtin) => Tool {
-                    def: ToolDef {
-                        name: builtin.name.as_str().to_owned(),
-                        description: builtin.name.description().to_owned(),
-                        parameters: builtin.name.parameters(),
-                    },
-                    read_only: true,
-                    requires_approval: builtin.requires_approval,
-                    kind: Kind::Builtin(builtin.name),
-                },
-            };
-            set.push(tool);
+            if let ToolSpec::Mcp(mcp) = tool {
+                let session = sessions
+                    .iter()
+                    .position(|(name, _)| *name == mcp.name)
+                    .map(|i| sessions.swap_remove(i).1);
+                let discovered = found.0.remove(&mcp.name).unwrap_or_default();
+                set.push_server(mcp, session, discovered, &own);
+            } else if let Some(tool) = Tool::of_spec(tool) {
+                set.push(tool);
+            }
         }
         set
+    }
+
+    /// An MCP server's discovered tools that it allows, each under its own name: one whose
+    /// name is invalid, or taken (by one of the agent's `own` tools or an earlier server's),
+    /// is dropped and logged.
+    fn push_server(
+        &mut self,
+        mcp: &McpToolSpec,
+        session: Option<McpSession>,
+        discovered: Vec<McpTool>,
+        own: &HashSet<&str>,
+    ) {
+        let server = Arc::new(Server {
+            spec: mcp.clone(),
+            session: tokio::sync::OnceCell::new_with(session),
+        });
+        // `allowed_tools`: the others are never offered, so never called.
+        for found in discovered
+            .into_iter()
+            .filter(|t| mcp.allows(&t.remote_name))
+        {
+            let taken = own.contains(found.name.as_str()) || self.index.contains_key(&found.name);
+            if !valid_tool_name(&found.name) || taken {
+                let why = if taken {
+                    "taken"
+                } else {
+                    "not a valid tool name"
+                };
+                let name: String = found.name.chars().take(100).collect();
+                tracing::warn!(mcp.server = %mcp.name, tool.name = %name, why,
+                    "an MCP server's tool is dropped: its name is {why}");
+                continue;
+            }
+            self.push(Tool {
+                def: ToolDef {
+                    name: found.name,
+                    description: found.description,
+                    parameters: found.parameters,
+                },
+                read_only: found.read_only,
+                requires_approval: mcp.requires_approval,
+                kind: Kind::Mcp {
+                    server: server.clone(),
+                    remote: found.remote_name,
+                },
+            });
+        }
     }
 
     /// Adds a tool whose name no other tool has.

@@ -92,13 +92,51 @@ impl ChatModel for AnthropicClient {
 
 /// The request body in the Messages API's format.
 pub fn body(request: &ChatRequest) -> Value {
+    let (system, messages) = conversation(&request.messages);
+    let mut body = json!({
+        "model": request.model,
+        "max_tokens": request.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        "messages": messages,
+        "stream": true,
+    });
+    if !system.is_empty() {
+        body["system"] = json!(system.join("\n\n"));
+    }
+    if !request.tools.is_empty() {
+        body["tools"] = request
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .collect();
+        body["tool_choice"] = match &request.tool_choice {
+            Choice::Auto => json!({"type": "auto"}),
+            Choice::Required => json!({"type": "any"}),
+            Choice::None => json!({"type": "none"}),
+            Choice::Tool(name) => json!({"type": "tool", "name": name}),
+        };
+    }
+    if let Some(temperature) = request.temperature {
+        // The API's range is 0 to 1; an agent's is 0 to 2.
+        body["temperature"] = json!(temperature.clamp(0.0, 1.0));
+    }
+    if let Some(top_p) = request.top_p {
+        body["top_p"] = json!(top_p);
+    }
+    // The Messages API has no reasoning effort (its extended thinking is a token budget whose
+    // blocks must be sent back with every tool result): `reasoning_effort` is not sent.
+    body
+}
+
+/// The conversation as the API wants it: the system messages' texts apart, and the turns
+/// (consecutive blocks of one role merged into one turn, a user turn first).
+fn conversation(messages: &[ChatMessage]) -> (Vec<&str>, Vec<Value>) {
     let mut system = Vec::new();
     let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
     let mut add = |role: &'static str, block: Value| match turns.last_mut() {
         Some((last, blocks)) if *last == role => blocks.push(block),
         _ => turns.push((role, vec![block])),
     };
-    for message in &request.messages {
+    for message in messages {
         match message {
             ChatMessage::System { content } => system.push(content.as_str()),
             ChatMessage::User { content } => add("user", json!({"type": "text", "text": content})),
@@ -139,42 +177,11 @@ pub fn body(request: &ChatRequest) -> Value {
             ("user", vec![json!({"type": "text", "text": CONTINUING})]),
         );
     }
-    let messages: Vec<Value> = turns
+    let messages = turns
         .into_iter()
         .map(|(role, content)| json!({"role": role, "content": content}))
         .collect();
-    let mut body = json!({
-        "model": request.model,
-        "max_tokens": request.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        "messages": messages,
-        "stream": true,
-    });
-    if !system.is_empty() {
-        body["system"] = json!(system.join("\n\n"));
-    }
-    if !request.tools.is_empty() {
-        body["tools"] = request
-            .tools
-            .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
-            .collect();
-        body["tool_choice"] = match &request.tool_choice {
-            Choice::Auto => json!({"type": "auto"}),
-            Choice::Required => json!({"type": "any"}),
-            Choice::None => json!({"type": "none"}),
-            Choice::Tool(name) => json!({"type": "tool", "name": name}),
-        };
-    }
-    if let Some(temperature) = request.temperature {
-        // The API's range is 0 to 1; an agent's is 0 to 2.
-        body["temperature"] = json!(temperature.clamp(0.0, 1.0));
-    }
-    if let Some(top_p) = request.top_p {
-        body["top_p"] = json!(top_p);
-    }
-    // The Messages API has no reasoning effort (its extended thinking is a token budget whose
-    // blocks must be sent back with every tool result): `reasoning_effort` is not sent.
-    body
+    (system, messages)
 }
 
 /// Assembles the Messages stream's events into text deltas and one final [`ChatResponse`].

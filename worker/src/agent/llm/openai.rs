@@ -184,32 +184,14 @@ impl super::Assemble for Assembler {
 impl Assembler {
     /// Feeds one SSE `data:` payload; returns the chunks it completes.
     ///
-    /// One function on purpose (about 85 lines): it is the wire format's state machine (done,
-    /// errors, usage, text and refusal deltas, tool-call fragments by index, finish reasons), and
-    /// reads best as one piece against the recorded transcripts its tests replay.
+    /// The wire format's state machine in one piece (done, errors, usage, text and refusal
+    /// deltas, tool-call fragments by index, finish reasons), read against the recorded
+    /// transcripts its tests replay; the end's response, the usage and a tool call's fragment
+    /// are read by the helpers below.
     pub fn feed(&mut self, data: &str) -> Result<Vec<ChatChunk>, LlmError> {
         let data = data.trim();
         if data == "[DONE]" {
-            self.done = true;
-            let mut tool_calls: Vec<ToolCall> =
-                std::mem::take(&mut self.calls).into_values().collect();
-            super::give_unique_ids(&mut tool_calls, "call_");
-            let finish_reason = self
-                .finish_reason
-                .take()
-                .unwrap_or(if tool_calls.is_empty() {
-                    FinishReason::Stop
-                } else {
-                    FinishReason::ToolCalls
-                });
-            return Ok(vec![ChatChunk::Done(ChatResponse {
-                text: std::mem::take(&mut self.text),
-                tool_calls,
-                finish_reason,
-                usage: self.usage,
-                model: self.model.take(),
-                id: self.id.take(),
-            })]);
+            return Ok(vec![ChatChunk::Done(self.finish())]);
         }
         if data.is_empty() {
             return Ok(Vec::new());
@@ -241,19 +223,7 @@ impl Assembler {
             self.id = named("id");
         }
         if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Usage {
-                input_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
-                output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
-                cached_input_tokens: usage["prompt_tokens_details"]["cached_tokens"]
-                    .as_u64()
-                    .unwrap_or(0),
-                cache_write_tokens: 0,
-                reasoning_tokens: usage["completion_tokens_details"]["reasoning_tokens"]
-                    .as_u64()
-                    .unwrap_or(0),
-                // Priced by the loop, which knows the provider's prices.
-                cost_usd: None,
-            };
+            self.usage = usage_of(usage);
         }
         let mut out = Vec::new();
         let choices = chunk["choices"]
@@ -277,27 +247,74 @@ impl Assembler {
                 .flatten()
                 .enumerate()
             {
-                let index = call["index"].as_u64().unwrap_or(position as u64);
-                let entry = self.calls.entry(index).or_insert_with(|| ToolCall {
-                    id: String::new(),
-                    name: String::new(),
-                    arguments: String::new(),
-                });
-                if let Some(id) = call["id"].as_str().filter(|id| !id.is_empty()) {
-                    entry.id = id.to_owned();
-                }
-                if let Some(name) = call["function"]["name"].as_str().filter(|n| !n.is_empty()) {
-                    entry.name = name.to_owned();
-                }
-                if let Some(arguments) = call["function"]["arguments"].as_str() {
-                    entry.arguments.push_str(arguments);
-                }
+                self.add_call_fragment(position, call);
             }
             if let Some(reason) = choice["finish_reason"].as_str() {
                 self.finish_reason = Some(FinishReason::parse(reason));
             }
         }
         Ok(out)
+    }
+
+    /// The stream's end (`[DONE]`): the assembled response, its tool calls in index order with
+    /// unique ids, and `tool_calls` as the finish reason when none came but calls did.
+    fn finish(&mut self) -> ChatResponse {
+        self.done = true;
+        let mut tool_calls: Vec<ToolCall> = std::mem::take(&mut self.calls).into_values().collect();
+        super::give_unique_ids(&mut tool_calls, "call_");
+        let finish_reason = self
+            .finish_reason
+            .take()
+            .unwrap_or(if tool_calls.is_empty() {
+                FinishReason::Stop
+            } else {
+                FinishReason::ToolCalls
+            });
+        ChatResponse {
+            text: std::mem::take(&mut self.text),
+            tool_calls,
+            finish_reason,
+            usage: self.usage,
+            model: self.model.take(),
+            id: self.id.take(),
+        }
+    }
+
+    /// One fragment of a tool call (the `position`th of its delta): the call it continues is
+    /// the one with its `index`; the id and name arrive once, the arguments in pieces.
+    fn add_call_fragment(&mut self, position: usize, call: &Value) {
+        let index = call["index"].as_u64().unwrap_or(position as u64);
+        let entry = self.calls.entry(index).or_insert_with(|| ToolCall {
+            id: String::new(),
+            name: String::new(),
+            arguments: String::new(),
+        });
+        if let Some(id) = call["id"].as_str().filter(|id| !id.is_empty()) {
+            entry.id = id.to_owned();
+        }
+        if let Some(name) = call["function"]["name"].as_str().filter(|n| !n.is_empty()) {
+            entry.name = name.to_owned();
+        }
+        if let Some(arguments) = call["function"]["arguments"].as_str() {
+            entry.arguments.push_str(arguments);
+        }
+    }
+}
+
+/// A chunk's `usage` object as the loop counts it (its cost is priced by the loop, which
+/// knows the provider's prices).
+fn usage_of(usage: &Value) -> Usage {
+    Usage {
+        input_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
+        output_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
+        cached_input_tokens: usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        cache_write_tokens: 0,
+        reasoning_tokens: usage["completion_tokens_details"]["reasoning_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        cost_usd: None,
     }
 }
 

@@ -133,60 +133,9 @@ impl McpSession {
         max_tools: usize,
     ) -> anyhow::Result<(Self, Vec<McpTool>)> {
         let prefix = server.prefix;
-        let url = reqwest::Url::parse(server.url)
-            .with_context(|| format!("MCP server {prefix}: invalid URL"))?;
-        let credentials = !server.headers.is_empty() || identity.signs() || server.auth.is_some();
-        let http = clients
-            .for_url(&url, credentials)
-            .with_context(|| format!("MCP server {prefix}"))?
-            .clone();
         let started = tokio::time::Instant::now();
-        let configured = header_map(server.headers)
-            .with_context(|| format!("MCP server {prefix}: invalid configured header"))?;
-        let auth = server
-            .auth
-            .map(|auth| Credentials::new(auth, clients))
-            .transpose()
-            .with_context(|| format!("MCP server {prefix}: auth"))?
-            .map(Arc::new);
-        let keyed = Keyed {
-            http,
-            identity: identity.clone(),
-            auth,
-        };
-        let client = ClientConfig::new(
-            ClientCapabilities::default(),
-            Implementation::new("spool", env!("CARGO_PKG_VERSION")),
-        );
-        let initialize = async {
-            // The token first, so a refused credential says so rather than "initialize failed".
-            if let Some(auth) = &keyed.auth {
-                auth.token()
-                    .await
-                    .with_context(|| format!("MCP server {prefix}: authentication failed"))?;
-            }
-            match server.transport {
-                McpTransport::StreamableHttp => {
-                    let config = StreamableHttpClientTransportConfig::with_uri(server.url)
-                        .custom_headers(configured);
-                    let transport = StreamableHttpClientTransport::with_client(keyed, config);
-                    client
-                        .serve(transport)
-                        .await
-                        .with_context(|| format!("MCP server {prefix}: initialize failed"))
-                }
-                McpTransport::Sse => {
-                    let (outgoing, incoming) = sse::open(keyed, server.url, configured)
-                        .await
-                        .with_context(|| format!("MCP server {prefix}: SSE transport"))?;
-                    client
-                        .serve(SinkStreamTransport::new(outgoing, incoming))
-                        .await
-                        .with_context(|| format!("MCP server {prefix}: initialize failed"))
-                }
-            }
-        };
-        let service = tokio::time::timeout(timeout, initialize)
+        let (keyed, configured) = keyed(server, clients, identity)?;
+        let service = tokio::time::timeout(timeout, initialize(server, keyed, configured))
             .await
             .map_err(|_| anyhow::anyhow!("MCP server {prefix}: initialize timed out"))??;
         // On failure from here on, dropping `service` cancels it and ends the session in the
@@ -199,18 +148,7 @@ impl McpSession {
         let tools = tools
             .into_iter()
             .map(|tool| to_mcp_tool(prefix, tool))
-            .filter(|tool| {
-                let bytes = tool.name.len()
-                    + tool.description.len()
-                    + serde_json::to_string(&tool.parameters).map_or(usize::MAX, |s| s.len());
-                let fits = bytes <= MAX_TOOL_BYTES;
-                if !fits {
-                    let name: String = tool.name.chars().take(100).collect();
-                    tracing::warn!(mcp.server = %prefix, tool.name = %name, bytes,
-                        "an MCP server's tool is dropped: it is larger than {MAX_TOOL_BYTES} bytes");
-                }
-                fits
-            })
+            .filter(|tool| fits(prefix, tool))
             .collect();
         let session = Self {
             service,
@@ -265,6 +203,93 @@ impl McpSession {
             tracing::debug!(%error, "MCP session task failed while closing");
         }
     }
+}
+
+/// The HTTP side of a session with `server`: the guarded client for its URL (refused if the
+/// network policy refuses it) with the run's identity and the server's credentials, the
+/// server's configured headers.
+fn keyed(
+    server: &McpServer<'_>,
+    clients: &GuardedClients,
+    identity: &Identity,
+) -> anyhow::Result<(Keyed, HashMap<HeaderName, HeaderValue>)> {
+    let prefix = server.prefix;
+    let url = reqwest::Url::parse(server.url)
+        .with_context(|| format!("MCP server {prefix}: invalid URL"))?;
+    let credentials = !server.headers.is_empty() || identity.signs() || server.auth.is_some();
+    let http = clients
+        .for_url(&url, credentials)
+        .with_context(|| format!("MCP server {prefix}"))?
+        .clone();
+    let configured = header_map(server.headers)
+        .with_context(|| format!("MCP server {prefix}: invalid configured header"))?;
+    let auth = server
+        .auth
+        .map(|auth| Credentials::new(auth, clients))
+        .transpose()
+        .with_context(|| format!("MCP server {prefix}: auth"))?
+        .map(Arc::new);
+    let keyed = Keyed {
+        http,
+        identity: identity.clone(),
+        auth,
+    };
+    Ok((keyed, configured))
+}
+
+/// The initialize handshake with `server` over its transport; the error says which step
+/// failed.
+async fn initialize(
+    server: &McpServer<'_>,
+    keyed: Keyed,
+    configured: HashMap<HeaderName, HeaderValue>,
+) -> anyhow::Result<RunningService<RoleClient, ClientConfig>> {
+    let prefix = server.prefix;
+    let client = ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("spool", env!("CARGO_PKG_VERSION")),
+    );
+    // The token first, so a refused credential says so rather than "initialize failed".
+    if let Some(auth) = &keyed.auth {
+        auth.token()
+            .await
+            .with_context(|| format!("MCP server {prefix}: authentication failed"))?;
+    }
+    match server.transport {
+        McpTransport::StreamableHttp => {
+            let config = StreamableHttpClientTransportConfig::with_uri(server.url)
+                .custom_headers(configured);
+            let transport = StreamableHttpClientTransport::with_client(keyed, config);
+            client
+                .serve(transport)
+                .await
+                .with_context(|| format!("MCP server {prefix}: initialize failed"))
+        }
+        McpTransport::Sse => {
+            let (outgoing, incoming) = sse::open(keyed, server.url, configured)
+                .await
+                .with_context(|| format!("MCP server {prefix}: SSE transport"))?;
+            client
+                .serve(SinkStreamTransport::new(outgoing, incoming))
+                .await
+                .with_context(|| format!("MCP server {prefix}: initialize failed"))
+        }
+    }
+}
+
+/// Whether a discovered tool is within [`MAX_TOOL_BYTES`] (its name, description and input
+/// schema as JSON); one that is not is logged, to be dropped.
+fn fits(prefix: &str, tool: &McpTool) -> bool {
+    let bytes = tool.name.len()
+        + tool.description.len()
+        + serde_json::to_string(&tool.parameters).map_or(usize::MAX, |s| s.len());
+    let fits = bytes <= MAX_TOOL_BYTES;
+    if !fits {
+        let name: String = tool.name.chars().take(100).collect();
+        tracing::warn!(mcp.server = %prefix, tool.name = %name, bytes,
+            "an MCP server's tool is dropped: it is larger than {MAX_TOOL_BYTES} bytes");
+    }
+    fits
 }
 
 /// The session's HTTP client: reqwest's, plus the run's identity headers on every request (a
