@@ -290,17 +290,8 @@ pub(crate) async fn enqueue_message(
     let overrides = request.overrides();
     let problems = request.turn_problems(state.config.max_input_bytes);
     // The message's own earlier turns, stored before it (none if any is refused).
-    let turns: Vec<(Role, String)>;
-    let history = match &request.messages {
-        Some(messages) if !messages.is_empty() && problems.is_empty() => {
-            turns = messages
-                .iter()
-                .map(|turn| (turn.role.into(), turn.content.clone()))
-                .collect();
-            &turns[..]
-        }
-        _ => history,
-    };
+    let turns = own_turns(request, &problems);
+    let history = turns.as_deref().unwrap_or(history);
     let owner = &caller.owner;
     let window = state.config.retention.idempotency();
     // A missing (or private) agent is a 404 before a replay.
@@ -318,15 +309,8 @@ pub(crate) async fn enqueue_message(
     } else {
         Conn::Alone
     };
-    if let (Some(key), Conn::Tx(tx)) = (key, &mut conn)
-        && !idempotency::reserve(&mut **tx, &owner.tenant_id, key, hash, window).await?
-    {
-        // A concurrent duplicate committed first (we waited on its row): replay it.
-        conn.rollback().await?;
-        let stored = idempotency::find(&state.db, &owner.tenant_id, key, window)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
-        return replay(stored, hash);
+    if let Some(replayed) = taken_meanwhile(state, &mut conn, caller, key, hash).await? {
+        return Ok(replayed);
     }
     let metadata = Value::Object(request.metadata.clone().unwrap_or_default());
     // The request's span context rides on the run, so the worker's attempt joins this trace.
@@ -348,20 +332,7 @@ pub(crate) async fn enqueue_message(
         may_instruct: caller.holds(Permission::Admin),
         problems: &problems,
     };
-    // The pooled connection (if one was taken) goes back before an error is looked into,
-    // which takes another.
-    let mut result = enqueue(&mut conn.lazy(&state.db), &message).await;
-    if let (Err(EnqueueError::QuotasUnavailable(_)), Conn::Alone) = (&result, &conn) {
-        // Redis is unreachable: Postgres admits the run, in a transaction that holds the
-        // counters' locks to its commit (docs/operations.md, "Redis outages").
-        conn = Conn::Tx(state.db.begin().await?);
-        let message = NewMessage {
-            in_transaction: true,
-            ..message
-        };
-        result = enqueue(&mut conn.lazy(&state.db), &message).await;
-    }
-    let enqueued = match result {
+    let enqueued = match enqueue_admitted(state, &mut conn, message).await {
         Ok(enqueued) => enqueued,
         Err(EnqueueError::ThreadBusy) => {
             conn.rollback().await?;
@@ -382,6 +353,66 @@ pub(crate) async fn enqueue_message(
         workflow_id,
         replayed: false,
     })
+}
+
+/// The message's own earlier turns (`messages`), unless none are posted or a turn is refused
+/// (`problems`), in which case nothing is stored before it.
+fn own_turns(request: &UserMessageRequest, problems: &[FieldError]) -> Option<Vec<(Role, String)>> {
+    let messages = request.messages.as_ref()?;
+    (!messages.is_empty() && problems.is_empty()).then(|| {
+        messages
+            .iter()
+            .map(|turn| (turn.role.into(), turn.content.clone()))
+            .collect()
+    })
+}
+
+/// Takes the request's `Idempotency-Key` in `conn`'s transaction (none without a key). When a
+/// concurrent duplicate committed it first (its row was waited on), the transaction is rolled
+/// back and that request's answer is replayed.
+async fn taken_meanwhile(
+    state: &AppState,
+    conn: &mut Conn,
+    caller: &Caller,
+    key: Option<&str>,
+    hash: &str,
+) -> Result<Option<Enqueue>, ApiError> {
+    let (Some(key), Conn::Tx(tx)) = (key, &mut *conn) else {
+        return Ok(None);
+    };
+    let (tenant, window) = (
+        &caller.owner.tenant_id,
+        state.config.retention.idempotency(),
+    );
+    if idempotency::reserve(&mut **tx, tenant, key, hash, window).await? {
+        return Ok(None);
+    }
+    std::mem::replace(conn, Conn::Alone).rollback().await?;
+    let stored = idempotency::find(&state.db, tenant, key, window)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("idempotency key vanished"))?;
+    replay(stored, hash).map(Some)
+}
+
+/// Runs the enqueue on `conn`. The pooled connection (if one was taken) goes back before an
+/// error is looked into, which takes another. When Redis cannot admit a run enqueued alone,
+/// Postgres admits it, in a transaction that holds the counters' locks to its commit
+/// (docs/operations.md, "Redis outages"), which `conn` then holds.
+async fn enqueue_admitted(
+    state: &AppState,
+    conn: &mut Conn,
+    message: NewMessage<'_>,
+) -> Result<Enqueued, EnqueueError> {
+    let result = enqueue(&mut conn.lazy(&state.db), &message).await;
+    if let (Err(EnqueueError::QuotasUnavailable(_)), Conn::Alone) = (&result, &*conn) {
+        *conn = Conn::Tx(state.db.begin().await?);
+        let message = NewMessage {
+            in_transaction: true,
+            ..message
+        };
+        return enqueue(&mut conn.lazy(&state.db), &message).await;
+    }
+    result
 }
 
 /// The `202` body of an enqueued message.

@@ -145,27 +145,9 @@ impl Loop<'_> {
         mut starts: Vec<AgentStart>,
         shown: &mut Vec<StepResult>,
     ) -> Option<Exit> {
-        let run = a.claimed.run();
         let limits = self.spec.limits.clone();
-        let per_step = usize::try_from(limits.agent_calls_per_step()).unwrap_or(usize::MAX);
-        refuse(
-            results,
-            starts.split_off(per_step.min(starts.len())),
-            |_| {
-                format!(
-                    "max_agent_calls_per_step_exceeded: a step may start {per_step} agent runs at \
-                 most (limits.max_agent_calls_per_step); this call was not made"
-                )
-            },
-        );
-        let counted = async {
-            let root = match run.parent_workflow_id {
-                None => run.id,
-                Some(_) => runs::root_of(a.db, run.id).await?,
-            };
-            Ok::<_, sqlx::Error>((root, runs::tree_size(a.db, root).await?))
-        };
-        let (root, mut size) = match counted.await {
+        refuse_past_per_step(results, &mut starts, limits.agent_calls_per_step());
+        let (root, mut size) = match tree_of(a, a.claimed.run()).await {
             Ok(counted) => counted,
             Err(err) => return Some(Exit::from(err)),
         };
@@ -296,6 +278,31 @@ impl Loop<'_> {
             .wait_for_children(a.db, step, &saved, &children, &action, bounds)
             .await
     }
+}
+
+/// Settles the starts past the first `per_step` of a step with a tool error the model sees.
+fn refuse_past_per_step(results: &mut [CallResult], starts: &mut Vec<AgentStart>, per_step: u32) {
+    let per_step = usize::try_from(per_step).unwrap_or(usize::MAX);
+    refuse(
+        results,
+        starts.split_off(per_step.min(starts.len())),
+        |_| {
+            format!(
+                "max_agent_calls_per_step_exceeded: a step may start {per_step} agent runs at most \
+             (limits.max_agent_calls_per_step); this call was not made"
+            )
+        },
+    );
+}
+
+/// The root of `run`'s tree of agent runs (itself for a thread's own run) and how many runs
+/// the tree holds now.
+async fn tree_of(a: &Attempt<'_>, run: &Run) -> sqlx::Result<(WorkflowId, u32)> {
+    let root = match run.parent_workflow_id {
+        None => run.id,
+        Some(_) => runs::root_of(a.db, run.id).await?,
+    };
+    Ok((root, runs::tree_size(a.db, root).await?))
 }
 
 /// Settles each of `refused` with the tool error `why` gives it.

@@ -84,6 +84,50 @@ pub(crate) async fn call_model(
     step: u32,
     buffer: bool,
 ) -> Result<ModelOutput, LlmEnd> {
+    let span = chat_span(a, models, &request, step);
+    let mut out = Streamed {
+        a,
+        block: BlockId::of_step(step),
+        buffer,
+        block_open: false,
+        text: String::new(),
+        streamed: false,
+    };
+    let result = continued(models, request, &mut out, &span)
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok(output) => {
+            // As i64: OpenTelemetry has no unsigned integers (a u64 would arrive as text).
+            let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            span.record(
+                "gen_ai.usage.input_tokens",
+                tokens(output.usage.input_tokens),
+            );
+            span.record(
+                "gen_ai.usage.output_tokens",
+                tokens(output.usage.output_tokens),
+            );
+        }
+        Err(LlmEnd::Error(err)) => {
+            span.record("otel.status_code", "error");
+            span.record("error.type", err.kind());
+        }
+        // A halt (cancel, lease lost, shutdown) is not the model's failure.
+        Err(LlmEnd::Halt(..)) => {}
+    }
+    result
+}
+
+/// The `chat {model}` span of a model call, with what the request says of itself: the
+/// provider, the requested model and sampling, the thread as the conversation, and (opted in)
+/// the instructions and input messages; the response's fields are recorded as they come.
+fn chat_span(
+    a: &Attempt<'_>,
+    models: &[Candidate],
+    request: &ChatRequest,
+    step: u32,
+) -> tracing::Span {
     let span = tracing::info_span!("chat",
         otel.name = %format!("chat {}", request.model),
         otel.kind = "client",
@@ -125,38 +169,7 @@ pub(crate) async fn call_model(
         }
         span.record("gen_ai.input.messages", input.as_str());
     }
-    let mut out = Streamed {
-        a,
-        block: BlockId::of_step(step),
-        buffer,
-        block_open: false,
-        text: String::new(),
-        streamed: false,
-    };
-    let result = continued(models, request, &mut out, &span)
-        .instrument(span.clone())
-        .await;
-    match &result {
-        Ok(output) => {
-            // As i64: OpenTelemetry has no unsigned integers (a u64 would arrive as text).
-            let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-            span.record(
-                "gen_ai.usage.input_tokens",
-                tokens(output.usage.input_tokens),
-            );
-            span.record(
-                "gen_ai.usage.output_tokens",
-                tokens(output.usage.output_tokens),
-            );
-        }
-        Err(LlmEnd::Error(err)) => {
-            span.record("otel.status_code", "error");
-            span.record("error.type", err.kind());
-        }
-        // A halt (cancel, lease lost, shutdown) is not the model's failure.
-        Err(LlmEnd::Halt(..)) => {}
-    }
-    result
+    span
 }
 
 /// Records on the chat span what the last response says of itself: the answering model, its

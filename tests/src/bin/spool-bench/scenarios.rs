@@ -1,6 +1,11 @@
 //! The six scenarios of BENCHMARKS.md. Each starts its own Spool processes on a fresh database
 //! and Redis prefix, measures Spool and its baseline alternately in every round, and reports
 //! medians over the rounds.
+//!
+//! Over 800 lines (a benchmark tool, not served code): each scenario keeps its Spool measure
+//! and its baseline side by side, which is what a reader checks first; the counters
+//! ([`crate::meter`]), the baselines ([`crate::baseline`]), P7 ([`crate::growth`]) and P8
+//! ([`crate::webhooks`]) live in their own modules.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
