@@ -54,4 +54,6 @@ def test_a_graph_s_human_input_is_a_pause_answered_with_submit_input(client):
     last = client.follow(thread, last_event_id=first.pause.id)
     assert last.status == "completed"
     assert last.pause is None
-    assert last.text == "You said: blue"
+    # The end node's rendered output is the message's text (it streams as `message_end`'s
+    # `output`, not as text: only `llm` nodes stream text, DESIGN section 14).
+    assert client.list_messages(thread)[-1].content == "You said: blue"
