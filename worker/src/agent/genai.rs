@@ -18,7 +18,23 @@
 
 use serde_json::{Value, json};
 
-use super::llm::{ChatMessage, FinishReason, ToolCall};
+use spool_shared::run::Usage;
+
+use super::llm::{ChatMessage, FinishReason, LlmError, ToolCall};
+
+/// Records a model call's tokens on its span (as i64: OpenTelemetry has no unsigned integers,
+/// and a u64 would arrive as text).
+pub(crate) fn record_usage(span: &tracing::Span, usage: &Usage) {
+    let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    span.record("gen_ai.usage.input_tokens", tokens(usage.input_tokens));
+    span.record("gen_ai.usage.output_tokens", tokens(usage.output_tokens));
+}
+
+/// Marks a model call's span as failed, with the error's kind as `error.type`.
+pub(crate) fn record_error(span: &tracing::Span, err: &LlmError) {
+    span.record("otel.status_code", "error");
+    span.record("error.type", err.kind());
+}
 
 /// The conventions' finish reason: `stop`, `length`, `content_filter`, `tool_call`, or the
 /// provider's own word.

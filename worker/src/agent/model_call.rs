@@ -97,22 +97,8 @@ pub(crate) async fn call_model(
         .instrument(span.clone())
         .await;
     match &result {
-        Ok(output) => {
-            // As i64: OpenTelemetry has no unsigned integers (a u64 would arrive as text).
-            let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-            span.record(
-                "gen_ai.usage.input_tokens",
-                tokens(output.usage.input_tokens),
-            );
-            span.record(
-                "gen_ai.usage.output_tokens",
-                tokens(output.usage.output_tokens),
-            );
-        }
-        Err(LlmEnd::Error(err)) => {
-            span.record("otel.status_code", "error");
-            span.record("error.type", err.kind());
-        }
+        Ok(output) => genai::record_usage(&span, &output.usage),
+        Err(LlmEnd::Error(err)) => genai::record_error(&span, err),
         // A halt (cancel, lease lost, shutdown) is not the model's failure.
         Err(LlmEnd::Halt(..)) => {}
     }

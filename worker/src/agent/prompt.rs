@@ -400,25 +400,14 @@ fn record_summary(span: &tracing::Span, response: &Result<ChatResponse, LlmError
             if let Some(answering) = &response.model {
                 span.record("gen_ai.response.model", answering.as_str());
             }
-            let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-            span.record(
-                "gen_ai.usage.input_tokens",
-                tokens(response.usage.input_tokens),
-            );
-            span.record(
-                "gen_ai.usage.output_tokens",
-                tokens(response.usage.output_tokens),
-            );
+            super::genai::record_usage(span, &response.usage);
             spool_shared::telemetry::set_string_array(
                 span,
                 "gen_ai.response.finish_reasons",
                 vec![super::genai::finish_reason(&response.finish_reason).to_owned()],
             );
         }
-        Err(err) => {
-            span.record("otel.status_code", "error");
-            span.record("error.type", err.kind());
-        }
+        Err(err) => super::genai::record_error(span, err),
     }
 }
 
