@@ -282,6 +282,9 @@ async fn erasing_a_thread_stops_its_run_and_its_stream_leaves_nothing_and_the_id
     assert_eq!(status, StatusCode::ACCEPTED, "{second}");
     let active = second["workflow_id"].as_str().expect("id").to_owned();
     let key = app.keys.events(ThreadId(thread));
+    // Held by a worker first: the first run's text_deltas are on the thread's stream too, so
+    // the count below alone can pass while the second run is still queued.
+    app.wait_run(&second, |s| s == "running").await;
     poll_until(
         "the second run to stream",
         Duration::from_secs(10),
