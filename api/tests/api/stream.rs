@@ -1165,7 +1165,13 @@ async fn a_batch_acknowledged_then_lost_in_a_failover_ends_a_reader_with_stream_
         let (_, accepted) = app.send_message(&alice, thread, "first").await;
         let workflow = accepted["workflow_id"].as_str().expect("id");
         app.wait_for_status(&alice, workflow, "completed").await;
-        let cursor = app.stored(thread).await.last().expect("the done").0.clone();
+        // The run's done is published after its status commits: wait for it on the stream.
+        let cursor = poll_until("the done to be stored", TIMEOUT, || async {
+            let stored = app.stored(thread).await;
+            let last = stored.last().filter(|(_, k)| k == "done");
+            last.map(|(id, _)| id.clone())
+        })
+        .await;
         // A later run's attempt publishes three batches; the second is acknowledged, then lost
         // with the master that stored it (its entries and its record in the fence hash gone,
         // as on the replica that takes over).
